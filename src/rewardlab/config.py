@@ -1,0 +1,234 @@
+"""Typed configs, one per CLI verb, loaded from YAML with dotted command-line overrides (`rl.lr=1e-4`).
+
+Every field states its default and unit. An unknown key or a bad value raises `ConfigError` with one line naming
+the key and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config problem, one line naming the key."""
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyArch(_Base):
+    """Size of the embedded tiny Llama model (used when `model.path` is "tiny")."""
+
+    hidden_size: int = Field(128, gt=0, description="width of the residual stream")
+    num_hidden_layers: int = Field(4, gt=0, description="transformer blocks")
+    num_attention_heads: int = Field(4, gt=0, description="attention heads (must divide hidden_size)")
+    intermediate_size: int = Field(512, gt=0, description="MLP width")
+    max_position_embeddings: int = Field(256, gt=0, description="longest sequence, tokens")
+
+
+class ModelConfig(_Base):
+    path: str = Field("tiny", description='"tiny" (embedded model, fresh weights) or an HF model directory / hub id')
+    prompt_format: Literal["auto", "raw", "chat"] = Field(
+        "auto", description="raw text, the tokenizer's chat template, or auto (chat when the tokenizer has one)"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
+    tiny: TinyArch = Field(default_factory=TinyArch)
+
+
+class TaskConfig(_Base):
+    spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME" or "jsonl:PATH"')
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="loader options: size, seed, test_size, template and the dataset's own fields (reasoning-gym); "
+        "test_path, test_size, seed, reward (jsonl)",
+    )
+
+
+class SFTParams(_Base):
+    steps: int = Field(300, ge=0, description="optimizer steps")
+    batch_size: int = Field(64, gt=0, description="rows per step")
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+
+
+class RLConfig(_Base):
+    """GRPO-family settings (Shao et al. 2024): G rollouts per prompt, group-relative advantages, clipped ratio."""
+
+    steps: int = Field(100, ge=0, description="RL steps (one batch of rollouts each)")
+    prompts_per_step: int = Field(16, gt=0, description="prompts sampled per step")
+    group_size: int = Field(8, gt=0, description="G, rollouts per prompt")
+    epochs: int = Field(1, gt=0, description="mu, optimization passes over each batch")
+    minibatch_size: int | None = Field(None, gt=0, description="rollouts per optimizer step (default: whole batch)")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    estimator: str = Field("grpo", description="advantage estimator, a key of rl.advantages.ESTIMATORS")
+    estimator_options: dict[str, Any] = Field(default_factory=dict)
+    loss: str = Field("ppo_clip", description="policy loss, a key of rl.losses.POLICY_LOSSES")
+    loss_options: dict[str, Any] = Field(default_factory=dict, description="e.g. clip_high for DAPO clip-higher")
+    clip_eps: float | None = Field(
+        None, gt=0, description="PPO clip epsilon: sets clip_low = clip_high (None: the loss's own defaults, 0.2 for "
+        "ppo_clip; loss_options take precedence)"
+    )
+    agg: str = Field("token-mean", description="loss aggregation, a key of rl.losses.AGGREGATIONS")
+    beta: float = Field(0.0, ge=0, description="KL coefficient to the frozen reference model (0: no reference)")
+    kl_estimator: str = Field("k3", description="k1, k2 or k3 (Schulman 2020)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(8, gt=0, description="completion token limit")
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+
+
+class EvalParams(_Base):
+    n: int = Field(8, ge=1, description="samples per prompt for pass@k")
+    k: list[int] = Field(default_factory=lambda: [1, 4, 8], description="k values of pass@k (each <= n)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of the pass@k samples")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(8, gt=0)
+    batch_size: int = Field(256, gt=0, description="prompts per generate call")
+    limit: int | None = Field(None, gt=0, description="evaluate only the first N held-out rows")
+
+
+class _Verb(_Base):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    out: str = Field("runs/run", description="run directory")
+    seed: int = 0
+
+
+class SFTConfig(_Verb):
+    out: str = "runs/sft"
+    sft: SFTParams = Field(default_factory=SFTParams)
+
+
+class TrainConfig(_Verb):
+    out: str = "runs/train"
+    rl: RLConfig = Field(default_factory=RLConfig)
+    rewards: list[dict[str, Any]] | None = Field(
+        None, description="reward specs [{name, weight, ...options}]; default: the task's own verifier"
+    )
+    on_error: Literal["zero", "skip", "raise"] = "zero"
+    save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end)")
+    keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
+
+
+class EvaluateConfig(_Verb):
+    out: str = "runs/eval"
+    eval: EvalParams = Field(default_factory=EvalParams)
+    split: Literal["train", "test"] = "test"
+
+
+def _quickstart_task() -> TaskConfig:
+    return TaskConfig(
+        spec="reasoning_gym:chain_sum",
+        options={"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1, "template": "compact",
+                 "size": 20000, "test_size": 500},
+    )
+
+
+class QuickstartConfig(_Base):
+    """tiny model from scratch -> SFT -> GRPO -> evaluate. Defaults are the README's demo settings."""
+
+    out: str = "runs/quickstart"
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=_quickstart_task)
+    sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=150, batch_size=64, lr=3e-3))
+    rl: RLConfig = Field(default_factory=lambda: RLConfig(steps=60, prompts_per_step=32, group_size=8, lr=1e-3))
+    eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=8))
+
+
+VERB_CONFIGS: dict[str, type[_Base]] = {
+    "sft": SFTConfig,
+    "train": TrainConfig,
+    "evaluate": EvaluateConfig,
+    "quickstart": QuickstartConfig,
+}
+
+
+def _parse_value(text: str) -> Any:
+    value = yaml.safe_load(text) if text.strip() else ""
+    if isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads "1e-4" as a string
+        except ValueError:
+            return value
+    return value
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one `dotted.key=value` override to a nested dict (value parsed as YAML)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. rl.lr=1e-4")
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = _parse_value(raw)
+
+
+def _describe(err: dict[str, Any], cls: type[BaseModel]) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        model: Any = cls
+        for part in err["loc"][:-1]:
+            field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+            model = field.annotation if field is not None else None
+        valid = sorted(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+        hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
+        return f"{loc}: unknown key{hint}"
+    return f"{loc}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"
+
+
+def validate(cls: type[_Base], data: dict[str, Any]) -> Any:
+    """Validate a nested dict as config `cls`. Raises ConfigError naming the first bad key."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("config error: " + _describe(exc.errors()[0], cls)) from None
+
+
+def load_config(cls: type[_Base], path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
+    """Load config `cls` from an optional YAML file, then apply dotted overrides.
+
+    Raises:
+        ConfigError: a missing or unparsable file (named with its line), a top level that is not a mapping, an
+            unknown key or a bad value.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path}: not found")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping of keys")
+        data = loaded
+    for item in overrides or []:
+        apply_override(data, item)
+    return validate(cls, data)
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """The resolved config as YAML (every field, defaults included)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,136 @@
+"""Policy evaluation on held-out rows: greedy exact-match accuracy and unbiased pass@k."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rewardlab.policy.hf import Policy
+from rewardlab.progress import StageBar
+from rewardlab.rewards.base import Reward
+from rewardlab.types import RewardOutput
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimator (Chen et al., 2021, "Evaluating Large Language Models Trained on Code").
+
+    pass@k = 1 - C(n - c, k) / C(n, k), computed as 1 - prod_{i=n-c+1}^{n} (1 - k / i) for stability.
+
+    Args:
+        n: samples drawn for the problem; c: how many were correct; k: budget.
+    Returns:
+        probability (0..1) that at least one of k samples drawn without replacement from the n is correct.
+    Raises:
+        ValueError: unless 0 <= c <= n and 1 <= k <= n.
+    """
+    if not (0 <= c <= n) or not (1 <= k <= n):
+        raise ValueError(f"pass_at_k: need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    prob_all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):
+        prob_all_wrong *= 1.0 - k / i
+    return 1.0 - prob_all_wrong
+
+
+def is_correct(output: RewardOutput) -> bool:
+    """Exact-match correctness: the `correct` component when the reward has one, else score >= 1."""
+    return output.error is None and output.components.get("correct", float(output.score >= 1.0)) >= 1.0
+
+
+def evaluate_policy(
+    policy: Policy,
+    rows: Sequence[dict[str, Any]],
+    reward: Reward,
+    *,
+    n: int = 8,
+    ks: Sequence[int] = (1, 8),
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 8,
+    batch_size: int = 256,
+    bar: StageBar | None = None,
+) -> dict[str, Any]:
+    """Greedy accuracy and pass@k of `policy` on `rows`.
+
+    Returns:
+        {"accuracy": greedy exact-match fraction, "score_mean": mean greedy reward, "pass@k": ... for each k,
+         "n_questions": len(rows), "samples_per_question": n, "errors": greedy reward errors,
+         "examples": the first 20 greedy (prompt, completion, answer, correct)}.
+    Raises:
+        ValueError: a k outside 1..n, or no rows.
+    """
+    if not rows:
+        raise ValueError("evaluate: no rows to evaluate")
+    bad = [k for k in ks if not 1 <= k <= n]
+    if bad:
+        raise ValueError(f"eval.k: each k must be in 1..eval.n={n}, got {bad}")
+    prompts = [r["prompt"] for r in rows]
+    correct, scores, errors, examples = [], [], 0, []
+    per_q = [0] * len(rows)
+    for start in range(0, len(rows), batch_size):
+        chunk_rows = rows[start : start + batch_size]
+        chunk = prompts[start : start + batch_size]
+        greedy = policy.generate(chunk, greedy=True, max_new_tokens=max_new_tokens, rows=chunk_rows)
+        outs = reward(greedy)
+        for r, o in zip(greedy, outs):
+            ok = is_correct(o)
+            correct.append(ok)
+            scores.append(o.score)
+            errors += o.error is not None
+            if len(examples) < 20:
+                examples.append({"prompt": r.row.get("prompt"), "completion": r.completion,
+                                 "answer": r.row.get("answer"), "correct": ok})
+        sampled = policy.generate(
+            chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
+        )
+        for r, o in zip(sampled, reward(sampled)):
+            per_q[start + r.group] += is_correct(o)
+        if bar is not None:
+            bar.advance(len(chunk), acc=sum(correct) / len(correct))
+    result: dict[str, Any] = {
+        "accuracy": sum(correct) / len(correct),
+        "score_mean": sum(scores) / len(scores),
+        "n_questions": len(rows),
+        "samples_per_question": n,
+        "errors": errors,
+    }
+    for k in ks:
+        result[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_q) / len(per_q)
+    result["examples"] = examples
+    return result
+
+
+def run_evaluate(cfg, *, show_progress: bool = True) -> dict[str, Any]:
+    """`rewardlab evaluate`: greedy accuracy and pass@k of `cfg.model` on `cfg.split` of `cfg.task`.
+
+    Writes `cfg.out`/config.yaml and summary.json (the result of `evaluate_policy` plus model, task, split).
+    `cfg` is a `rewardlab.config.EvaluateConfig`.
+    """
+    import time
+
+    import torch
+
+    from rewardlab.config import dump_config
+    from rewardlab.policy import load_policy
+    from rewardlab.progress import stage
+    from rewardlab.rewards import build_reward
+    from rewardlab.runs import RunDir
+    from rewardlab.tasks import load as load_task
+
+    torch.manual_seed(cfg.seed)
+    run = RunDir(cfg.out)
+    run.write_config(dump_config(cfg))
+    task = load_task(cfg.task.spec, **cfg.task.options)
+    rows = task.split(cfg.split)[: cfg.eval.limit]
+    policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
+                         device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
+    e = cfg.eval
+    t0 = time.perf_counter()
+    with stage("evaluate", len(rows), enabled=show_progress) as bar:
+        result = evaluate_policy(policy, rows, build_reward(task.reward), n=e.n, ks=e.k, temperature=e.temperature,
+                                 top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, bar=bar)
+    result = {"model": cfg.model.path, "task": cfg.task.spec, "split": cfg.split,
+              "wall_s": time.perf_counter() - t0, **result}
+    run.write_summary(result)
+    return result

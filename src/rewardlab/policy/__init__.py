@@ -1,0 +1,29 @@
+"""Policies: any Hugging Face causal LM (`hf.Policy`) and the embedded tiny model (`tiny`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rewardlab.policy.hf import Batch, Policy, rollout_batch
+
+
+def load_policy(
+    path: str,
+    *,
+    prompt_format: str = "auto",
+    dtype: str = "float32",
+    device: str = "cpu",
+    tiny_arch: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> Policy:
+    """`path` "tiny": the embedded model with fresh weights (seeded); otherwise an HF directory or hub id."""
+    if path == "tiny":
+        from rewardlab.policy.tiny import build_model, build_tokenizer
+
+        tokenizer = build_tokenizer()
+        model = build_model(tokenizer, seed=seed, **(tiny_arch or {})).to(device)
+        return Policy(model, tokenizer, prompt_format)
+    return Policy.load(path, prompt_format=prompt_format, dtype=dtype, device=device)
+
+
+__all__ = ["Batch", "Policy", "load_policy", "rollout_batch"]

@@ -1,0 +1,302 @@
+"""Any Hugging Face causal LM as a policy: prompt formatting, sampling with behaviour log-probs, token log-probs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from rewardlab.types import Rollout
+
+PROMPT_FORMATS = ("auto", "raw", "chat")
+
+
+@dataclass
+class Batch:
+    """Rollouts packed as tensors: `[left-padded prompt | right-padded completion]`.
+
+    Attributes:
+        input_ids: [N, P + T] int64.
+        attention_mask: [N, P + T] int64, 1 on real tokens.
+        position_ids: [N, P + T] int64, positions counted from each row's first real token.
+        completion_ids: [N, T] int64, the completion part of `input_ids` (pad after the end).
+        mask: [N, T] float32, 1 on completion tokens (end-of-sequence token included).
+        prompt_len: P, the padded prompt length.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    mask: torch.Tensor
+    prompt_len: int
+
+    def select(self, idx: torch.Tensor) -> Batch:
+        """The rows `idx` ([M] int64) of this batch."""
+        return Batch(
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            self.position_ids[idx],
+            self.completion_ids[idx],
+            self.mask[idx],
+            self.prompt_len,
+        )
+
+
+class _BehaviourLogprobs(LogitsProcessor):
+    """Records log softmax(scores / temperature) of each sampled token during `generate`, one step behind.
+
+    At step t the token sampled at step t-1 is the last column of `input_ids`, so only one step of [B, V]
+    log-probs is kept (memory O(B V), not O(B T V) as with `output_logits`).
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None
+        self.picked: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._take(input_ids[:, -1])
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.prev is not None:
+            self.picked.append(self.prev.gather(1, tokens[:, None]).squeeze(1))
+            self.prev = None
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[B, T_generated] float32 log-probs of the generated tokens."""
+        self._take(sequences[:, -1])
+        return torch.stack(self.picked, dim=1) if self.picked else sequences.new_zeros((sequences.shape[0], 0)).float()
+
+
+class Policy:
+    """A causal LM and its tokenizer.
+
+    Args:
+        model: a transformers causal LM.
+        tokenizer: its tokenizer; needs an end-of-sequence token (a pad token is set to it when missing).
+        prompt_format: "raw" (prompt text as is), "chat" (the tokenizer's chat template with one user turn and
+            the generation prompt), or "auto" (chat when the tokenizer has a chat template).
+    Raises:
+        ValueError: unknown prompt format, "chat" without a chat template, or a tokenizer without an EOS token.
+    """
+
+    def __init__(self, model, tokenizer, prompt_format: str = "auto") -> None:
+        if prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"model.prompt_format: expected one of {PROMPT_FORMATS}, got {prompt_format!r}")
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if prompt_format == "auto":
+            prompt_format = "chat" if has_template else "raw"
+        if prompt_format == "chat" and not has_template:
+            raise ValueError("model.prompt_format: 'chat' but the tokenizer has no chat template")
+        if tokenizer.eos_token_id is None:
+            raise ValueError("model: the tokenizer has no end-of-sequence token")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prompt_format = prompt_format
+
+    @classmethod
+    def load(cls, path: str | Path, *, prompt_format: str = "auto", dtype: str = "float32", device: str = "cpu"):
+        """Load a causal LM and tokenizer from a local directory or a hub id (the hub needs network access).
+
+        Raises:
+            ValueError: unknown dtype; the errors of `Policy.__init__`.
+            OSError: transformers cannot find the model.
+        """
+        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+        if torch_dtype is None:
+            raise ValueError(f"model.dtype: expected float32, bfloat16 or float16, got {dtype!r}")
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).to(device)
+        return cls(model, tokenizer, prompt_format)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def save(self, path: str | Path) -> None:
+        """Save model (safetensors) and tokenizer in HF format under `path`."""
+        self.model.save_pretrained(str(path))
+        self.tokenizer.save_pretrained(str(path))
+
+    # ------------------------------------------------------------------ text <-> ids
+    def format_prompt(self, text: str) -> str:
+        """The text fed to the model for a task prompt (chat template applied when prompt_format is "chat")."""
+        if self.prompt_format == "chat":
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+        return text
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of an already formatted prompt. Special tokens (BOS) are added unless a chat template did."""
+        add_special = self.prompt_format != "chat"
+        return self.tokenizer(text, add_special_tokens=add_special)["input_ids"]
+
+    def encode_target(self, text: str) -> list[int]:
+        """Token ids of a target completion followed by the end-of-sequence token (for supervised training)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+    def collate(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> Batch:
+        """Pack prompts (left-padded) and completions (right-padded) into a `Batch`."""
+        n = len(prompt_ids)
+        pad = self.tokenizer.pad_token_id
+        P = max(len(p) for p in prompt_ids)
+        T = max(1, max(len(c) for c in completion_ids))
+        input_ids = torch.full((n, P + T), pad, dtype=torch.long)
+        attention = torch.zeros((n, P + T), dtype=torch.long)
+        for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+            input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+            input_ids[i, P : P + len(c)] = torch.tensor(list(c), dtype=torch.long)
+            attention[i, P - len(p) : P + len(c)] = 1
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+        dev = self.device
+        return Batch(
+            input_ids.to(dev),
+            attention.to(dev),
+            position_ids.to(dev),
+            input_ids[:, P:].to(dev),
+            attention[:, P:].float().to(dev),
+            P,
+        )
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 32,
+        greedy: bool = False,
+        rows: Sequence[dict[str, Any]] | None = None,
+        batch_size: int | None = None,
+    ) -> list[Rollout]:
+        """Sample `n` completions of each task prompt.
+
+        Args:
+            prompts: task prompt texts (formatted with `format_prompt` here).
+            n: completions per prompt (the group size).
+            temperature: sampling temperature (> 0); ignored when `greedy`.
+            top_p: nucleus sampling mass in (0, 1].
+            max_new_tokens: token limit of each completion.
+            greedy: argmax decoding (then n must be 1).
+            rows: the task row of each prompt, stored on its rollouts.
+            batch_size: prompts per `generate` call (default all at once).
+        Returns:
+            len(prompts) * n rollouts, prompt-major: rollout k belongs to prompt k // n and has group k // n.
+            `logprobs` are log softmax(logits / temperature) of the sampled tokens (temperature 1 when greedy).
+        Raises:
+            ValueError: temperature <= 0, top_p outside (0, 1], n < 1, or greedy with n > 1.
+        """
+        if n < 1 or (greedy and n != 1):
+            raise ValueError(f"generation: n must be >= 1 (and 1 when greedy), got {n}")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"generation.temperature: must be > 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"generation.top_p: must be in (0, 1], got {top_p}")
+        tok = self.tokenizer
+        texts = [self.format_prompt(p) for p in prompts]
+        ids = [self.encode_prompt(t) for t in texts]
+        step = batch_size or len(prompts) or 1
+        was_training = self.model.training
+        self.model.eval()
+        rollouts: list[Rollout] = []
+        for start in range(0, len(prompts), step):
+            chunk = ids[start : start + step]
+            empty: list[list[int]] = [[] for _ in chunk]
+            batch = self.collate(chunk, empty)
+            P = batch.prompt_len
+            recorder = _BehaviourLogprobs(1.0 if greedy else temperature)
+            config = GenerationConfig(
+                do_sample=not greedy,
+                temperature=None if greedy else temperature,
+                top_p=None if greedy or top_p >= 1.0 else top_p,
+                top_k=None,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=n,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                bos_token_id=tok.bos_token_id,
+                return_dict_in_generate=True,
+            )
+            out = self.model.generate(
+                input_ids=batch.input_ids[:, :P],
+                attention_mask=batch.attention_mask[:, :P],
+                generation_config=config,
+                logits_processor=LogitsProcessorList([recorder]),
+            )
+            gen = out.sequences[:, P:]
+            logps = recorder.finish(out.sequences).cpu()
+            gen_cpu = gen.cpu()
+            eos = tok.eos_token_id
+            for k in range(gen_cpu.shape[0]):
+                p_idx = start + k // n
+                row_ids = gen_cpu[k].tolist()
+                end = row_ids.index(eos) + 1 if eos in row_ids else len(row_ids)
+                comp = row_ids[:end]
+                rollouts.append(
+                    Rollout(
+                        prompt=texts[p_idx],
+                        prompt_ids=ids[p_idx],
+                        completion=tok.decode(comp, skip_special_tokens=True),
+                        completion_ids=comp,
+                        logprobs=logps[k, :end].tolist(),
+                        row=dict(rows[p_idx]) if rows is not None else {},
+                        group=p_idx,
+                        truncated=eos not in row_ids,
+                    )
+                )
+        self.model.train(was_training)
+        return rollouts
+
+    # ------------------------------------------------------------------ scoring
+    def token_logprobs(
+        self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of the completion tokens under the current weights (differentiable).
+
+        Args:
+            batch: packed rollouts (see `Batch`).
+            temperature: logits are divided by it, as in sampling, so values match the behaviour log-probs.
+            with_entropy: also return the entropy of each position's distribution (no gradient).
+        Returns:
+            logprobs [N, T] float32 (natural log, 0 where mask is 0), entropy [N, T] float32 in nats or None.
+        """
+        T = batch.completion_ids.shape[1]
+        out = self.model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=T + 1,
+            use_cache=False,
+        )
+        logits = out.logits[:, :-1].float() / temperature  # position P-1+t predicts completion token t
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logprobs = logp_all.gather(-1, batch.completion_ids[..., None]).squeeze(-1) * batch.mask
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.mask
+        return logprobs, entropy
+
+
+def rollout_batch(policy: Policy, rollouts: Sequence[Rollout]) -> tuple[Batch, torch.Tensor]:
+    """Pack rollouts into a `Batch` and their behaviour log-probs into [N, T] float32 (0 past each end)."""
+    batch = policy.collate([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts])
+    old = torch.zeros_like(batch.mask)
+    for i, r in enumerate(rollouts):
+        if r.logprobs:
+            old[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
+    return batch, old

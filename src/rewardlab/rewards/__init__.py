@@ -1,0 +1,27 @@
+"""The reward layer: `Reward` protocol, `@reward`, the `REWARDS` registry and `build_reward`."""
+
+from rewardlab.rewards.base import (
+    REWARDS,
+    FunctionReward,
+    Reward,
+    RewardError,
+    WeightedSum,
+    build_reward,
+    register_reward,
+    reward,
+)
+
+# Registration imports (no other side effects).
+from rewardlab.rewards import text as _text  # noqa: E402,F401
+from rewardlab.rewards import reasoning_gym as _reasoning_gym  # noqa: E402,F401
+
+__all__ = [
+    "REWARDS",
+    "FunctionReward",
+    "Reward",
+    "RewardError",
+    "WeightedSum",
+    "build_reward",
+    "register_reward",
+    "reward",
+]

@@ -1,0 +1,455 @@
+"""Policy losses, KL estimators and loss aggregation.
+
+Three registries of pure tensor functions, keyed by the names papers use:
+
+    POLICY_LOSSES[name](logprobs=, old_logprobs=, advantages=, mask=, **options) -> (per-token loss [N, T], stats)
+    KL_ESTIMATORS[name](logprobs=, ref_logprobs=) -> [N, T]
+    AGGREGATIONS[mode](per_token_loss=, mask=, **options) -> 0-dim loss
+
+All tensors are [N, T] over completion tokens (right-padded); ``mask`` (bool or 0/1) marks response tokens.
+Policy losses compute in float32 (inputs are upcast), return 0 outside the mask, and ignore options they do not
+use, so ``compute_policy_loss`` can pass one set of options to both the loss and the aggregation.
+
+Stats (python floats, computed without gradient, over masked tokens):
+``policy/clip_frac_low``, ``policy/clip_frac_high``, ``policy/clip_frac_dual`` (fraction of response tokens where
+that clip decides the loss), ``policy/clip_frac`` (any of them), ``policy/approx_kl`` (k3 estimate of
+KL(old || new) from tokens sampled by the old policy: mean of exp(d) - 1 - d, d = logprobs - old_logprobs),
+``policy/ratio_mean``, ``policy/ratio_min``, ``policy/ratio_max`` (of the importance ratio the loss uses).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "POLICY_LOSSES",
+    "KL_ESTIMATORS",
+    "AGGREGATIONS",
+    "register_policy_loss",
+    "register_kl_estimator",
+    "register_aggregation",
+    "compute_policy_loss",
+    "kl_penalty",
+    "aggregate",
+]
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {}
+KL_ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
+AGGREGATIONS: dict[str, Callable[..., Tensor]] = {}
+
+
+def _registrar(registry: dict, kind: str, name: str) -> Callable:
+    def decorator(fn: Callable) -> Callable:
+        if name in registry:
+            raise ValueError(f"{kind} {name!r} is already registered")
+        registry[name] = fn
+        return fn
+
+    return decorator
+
+
+def register_policy_loss(name: str) -> Callable:
+    """Register ``fn(*, logprobs, old_logprobs, advantages, mask, **options) -> (loss [N, T], stats)``.
+
+    Raises:
+        ValueError: if ``name`` is already registered.
+    """
+    return _registrar(POLICY_LOSSES, "policy loss", name)
+
+
+def register_kl_estimator(name: str) -> Callable:
+    """Register ``fn(*, logprobs, ref_logprobs) -> [N, T]``.
+
+    Raises:
+        ValueError: if ``name`` is already registered.
+    """
+    return _registrar(KL_ESTIMATORS, "KL estimator", name)
+
+
+def register_aggregation(name: str) -> Callable:
+    """Register ``fn(*, per_token_loss, mask, **options) -> 0-dim Tensor``.
+
+    Raises:
+        ValueError: if ``name`` is already registered.
+    """
+    return _registrar(AGGREGATIONS, "aggregation mode", name)
+
+
+def _lookup(registry: dict, kind: str, name: str) -> Callable:
+    fn = registry.get(name)
+    if fn is None:
+        raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(registry))}")
+    return fn
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# public entry points
+
+
+def compute_policy_loss(name: str, *, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                        agg: str = "token-mean", **options) -> tuple[Tensor, dict[str, float]]:
+    """Per-token policy loss ``POLICY_LOSSES[name]`` reduced with ``AGGREGATIONS[agg]``.
+
+    ``options`` go to both the loss (e.g. ``clip_low``) and the aggregation (e.g. ``max_len``); each ignores
+    the options it does not use.
+
+    Args:
+        name: registered policy loss, e.g. ``"ppo_clip"``.
+        logprobs: [N, T] float, log-probs of the sampled tokens under the current policy (carries gradient).
+        old_logprobs: [N, T] float, log-probs under the behaviour policy.
+        advantages: [N, T] float.
+        mask: [N, T] bool/0-1, response tokens.
+        agg: aggregation mode (default ``"token-mean"``).
+    Returns:
+        (loss, stats): 0-dim float32 Tensor, and dict[str, float] of the loss's stats.
+    Raises:
+        ValueError: if ``name`` or ``agg`` is unknown (the message lists the valid names), or on bad inputs.
+    """
+    fn = _lookup(POLICY_LOSSES, "policy loss", name)
+    reduce = _lookup(AGGREGATIONS, "aggregation mode", agg)
+    per_token, stats = fn(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask, **options)
+    loss = reduce(per_token_loss=per_token, mask=mask, **options)
+    return loss, dict(stats)
+
+
+def kl_penalty(name: str, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token KL estimate ``KL_ESTIMATORS[name]`` between the current and reference policies.
+
+    Args:
+        name: ``"k1"``, ``"k2"`` or ``"k3"``.
+        logprobs: [N, T] float, current-policy log-probs of the sampled tokens.
+        ref_logprobs: [N, T] float, reference-policy log-probs of the same tokens.
+    Returns:
+        [N, T] Tensor in the promoted dtype of the inputs; the caller masks and aggregates.
+    Raises:
+        ValueError: if ``name`` is unknown (the message lists the valid names) or the shapes differ.
+    """
+    return _lookup(KL_ESTIMATORS, "KL estimator", name)(logprobs=logprobs, ref_logprobs=ref_logprobs)
+
+
+def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options) -> Tensor:
+    """Reduce a per-token loss [N, T] to a scalar with ``AGGREGATIONS[mode]``.
+
+    Args:
+        per_token_loss: [N, T] float.
+        mask: [N, T] bool/0-1, response tokens.
+        mode: ``"token-mean"``, ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or
+            ``"seq-mean-token-sum-norm"``.
+        **options: mode options (``max_len`` for ``seq-mean-token-sum-norm``); others are ignored.
+    Returns:
+        0-dim Tensor.
+    Raises:
+        ValueError: if ``mode`` is unknown (the message lists the valid names) or the shapes differ.
+    """
+    return _lookup(AGGREGATIONS, "aggregation mode", mode)(per_token_loss=per_token_loss, mask=mask, **options)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _prepare(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor):
+    """Check shapes; return (m, lp, log_ratio, adv) as float32 with off-mask entries set to 0.
+
+    Zeroing before exp() keeps padding values (e.g. -inf) from producing inf/NaN in values or gradients.
+    """
+    shape = logprobs.shape
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [N, T], got shape {tuple(shape)}")
+    for name, x in (("old_logprobs", old_logprobs), ("advantages", advantages), ("mask", mask)):
+        if x.shape != shape:
+            raise ValueError(f"{name} shape {tuple(x.shape)} != logprobs shape {tuple(shape)}")
+    m = mask.to(torch.float32)
+    on = m > 0
+    zero = torch.zeros((), dtype=torch.float32, device=logprobs.device)
+    lp = torch.where(on, logprobs.to(torch.float32), zero)
+    old = torch.where(on, old_logprobs.detach().to(torch.float32), zero)
+    adv = torch.where(on, advantages.detach().to(torch.float32), zero)
+    return m, lp, lp - old, adv
+
+
+def _masked_mean(x: Tensor, m: Tensor) -> float:
+    return float((x * m).sum() / m.sum().clamp(min=1))
+
+
+@torch.no_grad()
+def _stats(ratio: Tensor, log_ratio: Tensor, m: Tensor, low: Tensor, high: Tensor, dual: Tensor) -> dict[str, float]:
+    """Stats over masked tokens; ``low``/``high``/``dual`` are [N, T] bool masks of where each clip is active."""
+    on = m > 0
+    ratios = ratio.detach()[on]
+    has = ratios.numel() > 0
+    low, high, dual = low & on, high & on, dual & on
+    d = log_ratio.detach()
+    return {
+        "policy/clip_frac_low": _masked_mean(low.float(), m),
+        "policy/clip_frac_high": _masked_mean(high.float(), m),
+        "policy/clip_frac_dual": _masked_mean(dual.float(), m),
+        "policy/clip_frac": _masked_mean((low | high | dual).float(), m),
+        # k3 estimate of KL(old || new) on tokens sampled from old: r = new/old, k3 = r - 1 - log r.
+        "policy/approx_kl": _masked_mean(torch.expm1(d) - d, m),
+        "policy/ratio_mean": float(ratios.mean()) if has else 1.0,
+        "policy/ratio_min": float(ratios.min()) if has else 1.0,
+        "policy/ratio_max": float(ratios.max()) if has else 1.0,
+    }
+
+
+def _no_clip(m: Tensor) -> Tensor:
+    return torch.zeros_like(m, dtype=torch.bool)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# policy losses
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_low: float = 0.2,
+             clip_high: float = 0.2, dual_clip: float | None = None, **_) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate objective (Schulman et al., 2017, PPO), with asymmetric "clip-higher" bounds
+    (Yu et al., 2025, DAPO) and optional dual clip (Ye et al., 2020).
+
+    rho = exp(logprobs - old_logprobs);
+    l = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A);
+    with ``dual_clip = c`` (c > 1): where A < 0, l = min(l, -c * A).
+
+    Args:
+        logprobs: [N, T] float, current policy (carries gradient).
+        old_logprobs: [N, T] float, behaviour policy (treated as constant).
+        advantages: [N, T] float (treated as constant).
+        mask: [N, T] bool/0-1, response tokens.
+        clip_low: float >= 0, epsilon of the lower bound (default 0.2).
+        clip_high: float >= 0, epsilon of the upper bound (default 0.2).
+        dual_clip: float > 1 or None (default None: off).
+    Returns:
+        ([N, T] float32 per-token loss, 0 off the mask; dict of stats).
+    Raises:
+        ValueError: if a clip epsilon is negative, ``dual_clip`` <= 1, or shapes differ.
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"ppo_clip: clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"ppo_clip: dual_clip must be > 1, got {dual_clip}")
+    m, _lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    with torch.no_grad():
+        clip_active = clipped > unclipped
+        low = clip_active & (adv < 0)
+        high = clip_active & (adv > 0)
+    if dual_clip is not None:
+        bound = -dual_clip * adv
+        with torch.no_grad():
+            dual = (adv < 0) & (loss > bound)
+        loss = torch.where(adv < 0, torch.minimum(loss, bound), loss)
+    else:
+        dual = _no_clip(m)
+    loss = loss * m
+    return loss, _stats(ratio, log_ratio, m, low, high, dual)
+
+
+@register_policy_loss("gspo")
+def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_low: float = 3e-4,
+         clip_high: float = 4e-4, **_) -> tuple[Tensor, dict[str, float]]:
+    """Group Sequence Policy Optimization (Zheng et al., 2025, GSPO).
+
+    Sequence-level, length-normalized ratio s_i = exp(mean_{t in mask_i}(logprobs - old_logprobs)) and sequence
+    advantage A_i = masked mean over t of advantages[i, t] (equal to the value at any token when A is broadcast);
+    l_{i,t} = -min(s_i * A_i, clip(s_i, 1 - clip_low, 1 + clip_high) * A_i) on every response token of i.
+    Defaults are the paper's clip range (3e-4, 4e-4). Ratio stats describe s_i (counted once per token).
+
+    Args:
+        logprobs: [N, T] float, current policy (carries gradient).
+        old_logprobs: [N, T] float, behaviour policy (treated as constant).
+        advantages: [N, T] float (treated as constant).
+        mask: [N, T] bool/0-1, response tokens.
+        clip_low: float >= 0 (default 3e-4).
+        clip_high: float >= 0 (default 4e-4).
+    Returns:
+        ([N, T] float32 per-token loss, 0 off the mask; dict of stats).
+    Raises:
+        ValueError: if a clip epsilon is negative or shapes differ.
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"gspo: clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    m, _lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
+    lengths = m.sum(dim=1).clamp(min=1)
+    seq_ratio = torch.exp((log_ratio * m).sum(dim=1) / lengths)  # [N]
+    seq_adv = (adv * m).sum(dim=1) / lengths  # [N]
+    unclipped = -seq_adv * seq_ratio
+    clipped = -seq_adv * torch.clamp(seq_ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)[:, None] * m
+    with torch.no_grad():
+        clip_active = (clipped > unclipped)[:, None].expand_as(m)
+        negative = (seq_adv < 0)[:, None].expand_as(m)
+        low, high = clip_active & negative, clip_active & ~negative
+    ratio_tokens = seq_ratio[:, None].expand_as(m)
+    return loss, _stats(ratio_tokens, log_ratio, m, low, high, _no_clip(m))
+
+
+@register_policy_loss("cispo")
+def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_high: float = 0.2,
+          clip_low: float | None = None, **_) -> tuple[Tensor, dict[str, float]]:
+    """Clipped IS-weight Policy Optimization (MiniMax, 2025, MiniMax-M1).
+
+    rho = exp(logprobs - old_logprobs); l = -sg(min(rho, 1 + clip_high)) * A * logprobs, sg = stop-gradient.
+    Every token keeps its gradient; only the importance weight is bounded. The paper sets no lower bound; pass
+    ``clip_low`` to also bound the weight below by 1 - clip_low. The default clip_high = 0.2 is ours (the paper
+    tunes it and reports no single value).
+
+    Args:
+        logprobs: [N, T] float, current policy (carries gradient).
+        old_logprobs: [N, T] float, behaviour policy (treated as constant).
+        advantages: [N, T] float (treated as constant).
+        mask: [N, T] bool/0-1, response tokens.
+        clip_high: float >= 0 (default 0.2).
+        clip_low: float in [0, 1] or None (default None: no lower bound).
+    Returns:
+        ([N, T] float32 per-token loss, 0 off the mask; dict of stats).
+    Raises:
+        ValueError: if ``clip_high`` < 0, ``clip_low`` is outside [0, 1], or shapes differ.
+    """
+    if clip_high < 0:
+        raise ValueError(f"cispo: clip_high must be >= 0, got {clip_high}")
+    if clip_low is not None and not 0 <= clip_low <= 1:
+        raise ValueError(f"cispo: clip_low must be in [0, 1], got {clip_low}")
+    m, lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
+    ratio = torch.exp(log_ratio)
+    with torch.no_grad():
+        weight = torch.clamp(ratio, max=1.0 + clip_high)
+        high = ratio > 1.0 + clip_high
+        if clip_low is not None:
+            weight = torch.clamp(weight, min=1.0 - clip_low)
+            low = ratio < 1.0 - clip_low
+        else:
+            low = _no_clip(m)
+    loss = -weight * adv * lp * m
+    return loss, _stats(ratio, log_ratio, m, low, high, _no_clip(m))
+
+
+@register_policy_loss("reinforce")
+def reinforce(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+              **_) -> tuple[Tensor, dict[str, float]]:
+    """Vanilla policy gradient, REINFORCE (Williams, 1992).
+
+    l = -A * logprobs (no importance weight; on-policy). Its gradient equals ppo_clip's when logprobs ==
+    old_logprobs; its value does not (ppo_clip's value there is -A).
+
+    Args:
+        logprobs: [N, T] float, current policy (carries gradient).
+        old_logprobs: [N, T] float, used only for the ratio stats.
+        advantages: [N, T] float (treated as constant).
+        mask: [N, T] bool/0-1, response tokens.
+    Returns:
+        ([N, T] float32 per-token loss, 0 off the mask; dict of stats, clip fractions 0).
+    Raises:
+        ValueError: if shapes differ.
+    """
+    m, lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
+    loss = -adv * lp * m
+    none = _no_clip(m)
+    return loss, _stats(torch.exp(log_ratio), log_ratio, m, none, none, none)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# KL estimators (Schulman, 2020, "Approximating KL Divergence"); samples come from the current policy,
+# d = logprobs - ref_logprobs = log(pi / pi_ref).
+
+
+def _kl_inputs(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(f"ref_logprobs shape {tuple(ref_logprobs.shape)} != logprobs shape {tuple(logprobs.shape)}")
+    return logprobs - ref_logprobs
+
+
+@register_kl_estimator("k1")
+def kl_k1(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 = d, d = logprobs - ref_logprobs (Schulman, 2020). Unbiased for KL(pi || pi_ref), high variance.
+
+    Args: logprobs, ref_logprobs: [N, T] float. Returns: [N, T]. Raises: ValueError if shapes differ.
+    """
+    return _kl_inputs(logprobs, ref_logprobs)
+
+
+@register_kl_estimator("k2")
+def kl_k2(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k2 = d^2 / 2, d = logprobs - ref_logprobs (Schulman, 2020). Biased, low variance, >= 0.
+
+    Args: logprobs, ref_logprobs: [N, T] float. Returns: [N, T]. Raises: ValueError if shapes differ.
+    """
+    d = _kl_inputs(logprobs, ref_logprobs)
+    return 0.5 * d * d
+
+
+@register_kl_estimator("k3")
+def kl_k3(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 = exp(-d) + d - 1, d = logprobs - ref_logprobs (Schulman, 2020). Unbiased for KL(pi || pi_ref), >= 0.
+
+    Args: logprobs, ref_logprobs: [N, T] float. Returns: [N, T]. Raises: ValueError if shapes differ.
+    """
+    d = _kl_inputs(logprobs, ref_logprobs)
+    return torch.expm1(-d) + d
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# aggregation: l = per-token loss, m = mask, sums over t run over the T columns
+
+
+def _agg_inputs(per_token_loss: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    if per_token_loss.dim() != 2 or mask.shape != per_token_loss.shape:
+        raise ValueError(
+            f"per_token_loss must be [N, T] and match mask; got {tuple(per_token_loss.shape)} and {tuple(mask.shape)}"
+        )
+    m = mask.to(per_token_loss.dtype)
+    return torch.where(m > 0, per_token_loss, torch.zeros_like(per_token_loss)), m
+
+
+@register_aggregation("token-mean")
+def token_mean(*, per_token_loss: Tensor, mask: Tensor, **_) -> Tensor:
+    """sum_{i,t} l*m / sum_{i,t} m: every response token weighs the same (DAPO, Yu et al., 2025).
+
+    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1. Returns: 0-dim Tensor (0 for an empty mask).
+    Raises: ValueError if shapes differ.
+    """
+    lm, m = _agg_inputs(per_token_loss, mask)
+    return lm.sum() / m.sum().clamp(min=1)
+
+
+@register_aggregation("seq-mean-token-mean")
+def seq_mean_token_mean(*, per_token_loss: Tensor, mask: Tensor, **_) -> Tensor:
+    """mean_i (sum_t l*m / sum_t m): every sequence weighs the same (GRPO, Shao et al., 2024).
+
+    Rows with an empty mask contribute 0 and still count in the mean over N.
+    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1. Returns: 0-dim Tensor.
+    Raises: ValueError if shapes differ.
+    """
+    lm, m = _agg_inputs(per_token_loss, mask)
+    return (lm.sum(dim=1) / m.sum(dim=1).clamp(min=1)).mean()
+
+
+@register_aggregation("seq-mean-token-sum")
+def seq_mean_token_sum(*, per_token_loss: Tensor, mask: Tensor, **_) -> Tensor:
+    """mean_i sum_t l*m.
+
+    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1. Returns: 0-dim Tensor.
+    Raises: ValueError if shapes differ.
+    """
+    lm, _m = _agg_inputs(per_token_loss, mask)
+    return lm.sum(dim=1).mean()
+
+
+@register_aggregation("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(*, per_token_loss: Tensor, mask: Tensor, max_len: int | None = None, **_) -> Tensor:
+    """sum_{i,t} l*m / (N * max_len): a constant normalizer, free of length bias (Liu et al., 2025, Dr. GRPO).
+
+    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1; max_len: int tokens > 0 (default T).
+    Returns: 0-dim Tensor. Raises: ValueError if shapes differ or max_len <= 0.
+    """
+    lm, _m = _agg_inputs(per_token_loss, mask)
+    length = per_token_loss.shape[1] if max_len is None else max_len
+    if not length > 0:
+        raise ValueError(f"seq-mean-token-sum-norm: max_len must be > 0, got {length}")
+    return lm.sum() / (max(per_token_loss.shape[0], 1) * length)

@@ -1,0 +1,77 @@
+"""Supervised warm start: next-token cross-entropy on the answer tokens of task rows (prompt tokens masked)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from rewardlab.config import SFTConfig, dump_config
+from rewardlab.optim import make_optimizer, make_scheduler
+from rewardlab.policy import Policy, load_policy
+from rewardlab.progress import stage
+from rewardlab.runs import RunDir
+from rewardlab.tasks import load as load_task
+from rewardlab.tasks.sampler import RowSampler
+
+
+def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[int]]) -> tuple[torch.Tensor, int]:
+    """Mean negative log-likelihood per answer token (nats), and the number of answer tokens.
+
+    loss = -sum_{i,t} m_{i,t} log p(y_{i,t} | x_i, y_{i,<t}) / sum m, m = 1 on answer tokens (EOS included).
+    """
+    batch = policy.collate(prompt_ids, target_ids)
+    logprobs, _ = policy.token_logprobs(batch)
+    n_tokens = batch.mask.sum()
+    return -(logprobs * batch.mask).sum() / n_tokens.clamp(min=1), int(n_tokens.item())
+
+
+def run_sft(cfg: SFTConfig, *, show_progress: bool = True) -> dict[str, Any]:
+    """Train `cfg.model` on `cfg.task`'s training rows (prompt -> answer + EOS) for `cfg.sft.steps` steps.
+
+    Writes `cfg.out`: config.yaml, metrics.jsonl (`sft/loss`, `lr`, `time/step_s`, `time/tokens_per_s`),
+    checkpoints/step-N (the final model, HF format) and summary.json.
+
+    Returns:
+        the summary: final loss, steps, wall seconds, `final_checkpoint` path.
+    """
+    torch.manual_seed(cfg.seed)
+    run = RunDir(cfg.out)
+    run.write_config(dump_config(cfg))
+    task = load_task(cfg.task.spec, **cfg.task.options)
+    policy = load_policy(
+        cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
+        tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed,
+    )
+    p = cfg.sft
+    encoded = [
+        (policy.encode_prompt(policy.format_prompt(r["prompt"])), policy.encode_target(str(r["answer"])))
+        for r in task.train
+    ]
+    sampler = RowSampler(list(range(len(encoded))), seed=cfg.seed)  # type: ignore[arg-type]
+    optimizer = make_optimizer(policy.model, p.lr, p.weight_decay)
+    scheduler = make_scheduler(optimizer, warmup_steps=p.warmup_steps, total_steps=p.steps, kind="cosine")
+    policy.model.train()
+    start, loss_value = time.perf_counter(), float("nan")
+    with stage("SFT", p.steps, enabled=show_progress) as bar:
+        for step in range(1, p.steps + 1):
+            t0 = time.perf_counter()
+            idx = sampler.next(p.batch_size)
+            loss, n_tokens = sft_loss(policy, [encoded[i][0] for i in idx], [encoded[i][1] for i in idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            loss_value = loss.item()
+            dt = time.perf_counter() - t0
+            run.log_metrics(step, {"sft/loss": loss_value, "lr": scheduler.get_last_lr()[0],
+                                   "time/step_s": dt, "time/tokens_per_s": n_tokens / dt})
+            bar.advance(1, loss=loss_value)
+    final = run.save_checkpoint(p.steps, policy.save)
+    run.plot(["sft/loss"], "sft_loss.png")
+    summary = {"stage": "sft", "steps": p.steps, "final_loss": loss_value, "wall_s": time.perf_counter() - start,
+               "train_rows": len(task.train), "final_checkpoint": str(final)}
+    run.write_summary(summary)
+    return summary

@@ -1,0 +1,73 @@
+"""Tasks from JSON-lines files whose lines hold `prompt` and `answer` (other fields are passed to rewards)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rewardlab.tasks import register_loader
+from rewardlab.tasks.base import Row, Task, dedup_and_split
+
+REQUIRED = ("prompt", "answer")
+
+
+def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Row]:
+    """Read a JSONL file of task rows; blank lines are skipped.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: one line, named as `PATH:LINE`, is not a JSON object, lacks a required field, or has a
+            `prompt` that is not a string.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file {path}: not found")
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            for name in required:
+                if name not in row:
+                    raise ValueError(f"{path}:{lineno}: missing field '{name}'")
+            if not isinstance(row["prompt"], str):
+                raise ValueError(f"{path}:{lineno}: field 'prompt' must be a string")
+            row["answer"] = row["answer"] if isinstance(row["answer"], str) else json.dumps(row["answer"])
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+@register_loader("jsonl")
+def load_jsonl(
+    path: str, *, test_path: str | None = None, test_size: int | float = 0.1, seed: int = 0, reward: str = "exact_match"
+) -> Task:
+    """Load `jsonl:PATH` as a Task.
+
+    Args:
+        path: JSONL file of rows with `prompt` and `answer`.
+        test_path: optional JSONL file of held-out rows; when given, `path` is all training data (rows whose
+            prompt also occurs in `test_path` are dropped from training).
+        test_size: held-out prompts split off `path` when no `test_path` (int count or float fraction).
+        seed: split seed.
+        reward: name of the reward that verifies answers (default `exact_match`).
+    Raises:
+        ValueError / FileNotFoundError: see `read_rows`.
+    """
+    rows = read_rows(path)
+    if test_path is None:
+        train, test = dedup_and_split(rows, key=lambda r: r["prompt"], test_size=test_size, seed=seed)
+    else:
+        test, _ = dedup_and_split(read_rows(test_path), key=lambda r: r["prompt"], test_size=0, seed=seed)
+        held = {r["prompt"] for r in test}
+        train, _ = dedup_and_split(
+            [r for r in rows if r["prompt"] not in held], key=lambda r: r["prompt"], test_size=0, seed=seed
+        )
+    return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward)

@@ -1,0 +1,73 @@
+"""The records that travel between layers: a sampled completion (`Rollout`) and its score (`RewardOutput`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Rollout:
+    """One sampled completion of one prompt.
+
+    Attributes:
+        prompt: the prompt text exactly as fed to the model (after chat-template formatting, if any).
+        prompt_ids: token ids of `prompt` (special tokens included), length P.
+        completion: decoded completion text, special tokens removed.
+        completion_ids: sampled token ids, length T, up to and including the end-of-sequence token when one was
+            sampled (no padding).
+        logprobs: behaviour log-probs of `completion_ids` under the sampling policy, length T, natural log, of the
+            temperature-scaled distribution softmax(logits / temperature) (before top-p truncation).
+        row: the task row the prompt came from: `prompt`, `answer` and any other task field.
+        group: prompt-group id; rollouts of the same prompt in one batch share it.
+        steps: token spans `(start, end)` (end exclusive, indices into `completion_ids`) of the reasoning steps;
+            empty when the completion is not split into steps.
+        truncated: True when generation stopped at the token limit before an end-of-sequence token.
+        turns: earlier turns of a multi-turn episode as chat messages (unused by single-turn tasks).
+    """
+
+    prompt: str
+    prompt_ids: list[int]
+    completion: str
+    completion_ids: list[int]
+    logprobs: list[float]
+    row: dict[str, Any] = field(default_factory=dict)
+    group: int = 0
+    steps: list[tuple[int, int]] = field(default_factory=list)
+    truncated: bool = False
+    turns: list[dict[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.completion_ids):
+            raise ValueError(
+                f"Rollout.logprobs has {len(self.logprobs)} entries but completion_ids has {len(self.completion_ids)}"
+            )
+
+    @property
+    def answer(self) -> Any:
+        """The task row's reference answer (None when the row has none)."""
+        return self.row.get("answer")
+
+
+@dataclass
+class RewardOutput:
+    """The score of one rollout.
+
+    Attributes:
+        score: the scalar reward used for credit assignment (unitless).
+        components: named parts of the score, logged as `reward/<name>/mean` (e.g. `correct`, `format`); a
+            component need not contribute to `score`.
+        step_scores: one score per entry of `Rollout.steps` for process rewards, else None.
+        error: None on success; otherwise a one-line text naming the reward and the cause. A failed reward is
+            never silently a 0: the caller decides what `score` means for it.
+    """
+
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    step_scores: list[float] | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is None and (self.score is None or math.isnan(float(self.score))):
+            raise ValueError("RewardOutput.score is NaN without an error; set `error` to say why")
