@@ -30,7 +30,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer: one token per character, `<s>` prepended, decoding is exact concatenation.
 
     Vocabulary: `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3, then printable ASCII, newline and tab (101 tokens).
-    Characters outside it encode as `<unk>`.
+    Characters outside it encode as `<unk>`. Text that spells a special token (e.g. "</s>") is encoded character
+    by character (`split_special_tokens`), so task text can never inject an end-of-sequence token.
     """
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -46,6 +47,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         pad_token="<pad>",
         unk_token="<unk>",
         clean_up_tokenization_spaces=False,
+        split_special_tokens=True,
         model_max_length=DEFAULT_ARCH["max_position_embeddings"],
     )
 

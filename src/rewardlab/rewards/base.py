@@ -56,13 +56,14 @@ def _rollout_fields(r: Rollout) -> dict[str, Any]:
 def _as_output(value: Any, name: str) -> RewardOutput:
     if isinstance(value, RewardOutput):
         out = value
-    elif isinstance(value, Mapping):
-        comps = {k: float(v) for k, v in value.items() if k != "score"}
-        out = RewardOutput(score=float(value["score"]), components=comps)
-    elif isinstance(value, bool):
-        out = RewardOutput(score=float(value))
     else:
-        out = RewardOutput(score=float(value))
+        if isinstance(value, Mapping):
+            score, comps = float(value["score"]), {k: float(v) for k, v in value.items() if k != "score"}
+        else:
+            score, comps = float(value), {}
+        if not math.isfinite(score):  # before RewardOutput, whose own NaN check would hide the cause
+            return RewardOutput(score=0.0, components=comps, error=f"{name}: score is {score}")
+        out = RewardOutput(score=score, components=comps)
     if out.error is None and not math.isfinite(out.score):
         return RewardOutput(score=0.0, components=out.components, error=f"{name}: score is {out.score}")
     return out

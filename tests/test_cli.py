@@ -1,0 +1,82 @@
+"""Command line: exit codes and one-line errors."""
+
+import json
+
+import pytest
+
+from conftest import TINY_OVERRIDES, write_jsonl
+from rewardlab.cli import main
+
+
+def _stderr_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(verb in out for verb in ("quickstart", "sft", "train", "evaluate"))
+
+
+def test_verb_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--help"])
+    assert info.value.code == 0
+    assert "--resume" in capsys.readouterr().out
+
+
+def test_unknown_verb_is_a_usage_error():
+    with pytest.raises(SystemExit) as info:
+        main(["fly"])
+    assert info.value.code == 2
+
+
+def test_unknown_override_key(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path / "run"), "rl.lrr=1e-4"]) == 2
+    line = _stderr_line(capsys)
+    assert line.startswith("rewardlab train: error:") and "rl.lrr" in line and "unknown key" in line
+
+
+def test_bad_override_value(tmp_path, capsys):
+    assert main(["evaluate", "--out", str(tmp_path / "run"), "eval.n=many"]) == 2
+    line = _stderr_line(capsys)
+    assert "eval.n" in line and "integer" in line
+
+
+def test_missing_task_file(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path / "run"), "--task", "jsonl:/nonexistent/x.jsonl"]) == 2
+    line = _stderr_line(capsys)
+    assert line.startswith("rewardlab train: error:") and "/nonexistent/x.jsonl" in line and "not found" in line
+
+
+def test_missing_config_file(tmp_path, capsys):
+    assert main(["sft", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in _stderr_line(capsys)
+
+
+def test_resume_without_checkpoint(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"{i}=", "answer": str(i)} for i in range(4)])
+    rc = main(["train", "--no-progress", "--out", str(tmp_path / "run"), "--task", f"jsonl:{data}",
+               "--resume", "task.options={test_size: 1}", *TINY_OVERRIDES])
+    assert rc == 2
+    assert "--resume: no checkpoint" in _stderr_line(capsys)
+
+
+def test_evaluate_writes_summary(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"{i}=", "answer": str(i)} for i in range(6)])
+    out = tmp_path / "eval"
+    rc = main(["evaluate", "--no-progress", "--model", "tiny", "--task", f"jsonl:{data}", "--out", str(out),
+               "task.options={test_size: 2}", "eval.n=2", "eval.k=[1, 2]", "eval.max_new_tokens=2",
+               *TINY_OVERRIDES])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_questions"] == printed["n_questions"] == 2  # test_size 2
+    assert summary["split"] == "test" and 0.0 <= summary["pass@2"] <= 1.0
+    assert "examples" in summary and "examples" not in printed
+    assert (out / "config.yaml").is_file()

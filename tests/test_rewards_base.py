@@ -1,0 +1,271 @@
+"""The reward contract: argument injection, errors, the registry, weighted sums and the built-in verifiers."""
+
+import math
+
+import pytest
+
+from rewardlab.rewards import REWARDS, FunctionReward, Reward, RewardError, WeightedSum, build_reward, reward
+from rewardlab.types import Rollout, RewardOutput
+
+
+def _rollout(completion, row=None, prompt="formatted prompt", steps=()):
+    ids = list(range(4, 4 + max(1, len(completion))))
+    return Rollout(prompt=prompt, prompt_ids=[1], completion=completion, completion_ids=ids,
+                   logprobs=[0.0] * len(ids), row=row or {}, steps=list(steps))
+
+
+# ---------------------------------------------------------------- argument injection
+def test_function_receives_only_named_arguments():
+    seen = []
+
+    @reward(register=False)
+    def match(completion, answer):
+        seen.append((completion, answer))
+        return float(completion == answer)
+
+    outs = match()([_rollout("7", {"prompt": "3+4=", "answer": "7"}), _rollout("8", {"answer": "7"})])
+    assert [o.score for o in outs] == [1.0, 0.0]
+    assert seen == [("7", "7"), ("8", "7")]
+
+
+def test_function_receives_task_field_and_prompt_from_row():
+    @reward(register=False)
+    def by_difficulty(prompt, difficulty):
+        return {"score": difficulty / 10, "len": float(len(prompt))}
+
+    (out,) = by_difficulty()([_rollout("x", {"prompt": "abc", "answer": "1", "difficulty": 3})])
+    assert out.score == pytest.approx(0.3)  # 3 / 10
+    assert out.components == {"len": 3.0}  # prompt is the task prompt "abc", not the formatted one
+    (out,) = by_difficulty()([_rollout("x", {"difficulty": 5})])  # no row prompt: the rollout's own prompt
+    assert out.components == {"len": float(len("formatted prompt"))}
+
+
+def test_function_receives_steps_as_token_slices():
+    @reward(register=False)
+    def n_steps(steps):
+        return float(len(steps))
+
+    r = _rollout("abcd", steps=[(0, 2), (2, 4)])  # completion_ids [4, 5, 6, 7]
+    (out,) = n_steps()([r])
+    assert out.score == 2.0
+
+    @reward(register=False)
+    def first(steps):
+        return float(steps[0][0] + steps[1][1])  # ids 4 and 7
+
+    assert first()([r])[0].score == 11.0
+
+
+def test_options_are_passed_and_unknown_options_rejected():
+    @reward(register=False)
+    def scaled(completion, factor=1.0):
+        return factor * len(completion)
+
+    assert scaled(factor=0.5)([_rollout("abcd")])[0].score == 2.0  # 0.5 * 4
+    with pytest.raises(ValueError, match=r"reward scaled: unknown option\(s\) \['facter'\]"):
+        scaled(facter=2)
+
+
+def test_var_keyword_function_gets_all_fields():
+    @reward(register=False)
+    def everything(**kw):
+        return float({"completion", "answer", "prompt", "row", "rollout", "steps", "level"} <= set(kw))
+
+    assert everything()([_rollout("a", {"answer": "b", "level": 2})])[0].score == 1.0
+
+
+def test_function_reward_is_a_reward():
+    @reward(register=False)
+    def r(completion):
+        return 0.0
+
+    built = r()
+    assert isinstance(built, FunctionReward) and isinstance(built, Reward) and built.name == "r"
+
+
+def test_return_types():
+    @reward(register=False)
+    def as_bool(completion):
+        return completion == "y"
+
+    @reward(register=False)
+    def as_output(completion):
+        return RewardOutput(score=0.25, components={"c": 1.0}, step_scores=[0.5])
+
+    assert [o.score for o in as_bool()([_rollout("y"), _rollout("n")])] == [1.0, 0.0]
+    (out,) = as_output()([_rollout("y")])
+    assert (out.score, out.components, out.step_scores) == (0.25, {"c": 1.0}, [0.5])
+
+
+# ---------------------------------------------------------------- errors
+def test_exception_becomes_error_naming_reward():
+    @reward(name="boom", register=False)
+    def boom(completion):
+        raise KeyError("missing\nsecond line")
+
+    (out,) = boom()([_rollout("x")])
+    assert out.score == 0.0
+    assert out.error.startswith("boom: KeyError") and "\n" not in out.error
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_score_becomes_error(value):
+    @reward(name="bad", register=False)
+    def bad(completion):
+        return value
+
+    (out,) = bad()([_rollout("x")])
+    assert out.score == 0.0 and out.error == f"bad: score is {value}"  # e.g. "bad: score is nan"
+
+
+def test_nan_in_dict_score_becomes_error():
+    @reward(name="bad", register=False)
+    def bad(completion):
+        return {"score": math.nan, "c": 1.0}
+
+    (out,) = bad()([_rollout("x")])
+    assert out.score == 0.0 and out.error == "bad: score is nan" and out.components == {"c": 1.0}
+
+
+# ---------------------------------------------------------------- registry
+def test_register_false_leaves_registry_unchanged():
+    before = set(REWARDS)
+
+    @reward(name="test_unregistered_reward", register=False)
+    def r(completion):
+        return 0.0
+
+    assert set(REWARDS) == before
+
+
+def test_registering_a_taken_name_fails():
+    assert "exact_match" in REWARDS
+    with pytest.raises(ValueError, match="already registered"):
+        @reward(name="exact_match")
+        def again(completion):
+            return 0.0
+
+
+def test_build_reward_unknown_name_lists_names():
+    with pytest.raises(ValueError) as info:
+        build_reward([{"name": "no_such_reward"}])
+    msg = str(info.value)
+    assert "rewards[0].name" in msg and "no_such_reward" in msg
+    assert "exact_match" in msg and "reasoning_gym" in msg
+
+
+def test_build_reward_unknown_option():
+    with pytest.raises(ValueError, match=r"rewards\[1\] \(exact_match\): .*unknown option"):
+        build_reward([{"name": "exact_match"}, {"name": "exact_match", "casee": False}])
+
+
+def test_build_reward_missing_name():
+    with pytest.raises(ValueError, match=r"rewards\[0\]: missing 'name'"):
+        build_reward([{"weight": 1.0}])
+
+
+def test_build_reward_from_string():
+    built = build_reward("exact_match")
+    assert isinstance(built, WeightedSum) and [w for _, w in built.members] == [1.0]
+    (out,) = built([_rollout("7", {"answer": "7"})])
+    # one member: its own components keep their names, plus the member's score under its name.
+    assert out.score == 1.0 and out.components == {"exact_match": 1.0, "correct": 1.0}
+
+
+# ---------------------------------------------------------------- WeightedSum
+@reward(register=False)
+def _length(completion):
+    return float(len(completion))
+
+
+@reward(register=False)
+def _parts(completion):
+    return {"score": 2.0, "a": 1.0}
+
+
+@reward(name="_fails", register=False)
+def _fails(completion):
+    if completion == "bad":
+        raise RuntimeError("no")
+    return 1.0
+
+
+def test_weighted_sum_weights_and_components():
+    ws = WeightedSum([(_length(), 1.0), (_parts(), 0.5)])
+    (out,) = ws([_rollout("abc")])
+    assert out.score == pytest.approx(4.0)  # 1 * len("abc") + 0.5 * 2 = 3 + 1
+    assert out.components == {"_length": 3.0, "_parts": 2.0, "_parts/a": 1.0}
+    assert out.error is None
+
+
+def test_weighted_sum_zero_weight_is_logged_only():
+    ws = WeightedSum([(_length(), 0.0), (_parts(), 1.0)])
+    (out,) = ws([_rollout("abcd")])
+    assert out.score == 2.0 and out.components["_length"] == 4.0  # 0 * 4 + 1 * 2
+
+
+def test_weighted_sum_error_zero():
+    ws = WeightedSum([(_length(), 1.0), (_fails(), 1.0)], on_error="zero")
+    ok, bad = ws([_rollout("ok"), _rollout("bad")])
+    assert ok.score == 3.0 and ok.error is None  # 2 + 1
+    assert bad.score == 0.0 and bad.error.startswith("_fails: RuntimeError: no")
+    assert bad.components["_length"] == 3.0  # the members' scores stay visible for logging
+
+
+def test_weighted_sum_error_raise():
+    ws = WeightedSum([(_fails(), 1.0)], on_error="raise")
+    assert ws([_rollout("ok")])[0].score == 1.0
+    with pytest.raises(RewardError, match="_fails: RuntimeError: no"):
+        ws([_rollout("ok"), _rollout("bad")])
+
+
+def test_weighted_sum_rejects_unknown_on_error():
+    with pytest.raises(ValueError, match="on_error"):
+        WeightedSum([(_length(), 1.0)], on_error="ignore")
+
+
+def test_build_reward_weights():
+    built = build_reward([{"name": "exact_match"}, {"name": "exact_match", "weight": 0.5, "case": False}])
+    (out,) = built([_rollout("ABC", {"answer": "abc"})])
+    assert out.score == 0.5  # 1 * 0 (case-sensitive) + 0.5 * 1 (case-insensitive)
+
+
+# ---------------------------------------------------------------- registered verifiers
+@pytest.mark.parametrize(
+    "completion, answer, score",
+    [
+        ("7", "7", 1.0),
+        (" 7\n", "7", 1.0),  # stripped
+        ("8", "7", 0.0),
+        ("work... <answer>7</answer>", "7", 1.0),
+        ("<answer>3</answer> then <answer> 7 </answer>", "7", 1.0),  # the last tag wins
+        ("<answer>8</answer>", "7", 0.0),
+        ("", "7", 0.0),
+    ],
+)
+def test_exact_match(completion, answer, score):
+    (out,) = build_reward("exact_match")([_rollout(completion, {"answer": answer})])
+    assert out.score == score and out.components["correct"] == score
+
+
+def test_exact_match_options():
+    em = REWARDS["exact_match"]
+    assert em(case=False)([_rollout("Yes", {"answer": "yes"})])[0].score == 1.0
+    assert em()([_rollout("Yes", {"answer": "yes"})])[0].score == 0.0
+    assert em(whitespace=False)([_rollout("1 2", {"answer": "12"})])[0].score == 1.0
+
+
+def test_reasoning_gym_reward(chain_sum_task):
+    row = chain_sum_task.test[0]
+    wrong = str(int(row["answer"]) + 1)
+    rg = build_reward("reasoning_gym")
+    right, tagged, bad = rg([_rollout(row["answer"], row), _rollout(f"<answer>{row['answer']}</answer>", row),
+                             _rollout(wrong, row)])
+    assert right.score == 1.0 and right.components["correct"] == 1.0
+    assert tagged.score == 1.0
+    assert bad.score == 0.0 and bad.components == {"reasoning_gym": 0.0, "correct": 0.0, "partial": 0.0}
+
+
+def test_reasoning_gym_reward_without_dataset_row_is_an_error():
+    (out,) = build_reward("reasoning_gym")([_rollout("7", {"answer": "7"})])
+    assert out.score == 0.0 and out.error.startswith("reasoning_gym: KeyError")
