@@ -80,3 +80,21 @@ def test_evaluate_writes_summary(tmp_path, capsys):
     assert summary["split"] == "test" and 0.0 <= summary["pass@2"] <= 1.0
     assert "examples" in summary and "examples" not in printed
     assert (out / "config.yaml").is_file()
+
+
+def test_bad_task_leaves_no_run_directory(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--task", "jsonl:/nonexistent/x.jsonl"]) == 2
+    assert not out.exists()
+
+
+def test_reward_error_with_on_error_raise_is_one_line(tmp_path, capsys):
+    # JSONL rows lack the reasoning-gym fields (dataset, question, metadata), so the reasoning_gym reward
+    # fails on every rollout, and on_error=raise turns that into a one-line CLI error.
+    task = write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"{i}=", "answer": str(i)} for i in range(12)])
+    code = main(["train", "--out", str(tmp_path / "run"), "--task", f"jsonl:{task}", "--no-progress",
+                 "rewards=[{name: reasoning_gym}]", "on_error=raise", "rl.steps=1", "rl.prompts_per_step=2",
+                 "rl.group_size=2", "rl.max_new_tokens=2", *TINY_OVERRIDES])
+    assert code == 2
+    line = _stderr_line(capsys)
+    assert "reasoning_gym: KeyError" in line

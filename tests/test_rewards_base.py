@@ -269,3 +269,12 @@ def test_reasoning_gym_reward(chain_sum_task):
 def test_reasoning_gym_reward_without_dataset_row_is_an_error():
     (out,) = build_reward("reasoning_gym")([_rollout("7", {"answer": "7"})])
     assert out.score == 0.0 and out.error.startswith("reasoning_gym: KeyError")
+
+
+def test_repeated_reward_names_get_distinct_components_and_correct_stays_top_level():
+    built = build_reward([{"name": "exact_match"}, {"name": "exact_match", "weight": 0.5, "case": False}])
+    (out,) = built([_rollout("ABC", {"answer": "abc"})])
+    # member 1 (case-sensitive) scores 0, member 2 (case-insensitive) scores 1; neither overwrites the other.
+    assert out.components["exact_match"] == 0.0 and out.components["exact_match#2"] == 1.0
+    assert out.components["exact_match/correct"] == 0.0 and out.components["exact_match#2/correct"] == 1.0
+    assert out.components["correct"] == 0.0  # the first member that reports `correct`

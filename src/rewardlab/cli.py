@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
 
     from rewardlab.config import VERB_CONFIGS, load_config
+    from rewardlab.rewards import RewardError
 
     overrides = list(args.overrides)
     for flag, key in (("model", "model.path"), ("task", "task.spec"), ("out", "out"), ("seed", "seed")):
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_evaluate(cfg, show_progress=show)
             result.pop("examples", None)
             print(json.dumps(result, indent=2))
-    except (ValueError, FileNotFoundError, OSError) as exc:
+    except (ValueError, OSError, RewardError) as exc:
         print(f"rewardlab {args.verb}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
               file=sys.stderr)
         return 2

@@ -141,19 +141,28 @@ class WeightedSum:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error: expected one of {ON_ERROR}, got {on_error!r}")
         self.members = list(members)
+        # Component labels: the member's name, made unique ("exact_match", "exact_match#2") when names repeat.
+        self.labels: list[str] = []
+        for member, _ in self.members:
+            label, k = member.name, 2
+            while label in self.labels:
+                label, k = f"{member.name}#{k}", k + 1
+            self.labels.append(label)
         self.on_error = on_error
         self.name = name
 
     def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
-        per_member = [(m, w, m(rollouts)) for m, w in self.members]
+        per_member = [(label, w, m(rollouts)) for label, (m, w) in zip(self.labels, self.members)]
         outputs = []
         for i in range(len(rollouts)):
             score, comps, errors, steps = 0.0, {}, [], None
-            for member, weight, outs in per_member:
+            for label, weight, outs in per_member:
                 o = outs[i]
-                comps[member.name] = o.score
+                comps[label] = o.score
                 for k, v in o.components.items():
-                    comps[k if len(self.members) == 1 else f"{member.name}/{k}"] = v
+                    comps[k if len(self.members) == 1 else f"{label}/{k}"] = v
+                    if k == "correct":  # exact-match correctness stays findable as `correct` (first reporter)
+                        comps.setdefault("correct", v)
                 if o.error is not None:
                     errors.append(o.error)
                 score += weight * o.score

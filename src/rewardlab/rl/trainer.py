@@ -103,9 +103,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
     """
     check_names(cfg)
     rl = cfg.rl
-    run = RunDir(cfg.out)
     task = load_task(cfg.task.spec, **cfg.task.options)
     reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
+    run = RunDir(cfg.out)  # created only once the config, task and rewards are known to be good
     model_kw = dict(prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
                     tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
 
@@ -224,7 +224,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
         "steps": rl.steps,
         "resumed_from": start_step if resume else None,
         "wall_s": time.perf_counter() - wall0,
-        "final_metrics": last,
+        "final_metrics": last or (run.read_metrics() or [{}])[-1],
         "final_checkpoint": str(latest[1]) if latest else None,
     }
     run.write_summary(summary)
