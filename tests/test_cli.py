@@ -98,3 +98,23 @@ def test_reward_error_with_on_error_raise_is_one_line(tmp_path, capsys):
     assert code == 2
     line = _stderr_line(capsys)
     assert "reasoning_gym: KeyError" in line
+
+
+def test_quickstart_runs_all_stages_and_writes_summary(tmp_path, capsys):
+    out = tmp_path / "qs"
+    code = main(["quickstart", "--out", str(out), "--no-progress", *TINY_OVERRIDES,
+                 "task.options={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, template: compact, "
+                 "size: 300, test_size: 20}",
+                 "sft.steps=3", "sft.batch_size=8", "rl.steps=2", "rl.prompts_per_step=2", "rl.group_size=2",
+                 "eval.n=2", "eval.k=[1,2]"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["held_out_questions"] == 20
+    for stage in ("sft", "grpo"):
+        assert 0.0 <= summary[stage]["accuracy"] <= 1.0 and 0.0 <= summary[stage]["pass@2"] <= 1.0
+    # improvement is the difference of the two accuracies, in points
+    assert summary["improvement_points"] == pytest.approx(100 * (summary["grpo"]["accuracy"] - summary["sft"]["accuracy"]))
+    assert set(summary["stage_seconds"]) == {"sft", "eval_sft", "grpo", "eval_grpo"}
+    for sub in ("sft", "eval_sft", "grpo", "eval_grpo"):
+        assert (out / sub / "summary.json").is_file()
+    assert "after GRPO" in capsys.readouterr().out

@@ -232,3 +232,25 @@ def test_load_policy_tiny_is_seeded():
     w = "model.embed_tokens.weight"
     assert torch.equal(a.model.state_dict()[w], b.model.state_dict()[w])
     assert a.prompt_format == "raw"
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_chat_prompt_format_applies_the_tokenizer_template(tiny_policy):
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    policy = Policy(tiny_policy.model, tokenizer, "auto")  # auto picks chat when the tokenizer has a template
+    assert policy.prompt_format == "chat"
+    text = policy.format_prompt("3+4=")
+    assert text == "<|user|>3+4=\n<|assistant|>"
+    # the template's text is the whole prompt: no BOS is added on top of it (one id per character).
+    assert policy.encode_prompt(text) == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(policy.encode_prompt(text)) == len(text)
+    (rollout,) = policy.generate(["3+4="], greedy=True, max_new_tokens=2)
+    assert rollout.prompt == text
+    raw = Policy(tiny_policy.model, tokenizer, "raw")
+    assert raw.format_prompt("3+4=") == "3+4=" and raw.encode_prompt("3+4=")[0] == tokenizer.bos_token_id

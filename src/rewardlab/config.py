@@ -142,9 +142,13 @@ class QuickstartConfig(_Base):
     seed: int = 0
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=_quickstart_task)
-    sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=150, batch_size=64, lr=3e-3))
-    rl: RLConfig = Field(default_factory=lambda: RLConfig(steps=60, prompts_per_step=32, group_size=8, lr=1e-3))
-    eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=8))
+    sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=650, batch_size=64, lr=3e-3))
+    rl: RLConfig = Field(
+        default_factory=lambda: RLConfig(
+            steps=150, prompts_per_step=128, group_size=8, lr=3e-4, temperature=0.7, max_new_tokens=4
+        )
+    )
+    eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=4))
 
 
 VERB_CONFIGS: dict[str, type[_Base]] = {
