@@ -118,3 +118,11 @@ def test_quickstart_runs_all_stages_and_writes_summary(tmp_path, capsys):
     for sub in ("sft", "eval_sft", "grpo", "eval_grpo"):
         assert (out / sub / "summary.json").is_file()
     assert "after GRPO" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("verb", ["sft", "evaluate"])
+def test_bad_task_leaves_no_run_directory_for_sft_and_evaluate(tmp_path, capsys, verb):
+    out = tmp_path / "run"
+    assert main([verb, "--out", str(out), "--task", "reasoning_gym:no_such_dataset"]) == 2
+    assert "no_such_dataset" in _stderr_line(capsys)
+    assert not out.exists()

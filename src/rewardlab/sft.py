@@ -37,13 +37,13 @@ def run_sft(cfg: SFTConfig, *, show_progress: bool = True) -> dict[str, Any]:
         the summary: final loss, steps, wall seconds, `final_checkpoint` path.
     """
     torch.manual_seed(cfg.seed)
-    run = RunDir(cfg.out)
-    run.write_config(dump_config(cfg))
     task = load_task(cfg.task.spec, **cfg.task.options)
     policy = load_policy(
         cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
         tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed,
     )
+    run = RunDir(cfg.out)  # created only once the task and model load
+    run.write_config(dump_config(cfg))
     p = cfg.sft
     encoded = [
         (policy.encode_prompt(policy.format_prompt(r["prompt"])), policy.encode_target(str(r["answer"])))

@@ -5,9 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rewardlab.policy.hf import Policy
-from rewardlab.progress import StageBar
+import time
+
+import torch
+
+from rewardlab.config import EvaluateConfig, dump_config
+from rewardlab.policy import Policy, load_policy
+from rewardlab.progress import StageBar, stage
+from rewardlab.rewards import build_reward
 from rewardlab.rewards.base import Reward
+from rewardlab.runs import RunDir
+from rewardlab.tasks import load as load_task
 from rewardlab.types import RewardOutput
 
 
@@ -101,30 +109,19 @@ def evaluate_policy(
     return result
 
 
-def run_evaluate(cfg, *, show_progress: bool = True) -> dict[str, Any]:
+def run_evaluate(cfg: EvaluateConfig, *, show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab evaluate`: greedy accuracy and pass@k of `cfg.model` on `cfg.split` of `cfg.task`.
 
-    Writes `cfg.out`/config.yaml and summary.json (the result of `evaluate_policy` plus model, task, split).
-    `cfg` is a `rewardlab.config.EvaluateConfig`.
+    Writes `cfg.out`/config.yaml and summary.json (the result of `evaluate_policy` plus model, task, split and
+    wall seconds). Raises what `tasks.load`, `load_policy` and `evaluate_policy` raise.
     """
-    import time
-
-    import torch
-
-    from rewardlab.config import dump_config
-    from rewardlab.policy import load_policy
-    from rewardlab.progress import stage
-    from rewardlab.rewards import build_reward
-    from rewardlab.runs import RunDir
-    from rewardlab.tasks import load as load_task
-
     torch.manual_seed(cfg.seed)
-    run = RunDir(cfg.out)
-    run.write_config(dump_config(cfg))
     task = load_task(cfg.task.spec, **cfg.task.options)
     rows = task.split(cfg.split)[: cfg.eval.limit]
     policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
                          device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
+    run = RunDir(cfg.out)  # created only once the task and model load
+    run.write_config(dump_config(cfg))
     e = cfg.eval
     t0 = time.perf_counter()
     with stage("evaluate", len(rows), enabled=show_progress) as bar:

@@ -147,7 +147,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
 
     policy.model.train()
     wall0, last = time.perf_counter(), {}
-    with stage("GRPO" if rl.estimator == "grpo" else rl.estimator, rl.steps, enabled=show_progress) as bar:
+    with stage(rl.estimator.upper(), rl.steps, enabled=show_progress) as bar:
         bar.advance(start_step)
         for step in range(start_step + 1, rl.steps + 1):
             t0 = time.perf_counter()
