@@ -254,3 +254,16 @@ def test_chat_prompt_format_applies_the_tokenizer_template(tiny_policy):
     assert rollout.prompt == text
     raw = Policy(tiny_policy.model, tokenizer, "raw")
     assert raw.format_prompt("3+4=") == "3+4=" and raw.encode_prompt("3+4=")[0] == tokenizer.bos_token_id
+
+
+def test_mark_steps_gives_token_spans_that_tile_the_completion(tiny_policy):
+    from rewardlab.types import Rollout
+
+    text = "1+2=3\n3+4=7"
+    ids = tiny_policy.tokenizer(text, add_special_tokens=False)["input_ids"] + [tiny_policy.tokenizer.eos_token_id]
+    r = Rollout("q", [1], text, ids, [0.0] * len(ids))
+    tiny_policy.mark_steps(r, "\n")
+    # character tokenizer: "1+2=3\n" is tokens 0..5, "3+4=7" tokens 6..10, EOS (token 11) joins the last step
+    assert r.steps == [(0, 6), (6, 12)]
+    assert r.step_text == ["1+2=3\n", "3+4=7"]
+    assert tiny_policy.tokenizer.decode(ids[6:12], skip_special_tokens=True) == "3+4=7"

@@ -40,20 +40,17 @@ def test_function_receives_task_field_and_prompt_from_row():
     assert out.components == {"len": float(len("formatted prompt"))}
 
 
-def test_function_receives_steps_as_token_slices():
+def test_function_receives_steps_as_step_texts():
     @reward(register=False)
-    def n_steps(steps):
-        return float(len(steps))
+    def last_step(steps):
+        return {"score": float(len(steps)), "last_len": float(len(steps[-1]))}
 
-    r = _rollout("abcd", steps=[(0, 2), (2, 4)])  # completion_ids [4, 5, 6, 7]
-    (out,) = n_steps()([r])
-    assert out.score == 2.0
-
-    @reward(register=False)
-    def first(steps):
-        return float(steps[0][0] + steps[1][1])  # ids 4 and 7
-
-    assert first()([r])[0].score == 11.0
+    r = _rollout("ab\ncd", steps=[(0, 3), (3, 5)])
+    r.step_text = ["ab\n", "cd"]
+    (out,) = last_step()([r])
+    assert out.score == 2.0 and out.components == {"last_len": 2.0}  # "cd" has 2 characters
+    (out,) = last_step()([_rollout("abcd")])  # no steps marked: an empty list, so steps[-1] fails explicitly
+    assert out.error is not None and out.error.startswith("last_step: IndexError")
 
 
 def test_options_are_passed_and_unknown_options_rejected():

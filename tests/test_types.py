@@ -40,3 +40,22 @@ def test_reward_output_nan_with_error_is_allowed():
 def test_reward_output_defaults():
     out = RewardOutput(score=0.5)
     assert (out.components, out.step_scores, out.error) == ({}, None, None)
+
+
+def test_split_steps_tiles_the_text_and_merges_blank_pieces():
+    from rewardlab.types import split_steps
+
+    text = "a\nb\n\nc"
+    spans = split_steps(text)
+    assert [text[a:b] for a, b in spans] == ["a\n", "b\n\n", "c"]  # the blank line joins step "b"
+    assert split_steps("") == []
+    assert [("\nx\n")[a:b] for a, b in split_steps("\nx\n")] == ["\nx\n"]  # a blank first piece joins the next
+    assert split_steps("x. y. ", ". ") == [(0, 3), (3, 6)]
+    with pytest.raises(ValueError, match="separator"):
+        split_steps("x", "")
+
+
+def test_step_text_must_match_steps():
+    with pytest.raises(ValueError, match="step_text"):
+        Rollout(prompt="p", prompt_ids=[1], completion="ab", completion_ids=[4, 5], logprobs=[0.0, 0.0],
+                steps=[(0, 2)], step_text=["a", "b"])

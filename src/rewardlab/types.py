@@ -23,6 +23,7 @@ class Rollout:
         group: prompt-group id; rollouts of the same prompt in one batch share it.
         steps: token spans `(start, end)` (end exclusive, indices into `completion_ids`) of the reasoning steps;
             empty when the completion is not split into steps.
+        step_text: the text of each step in `steps` (same length), for rewards that read steps.
         truncated: True when generation stopped at the token limit before an end-of-sequence token.
         turns: earlier turns of a multi-turn episode as chat messages (unused by single-turn tasks).
     """
@@ -35,6 +36,7 @@ class Rollout:
     row: dict[str, Any] = field(default_factory=dict)
     group: int = 0
     steps: list[tuple[int, int]] = field(default_factory=list)
+    step_text: list[str] = field(default_factory=list)
     truncated: bool = False
     turns: list[dict[str, str]] = field(default_factory=list)
 
@@ -43,6 +45,9 @@ class Rollout:
             raise ValueError(
                 f"Rollout.logprobs has {len(self.logprobs)} entries but completion_ids has {len(self.completion_ids)}"
             )
+
+        if self.step_text and len(self.step_text) != len(self.steps):
+            raise ValueError(f"Rollout.step_text has {len(self.step_text)} entries but steps has {len(self.steps)}")
 
     @property
     def answer(self) -> Any:
@@ -71,3 +76,32 @@ class RewardOutput:
     def __post_init__(self) -> None:
         if self.error is None and (self.score is None or math.isnan(float(self.score))):
             raise ValueError("RewardOutput.score is NaN without an error; set `error` to say why")
+
+
+def split_steps(text: str, separator: str = "\n") -> list[tuple[int, int]]:
+    """Character spans `(start, end)` (end exclusive) of the reasoning steps of `text`.
+
+    A step runs up to and including the next `separator`; the text after the last separator is the last step.
+    Whitespace-only pieces are merged into the step before them (or the next one at the start), so no step is
+    blank and the spans cover `text` exactly. `""` has no steps.
+
+    Example: split_steps("a\nb\n\nc", "\n") -> [(0, 2), (2, 5), (5, 6)], i.e. "a\n", "b\n\n", "c".
+
+    Raises:
+        ValueError: if `separator` is empty.
+    """
+    if not separator:
+        raise ValueError("step separator must be a non-empty string")
+    spans: list[tuple[int, int]] = []
+    start = 0
+    while start < len(text):
+        cut = text.find(separator, start)
+        end = len(text) if cut < 0 else cut + len(separator)
+        if spans and not text[start:end].strip():
+            spans[-1] = (spans[-1][0], end)
+        elif spans and not text[spans[-1][0]:spans[-1][1]].strip():  # a blank first piece joins this step
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+        start = end
+    return spans

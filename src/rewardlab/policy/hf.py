@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from rewardlab.types import Rollout
+from rewardlab.types import Rollout, split_steps
 
 PROMPT_FORMATS = ("auto", "raw", "chat")
 
@@ -168,6 +168,31 @@ class Policy:
             attention[:, P:].float().to(dev),
             P,
         )
+
+    def mark_steps(self, rollout: Rollout, separator: str = "\n") -> Rollout:
+        """Fill `rollout.steps` (token spans) and `rollout.step_text` from `split_steps(completion, separator)`.
+
+        A step's token span runs to the first token whose decoded prefix covers the step's last character; the last
+        step also takes any trailing special tokens (EOS), so the spans tile `completion_ids`. Cost: one decode per
+        completion token (O(T^2) characters), fine for the completion lengths used on a CPU.
+        """
+        text = rollout.completion
+        spans = split_steps(text, separator)
+        ids = rollout.completion_ids
+        ends = [len(self.tokenizer.decode(ids[:k], skip_special_tokens=True)) for k in range(1, len(ids) + 1)]
+        steps, step_text, start = [], [], 0
+        for j, (a, b) in enumerate(spans):
+            stop = next((k + 1 for k in range(start, len(ids)) if ends[k] >= b), len(ids))
+            if j == len(spans) - 1:
+                stop = len(ids)
+            if stop > start:
+                steps.append((start, stop))
+                step_text.append(text[a:b])
+            elif step_text:  # a step that shares its token with the previous one joins it
+                step_text[-1] += text[a:b]
+            start = stop
+        rollout.steps, rollout.step_text = steps, step_text
+        return rollout
 
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()

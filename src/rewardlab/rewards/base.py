@@ -46,7 +46,7 @@ def _rollout_fields(r: Rollout) -> dict[str, Any]:
         prompt=r.row.get("prompt", r.prompt),
         completion=r.completion,
         answer=r.row.get("answer"),
-        steps=[r.completion_ids[a:b] for a, b in r.steps],
+        steps=list(r.step_text),
         row=r.row,
         rollout=r,
     )
@@ -73,7 +73,7 @@ class FunctionReward:
     """A per-sample function lifted to a batched `Reward`.
 
     The function receives only the parameters it names, filled from each rollout: `prompt` (the task prompt),
-    `completion`, `answer`, `steps` (token-id lists of the step spans), `row`, `rollout`, any task-row field, and
+    `completion`, `answer`, `steps` (the step texts, `Rollout.step_text`), `row`, `rollout`, any task-row field, and
     the options given at construction. It returns a float, a dict with `score` and components, or a RewardOutput.
     An exception or a non-finite score becomes `RewardOutput.error` ("<name>: <cause>") with score 0.
 
