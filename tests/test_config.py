@@ -22,6 +22,8 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
 def test_override_sets_float_from_exponent_notation():
     cfg = load_config(TrainConfig, None, ["rl.lr=1e-4"])  # YAML 1.1 reads "1e-4" as a string
     assert cfg.rl.lr == 1e-4 and isinstance(cfg.rl.lr, float)
+    cfg = load_config(TrainConfig, None, ["rl.step_separator='5'"])  # quoted: the string "5", not the number
+    assert cfg.rl.step_separator == "5"
 
 
 def test_overrides_parse_yaml_values():

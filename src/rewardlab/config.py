@@ -86,6 +86,32 @@ class RLConfig(_Base):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(8, gt=0, description="completion token limit")
     lr_schedule: Literal["constant", "cosine"] = "constant"
+    kl_in: Literal["loss", "reward"] = Field(
+        "loss", description="where the KL to the reference goes: added to the loss (beta * aggregated KL) or "
+        "subtracted from the token rewards before the advantage (r_t - beta * KL_t)"
+    )
+    ref_refresh_every: int | None = Field(
+        None, gt=0, description="copy the policy's weights into the reference model every N steps (None: never)"
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus: loss -= coef * aggregated token entropy")
+    mask_truncated: bool = Field(False, description="drop truncated completions (no EOS within max_new_tokens) "
+                                 "from the loss")
+    group_filter: str | None = Field(
+        None, description="a key of rl.filters.GROUP_FILTERS, e.g. 'dapo' (DAPO dynamic sampling: drop groups whose "
+        "filter_metric has zero std and generate more); None: keep every group"
+    )
+    filter_metric: str = Field(
+        "unshaped", description="per-rollout value the group filter looks at: 'unshaped' (the reward before "
+        "shaping, else the score), 'score', or a reward component name such as 'correct'"
+    )
+    max_rounds: int = Field(3, gt=0, description="generation rounds per step at most when a group filter drops groups")
+    curriculum: str = Field("uniform", description="prompt sampler, a key of rl.filters.CURRICULA: 'uniform' or "
+                            "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
+    curriculum_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {mu: 0.5, sigma: 0.2}")
+    step_separator: str | None = Field(
+        None, description="split completions into steps at this string (rollout.steps/step_text) so process "
+        "rewards can score them; needed by the 'pure' and 'process_sum' estimators"
+    )
 
 
 class EvalParams(_Base):
@@ -161,7 +187,7 @@ VERB_CONFIGS: dict[str, type[_Base]] = {
 
 def _parse_value(text: str) -> Any:
     value = yaml.safe_load(text) if text.strip() else ""
-    if isinstance(value, str):
+    if isinstance(value, str) and text.strip()[:1] not in ("'", '"'):  # a quoted value stays a string
         try:
             return float(value)  # YAML 1.1 reads "1e-4" as a string
         except ValueError:

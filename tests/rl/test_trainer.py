@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, reward
-from rewardlab.rl.trainer import reward_tensors, step_metrics, train
+from rewardlab.rl.trainer import reward_tensors, step_metrics, step_reward_tensors, train
 from rewardlab.types import Rollout, RewardOutput
 
 if "test_digit_frac" not in REWARDS:  # the module may be imported twice (e.g. by a plugin)
@@ -74,6 +74,29 @@ def test_step_metrics_hand_computed():
     assert m["rollout/truncated_frac"] == 0.25
     assert m["rollout/tied_group_frac"] == 0.5  # group 0 = [1, 0] differs, group 1 = [1, 1] is tied
     assert m["reward/errors"] == 0.0
+
+
+def test_step_reward_tensors_place_scores_on_step_ends():
+    r0, r1 = _rollout(4, 0), _rollout(3, 0)
+    r0.steps, r0.step_text = [(0, 2), (2, 4)], ["xx", "xx"]
+    r1.steps, r1.step_text = [(0, 3)], ["xxx"]
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.float32)
+    outputs = [RewardOutput(1.0, step_scores=[0.8, 0.2]), RewardOutput(0.0, step_scores=[0.5])]
+    sr, sm = step_reward_tensors([r0, r1], outputs, mask)
+    assert torch.allclose(sr, torch.tensor([[0.0, 0.8, 0.0, 0.2], [0.0, 0.0, 0.5, 0.0]]))  # on tokens end - 1
+    assert sm.tolist() == [[0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]]
+    with pytest.raises(ValueError, match="reward returned 1 step scores for a rollout with 2 steps"):
+        step_reward_tensors([r0], [RewardOutput(1.0, step_scores=[1.0])], mask[:1])
+
+
+def test_step_metrics_count_errors_per_reward():
+    rollouts = [_rollout(1, 0), _rollout(1, 0), _rollout(1, 1), _rollout(1, 1)]
+    outputs = [RewardOutput(0.0, error="math: timeout after 5 s"),
+               RewardOutput(0.0, error="math: ValueError: x; judge: HTTP 500"),
+               RewardOutput(1.0), RewardOutput(0.0, error="judge: unparsable reply")]
+    m = step_metrics(rollouts, outputs, group_size=2)
+    assert m["reward/errors"] == 3.0  # rollouts with any error
+    assert m["reward/errors/math"] == 2.0 and m["reward/errors/judge"] == 2.0
 
 
 # ---------------------------------------------------------------- config checks
@@ -165,3 +188,157 @@ def test_mean_reward_rises_on_trivial_task(tmp_path):
     assert len(rewards) == 15
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.3, rewards
+
+
+# ---------------------------------------------------------------- the algorithm library through the trainer
+if "test_step_digits" not in REWARDS:
+
+    @reward(name="test_step_digits")
+    def _step_digits(completion, steps):
+        """Process reward: each step's digit fraction; the outcome is the whole completion's digit fraction."""
+        frac = [sum(c.isdigit() for c in s) / max(1, len(s)) for s in steps]
+        return RewardOutput(score=sum(c.isdigit() for c in completion) / max(1, len(completion)), step_scores=frac)
+
+    @reward(name="test_constant")
+    def _constant(completion):
+        return 0.0
+
+    @reward(name="test_prompt_tied")
+    def _prompt_tied(prompt, completion):
+        """Constant (a tied group) for prompts 'a+0=', the digit fraction otherwise."""
+        if prompt.endswith("+0="):
+            return 1.0
+        return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
+from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATORS  # noqa: E402
+from rewardlab.rl.losses import POLICY_LOSSES  # noqa: E402
+from rewardlab.rl.trainer import trainable_estimators  # noqa: E402
+
+PROCESS = {"pure", "process_sum"}
+
+
+def _algorithm_cases():
+    cases = [(e, "ppo_clip") for e in sorted(ESTIMATORS) if e in trainable_estimators()]
+    cases += [("grpo", loss) for loss in sorted(POLICY_LOSSES) if loss != "ppo_clip"]
+    return cases
+
+
+def test_every_registered_name_is_in_the_parametrized_run():
+    covered = {e for e, _ in _algorithm_cases()} | {"gae"}  # gae: see test_gae_needs_values
+    assert covered == set(ESTIMATORS)
+    assert {loss for _, loss in _algorithm_cases()} == set(POLICY_LOSSES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator, loss", _algorithm_cases())
+def test_train_runs_with_each_estimator_and_loss(tmp_path, estimator, loss):
+    extra = ["rewards=[{name: test_step_digits}, {name: test_digit_frac, weight: 0.5}]", "rl.step_separator='5'"]
+    cfg = _config(tmp_path, "run", "rl.steps=2", f"rl.estimator={estimator}", f"rl.loss={loss}", *extra)
+    train(cfg, show_progress=False)
+    metrics = _metrics(tmp_path / "run")
+    assert len(metrics) == 2
+    for m in metrics:
+        assert all(v == v and abs(v) != float("inf") for v in m.values() if isinstance(v, float)), m
+        assert m["policy/updates"] == 1.0
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert all(s["advantage"] is not None for s in samples)
+    assert any(abs(s["advantage"]) > 0 for s in samples)  # the digit-fraction rewards differ within groups
+    if estimator in PROCESS:
+        assert all(len(s["step_scores"]) >= 1 for s in samples)
+
+
+def test_gae_needs_values_the_trainer_cannot_compute(tmp_path):
+    assert ESTIMATOR_INPUTS["gae"] == ("values",)
+    with pytest.raises(ValueError, match=r"rl.estimator: 'gae' needs \['values'\]"):
+        train(_config(tmp_path, "run", "rl.estimator=gae"), show_progress=False)
+
+
+def test_process_estimators_require_a_step_separator(tmp_path):
+    with pytest.raises(ValueError, match="rl.step_separator: estimator 'pure' needs process rewards"):
+        train(_config(tmp_path, "run", "rl.estimator=pure"), show_progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["pure", "process_sum"])
+def test_process_reward_run_raises_the_step_reward(tmp_path, estimator):
+    # Only step rewards: each step's digit fraction, steps split at "+". The outcome weight is 0 so every bit of
+    # credit comes from the process reward through the estimator's step returns.
+    cfg = _config(tmp_path, "run", "rl.steps=15", "rl.group_size=8", "save_every=100", f"rl.estimator={estimator}",
+                  "rl.step_separator=+", "rewards=[{name: test_step_digits, weight: 0.0}]")
+    train(cfg, show_progress=False)
+    rewards = [m["reward/test_step_digits/mean"] if "reward/test_step_digits/mean" in m else m["reward/mean"]
+               for m in _metrics(tmp_path / "run")]
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    digits = [sum(sum(c.isdigit() for c in s["completion"]) / max(1, len(s["completion"])) for s in samples
+                  if s["step"] == k) / 32 for k in range(1, 16)]
+    first, last = sum(digits[:3]) / 3, sum(digits[-3:]) / 3
+    assert last > first + 0.3, (digits, rewards)
+
+
+def test_remax_advantage_is_reward_minus_the_greedy_reward_of_the_prompt(tmp_path):
+    train(_config(tmp_path, "run", "rl.steps=1", "rl.estimator=remax"), show_progress=False)
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    baselines = {}
+    for s in samples:
+        baselines.setdefault(s["group"], set()).add(round(s["reward"] - s["advantage"], 5))
+    assert all(len(b) == 1 for b in baselines.values()), baselines  # one baseline per prompt group
+    assert all(0.0 <= next(iter(b)) <= 1.0 for b in baselines.values())  # a digit fraction
+
+
+def test_kl_in_reward_and_reference_refresh(tmp_path):
+    common = ["rl.steps=2", "rl.beta=0.5", "rl.lr=5e-2"]
+    train(_config(tmp_path, "r", *common, "rl.kl_in=reward"), show_progress=False)
+    m = _metrics(tmp_path / "r")
+    assert "policy/kl" not in m[0] and m[0]["policy/kl_reward"] == pytest.approx(0.0, abs=1e-6)  # policy == ref
+    assert m[1]["policy/kl_reward"] > 0  # one update later the sampling policy has moved away from the reference
+    train(_config(tmp_path, "l", *common), show_progress=False)
+    assert _metrics(tmp_path / "l")[1]["policy/kl"] > 0
+    # refreshing the reference every step: at each (single) update the policy equals the reference -> KL 0
+    train(_config(tmp_path, "f", *common, "rl.ref_refresh_every=1"), show_progress=False)
+    assert all(x["policy/kl"] == pytest.approx(0.0, abs=1e-6) for x in _metrics(tmp_path / "f"))
+
+
+@pytest.mark.slow
+def test_entropy_bonus_keeps_entropy_up(tmp_path):
+    # The digit reward sharpens the policy (entropy falls from ~ln 101 = 4.6 nats); the bonus resists that.
+    args = ["rl.steps=8", "rl.lr=3e-2", "rl.group_size=8"]
+    train(_config(tmp_path, "bonus", *args, "rl.entropy_coef=0.5"), show_progress=False)
+    train(_config(tmp_path, "none", *args), show_progress=False)
+    bonus = [m["policy/entropy"] for m in _metrics(tmp_path / "bonus")]
+    none = [m["policy/entropy"] for m in _metrics(tmp_path / "none")]
+    assert none[-1] < none[0] - 0.1, none
+    assert bonus[-1] > none[-1] + 0.05, (bonus, none)
+
+
+def test_dynamic_sampling_drops_tied_groups_and_regenerates(tmp_path):
+    # prompts "a+0=" (10 of 30) always score 1.0: their groups are tied and must be dropped
+    cfg = _config(tmp_path, "run", "rl.steps=2", "rl.group_filter=dapo", "rl.max_rounds=4", "rl.filter_metric=score",
+                  "rewards=[{name: test_prompt_tied}]")
+    train(cfg, show_progress=False)
+    metrics = _metrics(tmp_path / "run")
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert sum(m["filter/dropped_groups"] for m in metrics) >= 1
+    for m in metrics:
+        assert m["filter/kept_groups"] <= 4 and m["filter/rounds"] >= 1
+    kept = [s for s in samples if s["kept"]]
+    assert not any(s["prompt"].endswith("+0=") for s in kept)
+    dropped = [s for s in samples if not s["kept"]]
+    assert dropped and all(s["prompt"].endswith("+0=") or s["advantage"] is None for s in dropped)
+    for m in metrics:  # kept groups filled up to prompts_per_step unless rounds ran out
+        assert m["filter/kept_groups"] == 4 or m["filter/rounds"] == 4
+
+
+def test_curriculum_and_truncation_masking_run(tmp_path):
+    cfg = _config(tmp_path, "run", "rl.steps=2", "rl.curriculum=pass_rate", "rl.curriculum_options={sigma: 0.3}",
+                  "rl.mask_truncated=true", "rl.max_new_tokens=2")
+    train(cfg, show_progress=False)
+    m = _metrics(tmp_path / "run")
+    assert len(m) == 2 and m[0]["rollout/truncated_frac"] > 0
+
+
+def test_unknown_curriculum_and_filter_names(tmp_path):
+    with pytest.raises(ValueError, match="rl.curriculum: unknown name 'nope'; valid: pass_rate, uniform"):
+        train(_config(tmp_path, "run", "rl.curriculum=nope"), show_progress=False)
+    with pytest.raises(ValueError, match="rl.group_filter: unknown name 'x'; valid: dapo"):
+        train(_config(tmp_path, "run", "rl.group_filter=x"), show_progress=False)

@@ -288,14 +288,15 @@ class Policy:
 
     # ------------------------------------------------------------------ scoring
     def token_logprobs(
-        self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False
+        self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of the completion tokens under the current weights (differentiable).
 
         Args:
             batch: packed rollouts (see `Batch`).
             temperature: logits are divided by it, as in sampling, so values match the behaviour log-probs.
-            with_entropy: also return the entropy of each position's distribution (no gradient).
+            with_entropy: also return the entropy of each position's distribution.
+            entropy_grad: let gradients flow through the entropy (for an entropy bonus); else it is detached.
         Returns:
             logprobs [N, T] float32 (natural log, 0 where mask is 0), entropy [N, T] float32 in nats or None.
         """
@@ -312,7 +313,7 @@ class Policy:
         logprobs = logp_all.gather(-1, batch.completion_ids[..., None]).squeeze(-1) * batch.mask
         entropy = None
         if with_entropy:
-            with torch.no_grad():
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.mask
         return logprobs, entropy
 

@@ -27,17 +27,21 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["ESTIMATORS", "register_estimator", "compute_advantages"]
+__all__ = ["ESTIMATORS", "ESTIMATOR_INPUTS", "register_estimator", "compute_advantages"]
 
 ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
+#: name -> the options an estimator needs beyond token_rewards/mask/group (a trainer supplies them by these names).
+ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {}
 
 DEFAULT_EPS = 1e-6
 
 
-def register_estimator(name: str) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+def register_estimator(name: str, needs: tuple[str, ...] = ()) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Register an advantage estimator in ``ESTIMATORS`` under ``name``.
 
     The decorated function must have the signature ``fn(*, token_rewards, mask, group, **options) -> Tensor``.
+    ``needs`` names the options it requires that only a trainer can compute (e.g. ``baseline``, ``values``,
+    ``step_rewards``); they are recorded in ``ESTIMATOR_INPUTS``.
 
     Raises:
         ValueError: if ``name`` is already registered.
@@ -47,6 +51,7 @@ def register_estimator(name: str) -> Callable[[Callable[..., Tensor]], Callable[
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ESTIMATORS[name] = fn
+        ESTIMATOR_INPUTS[name] = tuple(needs)
         return fn
 
     return decorator
@@ -328,7 +333,7 @@ def reinforce_pp_baseline(*, token_rewards: Tensor, mask: Tensor, group: Tensor,
     return _whiten_tokens(_broadcast(R - groups.mean(R), m), m, eps)
 
 
-@register_estimator("remax")
+@register_estimator("remax", needs=("baseline",))
 def remax(*, token_rewards: Tensor, mask: Tensor, group: Tensor, baseline: Tensor | None = None, **_) -> Tensor:
     """ReMax (Li et al., 2023): REINFORCE with the greedy rollout's reward as baseline.
 
@@ -376,7 +381,7 @@ def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
     return _broadcast(R - b, m)
 
 
-@register_estimator("gdpo")
+@register_estimator("gdpo", needs=("components", "weights"))
 def gdpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, components: Tensor | None = None,
          weights: Tensor | None = None, batch_whiten: bool = True, eps: float = DEFAULT_EPS, **_) -> Tensor:
     """Group reward-Decoupled normalization Policy Optimization (NVIDIA, 2025, GDPO).
@@ -428,7 +433,7 @@ def gdpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, components: Tens
 # process-reward estimators
 
 
-@register_estimator("pure")
+@register_estimator("pure", needs=("step_rewards", "step_mask"))
 def pure(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Tensor | None = None,
          step_mask: Tensor | None = None, temperature: float = 0.1, **_) -> Tensor:
     """PURE min-form credit assignment (Cheng et al., 2025, "Stop Summation").
@@ -465,7 +470,7 @@ def pure(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Te
     return (g - baseline[:, None]) * m
 
 
-@register_estimator("process_sum")
+@register_estimator("process_sum", needs=("step_rewards", "step_mask"))
 def process_sum(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Tensor | None = None,
                 step_mask: Tensor | None = None, gamma: float = 1.0, **_) -> Tensor:
     """Summation-form process credit, the canonical baseline that PURE (Cheng et al., 2025) compares against.
@@ -499,7 +504,7 @@ def process_sum(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewa
 # critic-based
 
 
-@register_estimator("gae")
+@register_estimator("gae", needs=("values",))
 def gae(*, token_rewards: Tensor, mask: Tensor, group: Tensor, values: Tensor | None = None, gamma: float = 1.0,
         lam: float = 1.0, whiten: bool = True, eps: float = DEFAULT_EPS, **_) -> Tensor:
     """Generalized Advantage Estimation (Schulman et al., 2016).

@@ -1,8 +1,11 @@
 """The RL training loop (GRPO family), top to bottom in one function.
 
-Per step: sample prompts -> generate G rollouts each -> score -> token rewards -> advantages (estimator looked up by
-name) -> mu epochs of policy-loss minimization (loss looked up by name, optional KL to a frozen reference) -> log,
-checkpoint. The loop never branches on an algorithm name.
+Per step: draw prompts (curriculum looked up by name) -> generate G rollouts each -> score -> keep groups (group
+filter looked up by name, generating more rounds when it drops some) -> token rewards (optionally minus beta * KL)
+-> advantages (estimator looked up by name; its extra inputs such as a greedy baseline or step rewards computed by
+the providers below, looked up by input name) -> mu epochs of policy-loss minimization (loss, aggregation and KL
+estimator looked up by name; optional entropy bonus) -> log, checkpoint. The loop never branches on an algorithm
+name.
 """
 
 from __future__ import annotations
@@ -20,26 +23,40 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
-from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
+from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATORS, compute_advantages
+from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
 from rewardlab.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss, kl_penalty
 from rewardlab.runs import RunDir
 from rewardlab.tasks import load as load_task
-from rewardlab.tasks.sampler import RowSampler
 from rewardlab.types import Rollout, RewardOutput
 
 STATE_FILE = "trainer_state.pt"
 
 
 def check_names(cfg: TrainConfig) -> None:
-    """Fail fast, with the valid names, when an algorithm name in `cfg.rl` is not registered."""
-    for field, name, registry in (
-        ("rl.estimator", cfg.rl.estimator, ESTIMATORS),
-        ("rl.loss", cfg.rl.loss, POLICY_LOSSES),
-        ("rl.agg", cfg.rl.agg, AGGREGATIONS),
-        ("rl.kl_estimator", cfg.rl.kl_estimator, KL_ESTIMATORS),
-    ):
+    """Fail fast, with the valid names, when an algorithm name in `cfg.rl` is not registered or an estimator needs
+    an input the trainer cannot supply."""
+    rl = cfg.rl
+    checks = [
+        ("rl.estimator", rl.estimator, ESTIMATORS),
+        ("rl.loss", rl.loss, POLICY_LOSSES),
+        ("rl.agg", rl.agg, AGGREGATIONS),
+        ("rl.kl_estimator", rl.kl_estimator, KL_ESTIMATORS),
+        ("rl.curriculum", rl.curriculum, CURRICULA),
+    ]
+    if rl.group_filter is not None:
+        checks.append(("rl.group_filter", rl.group_filter, GROUP_FILTERS))
+    for field, name, registry in checks:
         if name not in registry:
             raise ValueError(f"{field}: unknown name {name!r}; valid: {', '.join(sorted(registry))}")
+    needs = [k for k in ESTIMATOR_INPUTS.get(rl.estimator, ()) if k not in rl.estimator_options]
+    missing = [k for k in needs if k not in INPUT_PROVIDERS]
+    if missing:
+        raise ValueError(f"rl.estimator: {rl.estimator!r} needs {missing}, which the trainer cannot compute; "
+                         f"estimators it can run: {', '.join(sorted(trainable_estimators()))}")
+    if any(k in ("step_rewards", "step_mask") for k in needs) and rl.step_separator is None:
+        raise ValueError(f"rl.step_separator: estimator {rl.estimator!r} needs process rewards on steps; set the "
+                         "step separator (e.g. '\\n') and use a reward that returns step_scores")
 
 
 def reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], mask: torch.Tensor, skip_errors: bool):
@@ -60,6 +77,102 @@ def reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], mask: t
     return token_rewards * mask, mask, group
 
 
+def step_reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], mask: torch.Tensor):
+    """Process rewards on the last token of each step: step_rewards [N, T] and step_mask [N, T] float32.
+
+    Raises:
+        ValueError: a reward returned a number of step scores different from the rollout's number of steps.
+    """
+    step_rewards, step_mask = torch.zeros_like(mask), torch.zeros_like(mask)
+    for i, (r, o) in enumerate(zip(rollouts, outputs)):
+        if o.step_scores is None:
+            continue
+        if len(o.step_scores) != len(r.steps):
+            raise ValueError(f"reward returned {len(o.step_scores)} step scores for a rollout with {len(r.steps)} "
+                             f"steps (rl.step_separator={r.step_text and 'set'}); completion: {r.completion!r:.60}")
+        for (_, end), score in zip(r.steps, o.step_scores):
+            step_rewards[i, end - 1] = score
+            step_mask[i, end - 1] = 1.0
+    return step_rewards * mask, step_mask * mask
+
+
+# Estimator inputs the trainer can compute, by input name (see `rl.advantages.ESTIMATOR_INPUTS`). Each provider
+# gets the step's context and returns a dict of options.
+def _greedy_baseline(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """ReMax's baseline: the reward of one greedy completion of each prompt, broadcast to its group's rollouts."""
+    first: dict[int, Rollout] = {}
+    for r in ctx["rollouts"]:
+        first.setdefault(r.group, r)
+    groups = list(first)
+    rows = [first[g].row for g in groups]
+    greedy = ctx["policy"].generate([row["prompt"] for row in rows], greedy=True,
+                                    max_new_tokens=ctx["rl"].max_new_tokens, rows=rows)
+    if ctx["rl"].step_separator is not None:
+        for r in greedy:
+            ctx["policy"].mark_steps(r, ctx["rl"].step_separator)
+    score = {g: o.score for g, o in zip(groups, ctx["reward"](greedy))}
+    return {"baseline": torch.tensor([score[r.group] for r in ctx["rollouts"]], dtype=torch.float32)}
+
+
+def _reward_components(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """GDPO's inputs: each member reward's score as a column of components [N, K], and the members' weights [K]."""
+    reward = ctx["reward"]
+    labels = list(getattr(reward, "labels", [reward.name]))
+    weights = [w for _, w in getattr(reward, "members", [(reward, 1.0)])]
+    comps = [[o.components.get(label, o.score if len(labels) == 1 else 0.0) for label in labels]
+             for o in ctx["outputs"]]
+    return {"components": torch.tensor(comps, dtype=torch.float32),
+            "weights": torch.tensor(weights, dtype=torch.float32)}
+
+
+def _step_inputs(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+    step_rewards, step_mask = step_reward_tensors(ctx["rollouts"], ctx["outputs"], ctx["mask"])
+    return {"step_rewards": step_rewards, "step_mask": step_mask}
+
+
+INPUT_PROVIDERS: dict[str, Any] = {
+    "baseline": _greedy_baseline,
+    "components": _reward_components,
+    "weights": _reward_components,
+    "step_rewards": _step_inputs,
+    "step_mask": _step_inputs,
+}
+
+
+def trainable_estimators() -> list[str]:
+    """Estimators whose every extra input the trainer can compute."""
+    return [n for n in ESTIMATORS if all(k in INPUT_PROVIDERS for k in ESTIMATOR_INPUTS.get(n, ()))]
+
+
+def estimator_inputs(name: str, ctx: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The extra options estimator `name` needs (ESTIMATOR_INPUTS), computed by their providers unless `given`."""
+    options: dict[str, Any] = {}
+    done = set()
+    for key in ESTIMATOR_INPUTS.get(name, ()):
+        provider = INPUT_PROVIDERS.get(key)
+        if key in given or key in options or provider is None or provider in done:
+            continue
+        options.update(provider(ctx))
+        done.add(provider)
+    return options
+
+
+def filter_metric(output: RewardOutput, name: str) -> float:
+    """The per-rollout value a group filter looks at (`rl.filter_metric`).
+
+    Raises:
+        ValueError: `name` is neither 'score', 'unshaped' nor a component of the output.
+    """
+    if name == "score" or output.error is not None:
+        return output.score
+    if name == "unshaped":
+        return output.components.get("unshaped", output.score)
+    if name not in output.components:
+        raise ValueError(f"rl.filter_metric: {name!r} is not a reward component; components: "
+                         f"{', '.join(sorted(output.components)) or '(none)'}")
+    return output.components[name]
+
+
 def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_size: int) -> dict[str, float]:
     """Reward, accuracy and rollout-shape metrics of one batch (names as logged in metrics.jsonl)."""
     scores = torch.tensor([o.score for o in outputs])
@@ -77,6 +190,10 @@ def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_siz
     for name in sorted({k for o in outputs for k in o.components}):
         vals = [o.components[name] for o in outputs if name in o.components]
         m[f"reward/{name}/mean"] = sum(vals) / len(vals)
+    for o in outputs:  # errors read "<reward>: <cause>", joined by "; " when several members fail
+        for part in (o.error.split("; ") if o.error else []):
+            key = f"reward/errors/{part.split(':', 1)[0].strip() or 'unknown'}"
+            m[key] = m.get(key, 0.0) + 1.0
     return m
 
 
@@ -119,7 +236,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
 
     optimizer = make_optimizer(policy.model, rl.lr, rl.weight_decay)
     scheduler = make_scheduler(optimizer, warmup_steps=rl.warmup_steps, total_steps=rl.steps, kind=rl.lr_schedule)
-    sampler = RowSampler(task.train, seed=cfg.seed)
+    sampler = CURRICULA[rl.curriculum](task.train, seed=cfg.seed, **rl.curriculum_options)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     if latest is not None:
@@ -128,6 +245,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
         _set_rng_state(state["rng"])
+        if reference is not None and state.get("reference") is not None:
+            reference.model.load_state_dict(state["reference"])
         start_step = state["step"]
     else:
         run.write_config(dump_config(cfg))
@@ -136,12 +255,15 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
     if rl.clip_eps is not None:
         loss_options = {"clip_low": rl.clip_eps, "clip_high": rl.clip_eps, **loss_options}
     loss_options.setdefault("max_len", rl.max_new_tokens)
+    group_filter = GROUP_FILTERS[rl.group_filter] if rl.group_filter is not None else None
 
     def save(step: int) -> Path:
         def write(tmp: Path) -> None:
             policy.save(tmp)
+            refreshed = reference is not None and rl.ref_refresh_every is not None
             torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "sampler": sampler.state_dict(), "rng": _rng_state()}, tmp / STATE_FILE)
+                        "sampler": sampler.state_dict(), "rng": _rng_state(),
+                        "reference": reference.model.state_dict() if refreshed else None}, tmp / STATE_FILE)
 
         return run.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
 
@@ -151,65 +273,113 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
         bar.advance(start_step)
         for step in range(start_step + 1, rl.steps + 1):
             t0 = time.perf_counter()
-            # 1. rollouts
-            rows = sampler.next(rl.prompts_per_step)
-            rollouts = policy.generate([r["prompt"] for r in rows], n=rl.group_size, temperature=rl.temperature,
-                                       top_p=rl.top_p, max_new_tokens=rl.max_new_tokens, rows=rows)
-            gen_s = time.perf_counter() - t0
-            for r in rollouts:
-                r.group += step * rl.prompts_per_step  # group ids unique across steps (for the samples log)
-            # 2. rewards -> token rewards -> advantages
-            outputs = reward(rollouts)
-            batch, old_logprobs = rollout_batch(policy, rollouts)
-            token_rewards, mask, group = reward_tensors(rollouts, outputs, batch.mask, cfg.on_error == "skip")
-            advantages = compute_advantages(rl.estimator, token_rewards=token_rewards, mask=mask, group=group,
-                                            **rl.estimator_options)
-            ref_logprobs = None
-            if reference is not None:
-                with torch.no_grad():
-                    ref_logprobs, _ = reference.token_logprobs(batch, temperature=rl.temperature)
-            # 3. policy optimization: mu epochs over minibatches
-            n = len(rollouts)
-            mb = rl.minibatch_size or n
+            gen_s = 0.0
+            # 1. rollouts: draw prompts, generate G each, score; a group filter may drop groups -> more rounds
+            rollouts, outputs, all_outputs, all_rollouts = [], [], [], []
+            rounds = dropped = 0
+            next_group = step * rl.prompts_per_step * rl.max_rounds  # group ids unique across steps
+            while rounds < rl.max_rounds and len(rollouts) < rl.prompts_per_step * rl.group_size:
+                rounds += 1
+                need = rl.prompts_per_step - len(rollouts) // rl.group_size
+                indices = sampler.next_indices(need)
+                rows = [task.train[i] for i in indices]
+                tg = time.perf_counter()
+                new = policy.generate([r["prompt"] for r in rows], n=rl.group_size, temperature=rl.temperature,
+                                      top_p=rl.top_p, max_new_tokens=rl.max_new_tokens, rows=rows)
+                gen_s += time.perf_counter() - tg
+                for r in new:
+                    r.group += next_group
+                    if rl.step_separator is not None:
+                        policy.mark_steps(r, rl.step_separator)
+                next_group += need
+                scored = reward(new)
+                all_rollouts += new
+                all_outputs += scored
+                correct = torch.tensor([float(is_correct(o)) for o in scored]).view(need, rl.group_size)
+                sampler.update(indices, correct.mean(dim=1).tolist())
+                if group_filter is None:
+                    rollouts, outputs = new, scored
+                    break
+                keep = group_filter(metric=torch.tensor([filter_metric(o, rl.filter_metric) for o in scored]),
+                                    group=torch.tensor([r.group for r in new]))
+                dropped += int((~keep).sum()) // rl.group_size
+                rollouts += [r for r, k in zip(new, keep) if k]
+                outputs += [o for o, k in zip(scored, keep) if k]
+            rollouts = rollouts[: rl.prompts_per_step * rl.group_size]
+            outputs = outputs[: len(rollouts)]
+            metrics = step_metrics(all_rollouts, all_outputs, rl.group_size)
+            if group_filter is not None:
+                metrics.update({"filter/rounds": float(rounds), "filter/dropped_groups": float(dropped),
+                                "filter/kept_groups": float(len(rollouts) // rl.group_size)})
             sums: dict[str, float] = {}
             updates = 0
-            for _ in range(rl.epochs):
-                for idx in torch.randperm(n).split(mb):
-                    logprobs, entropy = policy.token_logprobs(batch.select(idx), temperature=rl.temperature,
-                                                              with_entropy=True)
-                    m = mask[idx]
-                    loss, stats = compute_policy_loss(rl.loss, logprobs=logprobs, old_logprobs=old_logprobs[idx],
-                                                      advantages=advantages[idx], mask=m, agg=rl.agg, **loss_options)
-                    stats["policy/entropy"] = ((entropy * m).sum() / m.sum().clamp(min=1)).item()
-                    if ref_logprobs is not None:
-                        kl = aggregate(kl_penalty(rl.kl_estimator, logprobs, ref_logprobs[idx]), m, rl.agg,
-                                       max_len=rl.max_new_tokens)
-                        loss = loss + rl.beta * kl
-                        stats["policy/kl"] = kl.item()
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)
-                    optimizer.step()
-                    stats["policy/loss"] = loss.item()
-                    stats["policy/grad_norm"] = grad_norm.item()
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                    updates += 1
+            advantages = torch.zeros(0, 1)
+            if rollouts:
+                # 2. rewards -> token rewards (- beta * KL) -> advantages
+                batch, old_logprobs = rollout_batch(policy, rollouts)
+                token_rewards, mask, group = reward_tensors(rollouts, outputs, batch.mask, cfg.on_error == "skip")
+                ref_logprobs = None
+                if reference is not None:
+                    with torch.no_grad():
+                        ref_logprobs, _ = reference.token_logprobs(batch, temperature=rl.temperature)
+                    if rl.kl_in == "reward":
+                        kl_tokens = kl_penalty(rl.kl_estimator, old_logprobs, ref_logprobs) * mask
+                        token_rewards = token_rewards - rl.beta * kl_tokens
+                        metrics["policy/kl_reward"] = (kl_tokens.sum() / mask.sum().clamp(min=1)).item()
+                ctx = {"policy": policy, "reward": reward, "rollouts": rollouts, "outputs": outputs, "mask": mask,
+                       "rl": rl}
+                options = {**estimator_inputs(rl.estimator, ctx, rl.estimator_options), **rl.estimator_options}
+                advantages = compute_advantages(rl.estimator, token_rewards=token_rewards, mask=mask, group=group,
+                                                **options)
+                loss_mask = mask
+                if rl.mask_truncated:
+                    keep_rows = torch.tensor([not r.truncated for r in rollouts], dtype=mask.dtype)
+                    loss_mask = mask * keep_rows[:, None]
+                # 3. policy optimization: mu epochs over minibatches
+                n = len(rollouts)
+                mb = rl.minibatch_size or n
+                for _ in range(rl.epochs):
+                    for idx in torch.randperm(n).split(mb):
+                        logprobs, entropy = policy.token_logprobs(batch.select(idx), temperature=rl.temperature,
+                                                                  with_entropy=True, entropy_grad=rl.entropy_coef > 0)
+                        m = loss_mask[idx]
+                        loss, stats = compute_policy_loss(rl.loss, logprobs=logprobs, old_logprobs=old_logprobs[idx],
+                                                          advantages=advantages[idx], mask=m, agg=rl.agg,
+                                                          **loss_options)
+                        stats["policy/entropy"] = ((entropy * m).sum() / m.sum().clamp(min=1)).item()
+                        if rl.entropy_coef > 0:
+                            loss = loss - rl.entropy_coef * aggregate(entropy, m, rl.agg, **loss_options)
+                        if ref_logprobs is not None and rl.kl_in == "loss":
+                            kl = aggregate(kl_penalty(rl.kl_estimator, logprobs, ref_logprobs[idx]), m, rl.agg,
+                                           **loss_options)
+                            loss = loss + rl.beta * kl
+                            stats["policy/kl"] = kl.item()
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)
+                        optimizer.step()
+                        stats["policy/loss"] = loss.item()
+                        stats["policy/grad_norm"] = grad_norm.item()
+                        for k, v in stats.items():
+                            sums[k] = sums.get(k, 0.0) + v
+                        updates += 1
             scheduler.step()
+            if reference is not None and rl.ref_refresh_every is not None and step % rl.ref_refresh_every == 0:
+                reference.model.load_state_dict(policy.model.state_dict())
             # 4. log
             step_s = time.perf_counter() - t0
-            gen_tokens = sum(len(r.completion_ids) for r in rollouts)
-            metrics = step_metrics(rollouts, outputs, rl.group_size)
+            gen_tokens = sum(len(r.completion_ids) for r in all_rollouts)
             metrics.update({k: v / updates for k, v in sums.items()})
             metrics.update({"lr": scheduler.get_last_lr()[0], "time/step_s": step_s, "time/gen_s": gen_s,
-                            "time/gen_tokens_per_s": gen_tokens / gen_s})
+                            "time/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9), "policy/updates": float(updates)})
             run.log_metrics(step, metrics)
-            adv_seq = advantages[:, 0].tolist()
+            adv_seq = dict(zip((id(r) for r in rollouts), advantages[:, 0].tolist()))
             run.log_samples(
                 {"step": step, "group": r.group, "prompt": r.row.get("prompt", r.prompt), "completion": r.completion,
                  "answer": r.row.get("answer"), "reward": o.score, "components": o.components, "error": o.error,
-                 "advantage": a, "truncated": r.truncated}
-                for r, o, a in zip(rollouts, outputs, adv_seq)
+                 "advantage": adv_seq.get(id(r)), "kept": id(r) in adv_seq, "truncated": r.truncated,
+                 **({"step_scores": o.step_scores} if o.step_scores is not None else {})}
+                for r, o in zip(all_rollouts, all_outputs)
             )
             last = metrics
             bar.advance(1, reward=metrics["reward/mean"], acc=metrics["accuracy"])

@@ -25,15 +25,22 @@ class RowSampler:
 
     def next(self, k: int) -> list[Row]:
         """The next `k` rows."""
+        return [self.rows[i] for i in self.next_indices(k)]
+
+    def next_indices(self, k: int) -> list[int]:
+        """Indices into `rows` of the next `k` rows."""
         out = []
         while len(out) < k:
             if self.pos >= len(self.order):
                 self.order = list(range(len(self.rows)))
                 self.rng.shuffle(self.order)
                 self.pos = 0
-            out.append(self.rows[self.order[self.pos]])
+            out.append(self.order[self.pos])
             self.pos += 1
         return out
+
+    def update(self, indices: list[int], pass_rates: list[float]) -> None:
+        """Uniform sampling ignores outcomes (the curriculum interface; see `rewardlab.rl.filters`)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.getstate(), "order": list(self.order), "pos": self.pos}

@@ -1,0 +1,131 @@
+"""What surrounds the estimator: which groups a batch keeps (DAPO dynamic sampling) and which prompts are drawn
+(the pass-rate curriculum of FG-ExPO).
+
+Registries, looked up by name from the training config:
+
+    GROUP_FILTERS[name](metric=[N] float, group=[N] int64, **options) -> keep [N] bool
+    CURRICULA[name](rows, seed, **options) -> a prompt sampler with
+        next_indices(k) -> list[int]; update(indices, pass_rates); state_dict(); load_state_dict(state)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rewardlab.tasks.sampler import RowSampler
+
+GROUP_FILTERS: dict[str, Callable[..., Tensor]] = {}
+CURRICULA: dict[str, Callable[..., Any]] = {}
+
+
+def _registrar(registry: dict, kind: str) -> Callable[[str], Callable]:
+    def register(name: str) -> Callable:
+        def wrap(fn: Callable) -> Callable:
+            if name in registry:
+                raise ValueError(f"{kind} {name!r} is already registered")
+            registry[name] = fn
+            return fn
+
+        return wrap
+
+    return register
+
+
+register_group_filter = _registrar(GROUP_FILTERS, "group filter")
+register_curriculum = _registrar(CURRICULA, "curriculum")
+
+
+@register_group_filter("dapo")
+def dapo(*, metric: Tensor, group: Tensor, **_) -> Tensor:
+    """DAPO dynamic sampling (Yu et al. 2025): keep only groups whose metric is not constant.
+
+    A group whose G rollouts all score the same has zero group-normalized advantage and contributes no gradient, so
+    it is dropped and replaced by newly generated groups (the trainer keeps generating until `prompts_per_step`
+    groups are kept or `max_rounds` is reached).
+
+    keep_i = std_{j in g(i)} metric_j > 0 (population std; a group of one is never kept).
+
+    Args:
+        metric: [N] float, the raw per-rollout metric (default the reward before shaping).
+        group: [N] int64, prompt-group ids.
+    Returns:
+        [N] bool, True for rollouts of kept groups.
+    """
+    keep = torch.zeros(metric.shape[0], dtype=torch.bool)
+    for g in group.unique():
+        members = group == g
+        values = metric[members].double()
+        keep[members] = bool(values.numel() > 1 and (values.max() - values.min()) > 0)
+    return keep
+
+
+@register_curriculum("uniform")
+def uniform(rows: Sequence[Any], seed: int, **options: Any) -> RowSampler:
+    """Every prompt once per epoch, in a seeded random order (no curriculum)."""
+    if options:
+        raise ValueError(f"rl.curriculum_options: 'uniform' takes no options, got {sorted(options)}")
+    return RowSampler(list(rows), seed=seed)
+
+
+@register_curriculum("pass_rate")
+class PassRateCurriculum:
+    """Gaussian pass-rate curriculum (FG-ExPO, Gaussian Curriculum Sampling, 2026).
+
+    Each prompt i keeps a running pass rate p_i, an exponential moving average over the steps it was drawn in:
+    p_i <- (1 - ema) * p_i + ema * (fraction of its rollouts that were correct). Prompts are drawn without
+    replacement within a step with probability proportional to w_i = exp(-(p_i - mu)^2 / (2 sigma^2)), so prompts
+    the policy solves about half the time (the learning frontier, largest GRPO gradient) are drawn most. A prompt
+    never drawn has p_i = `initial` (default mu: unseen prompts get the largest weight).
+
+    Args (options from `rl.curriculum_options`):
+        mu: centre of the Gaussian, a pass rate in [0, 1] (default 0.5, the paper's value).
+        sigma: width, > 0 (default 0.2; our choice, the paper does not fix one here).
+        ema: weight of the newest pass rate in (0, 1] (default 0.5).
+        initial: pass rate assumed for prompts never drawn (default mu).
+    Raises:
+        ValueError: an option out of range or an empty row list.
+    """
+
+    def __init__(self, rows: Sequence[Any], seed: int, *, mu: float = 0.5, sigma: float = 0.2, ema: float = 0.5,
+                 initial: float | None = None) -> None:
+        if not rows:
+            raise ValueError("task: no training rows to sample from")
+        if not 0.0 <= mu <= 1.0:
+            raise ValueError(f"rl.curriculum_options.mu: expected a pass rate in [0, 1], got {mu}")
+        if sigma <= 0:
+            raise ValueError(f"rl.curriculum_options.sigma: expected > 0, got {sigma}")
+        if not 0.0 < ema <= 1.0:
+            raise ValueError(f"rl.curriculum_options.ema: expected in (0, 1], got {ema}")
+        self.mu, self.sigma, self.ema = mu, sigma, ema
+        self.pass_rate = torch.full((len(rows),), mu if initial is None else float(initial), dtype=torch.float64)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def weights(self) -> Tensor:
+        """[R] float64 sampling weights w_i = exp(-(p_i - mu)^2 / (2 sigma^2)) (unnormalized)."""
+        return torch.exp(-((self.pass_rate - self.mu) ** 2) / (2 * self.sigma**2))
+
+    def next_indices(self, k: int) -> list[int]:
+        """`k` distinct row indices (all rows, repeated as needed, when k exceeds their number)."""
+        out: list[int] = []
+        while len(out) < k:
+            take = min(k - len(out), len(self.pass_rate))
+            out += torch.multinomial(self.weights(), take, replacement=False, generator=self.generator).tolist()
+        return out
+
+    def update(self, indices: Sequence[int], pass_rates: Sequence[float]) -> None:
+        """Fold the pass rates observed this step into the running averages of the drawn prompts."""
+        for i, p in zip(indices, pass_rates):
+            if not math.isnan(p):
+                self.pass_rate[i] = (1 - self.ema) * self.pass_rate[i] + self.ema * p
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pass_rate": self.pass_rate.clone(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pass_rate = state["pass_rate"].clone()
+        self.generator.set_state(state["generator"])
