@@ -108,6 +108,9 @@ class RLConfig(_Base):
     curriculum: str = Field("uniform", description="prompt sampler, a key of rl.filters.CURRICULA: 'uniform' or "
                             "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
     curriculum_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {mu: 0.5, sigma: 0.2}")
+    critic_lr: float = Field(1e-4, gt=0, description="learning rate of the value model (created only for estimators "
+                             "that need values, e.g. gae)")
+    value_clip: float | None = Field(0.2, gt=0, description="PPO value clipping range (None: unclipped value loss)")
     step_separator: str | None = Field(
         None, description="split completions into steps at this string (rollout.steps/step_text) so process "
         "rewards can score them; needed by the 'pure' and 'process_sum' estimators"

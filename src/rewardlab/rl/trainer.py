@@ -24,6 +24,7 @@ from rewardlab.policy import Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATORS, compute_advantages
+from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
 from rewardlab.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss, kl_penalty
 from rewardlab.runs import RunDir
@@ -125,6 +126,12 @@ def _reward_components(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
             "weights": torch.tensor(weights, dtype=torch.float32)}
 
 
+def _critic_values(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """GAE's values: the value model's V_t on the batch, before this step's updates (no gradient)."""
+    with torch.no_grad():
+        return {"values": ctx["critic"].values(ctx["batch"]) * ctx["mask"]}
+
+
 def _step_inputs(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
     step_rewards, step_mask = step_reward_tensors(ctx["rollouts"], ctx["outputs"], ctx["mask"])
     return {"step_rewards": step_rewards, "step_mask": step_mask}
@@ -136,6 +143,7 @@ INPUT_PROVIDERS: dict[str, Any] = {
     "weights": _reward_components,
     "step_rewards": _step_inputs,
     "step_mask": _step_inputs,
+    "values": _critic_values,
 }
 
 
@@ -234,6 +242,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
     if reference is not None:
         reference.model.eval().requires_grad_(False)
 
+    critic = None  # a value model, only for estimators that need values (gae)
+    if "values" in ESTIMATOR_INPUTS.get(rl.estimator, ()) and "values" not in rl.estimator_options:
+        critic = ValueModel(policy, lr=rl.critic_lr, value_clip=rl.value_clip, weight_decay=rl.weight_decay,
+                            path=latest[1] / CRITIC_DIR if latest else None)
     optimizer = make_optimizer(policy.model, rl.lr, rl.weight_decay)
     scheduler = make_scheduler(optimizer, warmup_steps=rl.warmup_steps, total_steps=rl.steps, kind=rl.lr_schedule)
     sampler = CURRICULA[rl.curriculum](task.train, seed=cfg.seed, **rl.curriculum_options)
@@ -245,6 +257,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
         scheduler.load_state_dict(state["scheduler"])
         sampler.load_state_dict(state["sampler"])
         _set_rng_state(state["rng"])
+        if critic is not None:
+            critic.optimizer.load_state_dict(state["critic_optimizer"])
         if reference is not None and state.get("reference") is not None:
             reference.model.load_state_dict(state["reference"])
         start_step = state["step"]
@@ -263,7 +277,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
             refreshed = reference is not None and rl.ref_refresh_every is not None
             torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                         "sampler": sampler.state_dict(), "rng": _rng_state(),
-                        "reference": reference.model.state_dict() if refreshed else None}, tmp / STATE_FILE)
+                        "reference": reference.model.state_dict() if refreshed else None,
+                        "critic_optimizer": critic.optimizer.state_dict() if critic else None}, tmp / STATE_FILE)
+            if critic is not None:
+                critic.save(tmp / CRITIC_DIR)
 
         return run.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
 
@@ -327,10 +344,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
                         token_rewards = token_rewards - rl.beta * kl_tokens
                         metrics["policy/kl_reward"] = (kl_tokens.sum() / mask.sum().clamp(min=1)).item()
                 ctx = {"policy": policy, "reward": reward, "rollouts": rollouts, "outputs": outputs, "mask": mask,
-                       "rl": rl}
+                       "rl": rl, "batch": batch, "critic": critic}
                 options = {**estimator_inputs(rl.estimator, ctx, rl.estimator_options), **rl.estimator_options}
                 advantages = compute_advantages(rl.estimator, token_rewards=token_rewards, mask=mask, group=group,
                                                 **options)
+                if critic is not None:
+                    returns = critic.returns(token_rewards, mask, group, options["values"], **rl.estimator_options)
                 loss_mask = mask
                 if rl.mask_truncated:
                     keep_rows = torch.tensor([not r.truncated for r in rollouts], dtype=mask.dtype)
@@ -360,6 +379,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
                         optimizer.step()
                         stats["policy/loss"] = loss.item()
                         stats["policy/grad_norm"] = grad_norm.item()
+                        if critic is not None:
+                            stats.update(critic.update(batch.select(idx), returns[idx], options["values"][idx],
+                                                       mask[idx], rl.grad_clip))
                         for k, v in stats.items():
                             sums[k] = sums.get(k, 0.0) + v
                         updates += 1

@@ -1,0 +1,89 @@
+"""A value model (PPO critic) for estimators that need per-token values, such as `gae`.
+
+The critic is the policy's architecture with a scalar token-classification head (transformers'
+`AutoModelForTokenClassification`, one label), its backbone initialized from the policy's weights and its head from
+scratch, trained by a clipped squared error to the GAE returns (Schulman et al. 2017, PPO).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from rewardlab.optim import make_optimizer
+from rewardlab.policy.hf import Batch, Policy
+from rewardlab.rl.advantages import compute_advantages
+
+CRITIC_DIR = "critic"
+
+
+class ValueModel:
+    """V(s_t): the expected return from the state before completion token t.
+
+    Args:
+        policy: the policy whose architecture and backbone weights the critic starts from.
+        lr: AdamW learning rate of the critic.
+        value_clip: PPO value clipping range c (None: no clipping).
+        path: load a saved critic from this directory instead (for resume).
+    """
+
+    def __init__(self, policy: Policy, *, lr: float, value_clip: float | None = 0.2, weight_decay: float = 0.0,
+                 path: str | Path | None = None) -> None:
+        if path is not None:
+            self.model = AutoModelForTokenClassification.from_pretrained(path)
+        else:
+            config = copy.deepcopy(policy.model.config)
+            config.num_labels = 1
+            self.model = AutoModelForTokenClassification.from_config(config)
+            # The backbone shares the causal LM's parameter names (e.g. `model.layers.0...`); the LM head is unused.
+            self.model.load_state_dict(policy.model.state_dict(), strict=False)
+            head = getattr(self.model, "score", None) or getattr(self.model, "classifier", None)
+            if head is not None:  # V = 0 everywhere at the start
+                torch.nn.init.zeros_(head.weight)
+        self.model.to(policy.device).train()
+        self.value_clip = value_clip
+        self.optimizer = make_optimizer(self.model, lr, weight_decay)
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        """Values of the completion positions: [N, T] float32, V[i, t] read at the position that predicts token t
+        (the last prompt token for t = 0), 0 where `batch.mask` is 0."""
+        out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         position_ids=batch.position_ids)
+        T = batch.completion_ids.shape[1]
+        v = out.logits[:, batch.prompt_len - 1 : batch.prompt_len - 1 + T, 0].float()
+        return v * batch.mask
+
+    def returns(self, token_rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor, values: torch.Tensor,
+                **gae_options) -> torch.Tensor:
+        """GAE returns R_t = A_t + V_t with unwhitened advantages (the critic's regression target), [N, T]."""
+        options = {**gae_options, "whiten": False}
+        adv = compute_advantages("gae", token_rewards=token_rewards, mask=mask, group=group, values=values, **options)
+        return (adv + values) * mask
+
+    def update(self, batch: Batch, returns: torch.Tensor, old_values: torch.Tensor, mask: torch.Tensor,
+               grad_clip: float) -> dict[str, float]:
+        """One optimizer step on L = 0.5 * masked mean of max((V - R)^2, (V_clip - R)^2), with
+        V_clip = V_old + clip(V - V_old, -c, c). Returns `value/loss`, `value/clip_frac`, `value/mean`."""
+        v = self.values(batch)
+        err = (v - returns) ** 2
+        if self.value_clip is not None:
+            v_clip = old_values + (v - old_values).clamp(-self.value_clip, self.value_clip)
+            err_clip = (v_clip - returns) ** 2
+            clipped = (err_clip > err).float()
+            err = torch.maximum(err, err_clip)
+        else:
+            clipped = torch.zeros_like(err)
+        denom = mask.sum().clamp(min=1)
+        loss = 0.5 * (err * mask).sum() / denom
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
+        self.optimizer.step()
+        return {"value/loss": loss.item(), "value/clip_frac": ((clipped * mask).sum() / denom).item(),
+                "value/mean": ((v.detach() * mask).sum() / denom).item()}
+
+    def save(self, path: str | Path) -> None:
+        self.model.save_pretrained(path)
