@@ -25,3 +25,8 @@ __all__ = [
     "register_reward",
     "reward",
 ]
+
+# Composition and shaping nodes (built from config by build_reward).
+from rewardlab.rewards.compose import GatedReward, PenaltyReward, TieredReward  # noqa: E402
+
+__all__ += ["GatedReward", "PenaltyReward", "TieredReward"]
