@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, GatedReward, PenaltyReward, TieredReward, WeightedSum, build_reward, reward
 from rewardlab.rewards.base import WeightedSum as BaseWeightedSum
+from rewardlab.rewards.compose import error_sources
 from rewardlab.types import Rollout, RewardOutput
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "rewards-compose.md"
@@ -66,6 +67,15 @@ def test_weighted_sum_step_scores_of_different_lengths_are_an_error():
     ws = WeightedSum([(F("p", steps_key="ps"), 1.0), (F("q", steps_key="qs"), 1.0)], labels=["a", "b"])
     (out,) = ws([_rollout(row={"p": 0.0, "ps": [1.0], "q": 0.0, "qs": [1.0, 2.0]})])
     assert out.error == "reward: step_scores of b have 2 entries, another member's 1" and out.score == 0.0
+
+
+def test_errors_of_several_members_are_joined_and_attributable():
+    ws = WeightedSum([(F("o"), 1.0), (F("p"), 1.0)], labels=["a", "b"])
+    (out,) = ws([_rollout(row={"o": "x", "p": "x"})])
+    assert out.error == "field: RuntimeError: no o; field: RuntimeError: no p"
+    assert error_sources(out.error) == ["field", "field"]  # one entry per failed reward, for reward/errors/<name>
+    assert error_sources("judge: HTTP 500 from http://h/v1/chat/completions: 'x' [3 attempts]") == ["judge"]
+    assert error_sources(None) == []
 
 
 # ---------------------------------------------------------------------------------------------- gated

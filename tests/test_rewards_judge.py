@@ -143,8 +143,8 @@ def test_persistent_500_is_an_error_after_all_attempts(server):
     server.routes = {"DOWN": [(503, {"error": "down"})]}
     (out,) = judge(server, retries=2)([_rollout("DOWN")])
     assert out.score == 0.0
-    assert out.error == (f'judge: HTTP 503 from {server.url}/v1/chat/completions: \'{{"error": "down"}}\'; '
-                         "gave up after 3 attempts")
+    assert out.error == (f'judge: HTTP 503 from {server.url}/v1/chat/completions: \'{{"error": "down"}}\' '
+                         "[3 attempts]")
     assert server.count("DOWN") == 3  # 1 + 2 retries
 
 
@@ -161,7 +161,7 @@ def test_timeout_is_an_error(server):
 
     server.routes = {"SLOW": [slow]}
     (out,) = judge(server, timeout=0.2, retries=0)([_rollout("SLOW")])
-    assert out.error == f"judge: timed out after 0.2 s ({server.url}/v1/chat/completions); gave up after 1 attempt"
+    assert out.error == f"judge: timed out after 0.2 s at {server.url}/v1/chat/completions [1 attempt]"
 
 
 def test_non_json_reply_and_bad_shapes_are_errors(server):
@@ -181,7 +181,7 @@ def test_refused_connection_is_an_error():
     (out,) = Judge(base_url=f"http://127.0.0.1:{port}/v1", model="m", retries=1, backoff=0.0)([_rollout("x")])
     assert out.error.startswith(f"judge: connection to http://127.0.0.1:{port}/v1/chat/completions failed: "
                                 "ConnectionRefusedError")
-    assert out.error.endswith("; gave up after 2 attempts")
+    assert out.error.endswith(" [2 attempts]")
 
 
 def test_requests_run_concurrently_up_to_the_limit(server):

@@ -53,6 +53,14 @@ def add_child(components: dict[str, float], label: str, out: RewardOutput, *, ba
             components.setdefault("correct", value)
 
 
+def error_sources(error: str | None) -> list[str]:
+    """The reward names an error text starts with, one per joined error: "judge: HTTP 500 ...; math: timed out"
+    -> ["judge", "math"] (for `reward/errors/<name>` counts). [] for None."""
+    if not error:
+        return []
+    return [part.split(":", 1)[0].strip() for part in error.split("; ") if ":" in part]
+
+
 def _failed(components: dict[str, float], errors: Sequence[str]) -> RewardOutput:
     return RewardOutput(score=0.0, components=components, error="; ".join(errors))
 
@@ -467,8 +475,8 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
         raise ValueError(f"{path}.name: unknown reward {name!r}; valid: {', '.join(sorted(REWARDS))}")
     try:
         reward = REWARDS[name](**spec)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path} ({name}): {exc}") from None
+    except (TypeError, ValueError, OSError) as exc:  # OSError: a model path that does not load
+        raise ValueError(f"{path} ({name}): {exc}".splitlines()[0]) from None
     return reward, label or reward.name
 
 

@@ -183,19 +183,19 @@ class HTTPChatClient:
                 break
             except urllib.error.HTTPError as exc:
                 detail = exc.read()[:200].decode("utf-8", "replace")
-                cause = f"HTTP {exc.code} from {self.url}: {_short(detail)}"
+                cause = f"HTTP {exc.code} from {self.url}: {_short(detail)}"  # no "; ": nodes join errors with it
                 if exc.code not in TRANSIENT_STATUS:
                     raise JudgeError(cause) from None
             except (TimeoutError, urllib.error.URLError, ConnectionError, http.client.HTTPException) as exc:
                 reason = getattr(exc, "reason", exc)
                 if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
-                    cause = f"timed out after {self.timeout:g} s ({self.url})"
+                    cause = f"timed out after {self.timeout:g} s at {self.url}"
                 else:
                     cause = f"connection to {self.url} failed: {type(reason).__name__}: {reason}"
             if attempt + 1 < attempts:
                 time.sleep(self.backoff * 2**attempt)
         else:
-            raise JudgeError(f"{cause}; gave up after {attempts} attempt{'s' if attempts > 1 else ''}")
+            raise JudgeError(f"{cause} [{attempts} attempt{'s' if attempts > 1 else ''}]")
         try:
             return json.loads(raw)
         except ValueError:
