@@ -314,12 +314,6 @@ class PenaltyReward:
 
 
 # ---------------------------------------------------------------------------------------------- config builder
-#: Reserved spec keys; everything else in a leaf spec is an option of the reward.
-NODE_KEYS = ("name", "compose", "shape", "label", "weight")
-
-Build = Callable[[Any, str], tuple[Reward, str]]
-
-
 def _check_keys(spec: Mapping[str, Any], path: str, kind: str, required: Sequence[str],
                 optional: Sequence[str]) -> None:
     for key in required:
@@ -352,9 +346,9 @@ def _members(items: Sequence[Any], path: str) -> tuple[list[tuple[Reward, float]
         item_path = f"{path}[{i}]"
         spec = _as_spec(item, item_path)
         weight = spec.pop("weight") if "weight" in spec else _default_weight(spec)
-        reward, label = build_node(spec, item_path)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ValueError(f"{item_path}.weight: expected a number, got {weight!r}")
+        reward, label = build_node(spec, item_path)
         members.append((reward, float(weight)))
         labels.append(label)
     return members, labels
