@@ -25,3 +25,9 @@ __all__ = [
     "register_reward",
     "reward",
 ]
+
+# Composition and shaping nodes (built from config by build_reward) and the LLM judge (registers `judge`).
+from rewardlab.rewards import judge as _judge  # noqa: E402,F401
+from rewardlab.rewards.compose import GatedReward, PenaltyReward, TieredReward  # noqa: E402
+
+__all__ += ["GatedReward", "PenaltyReward", "TieredReward"]

@@ -1,11 +1,17 @@
-"""The reward contract: `Reward` protocol, the `@reward` decorator, the `REWARDS` registry and `build_reward`."""
+"""The reward contract: `Reward` protocol, the `@reward` decorator, the `REWARDS` registry and `build_reward`.
+
+`WeightedSum` and the other composition nodes live in `rewards/compose.py`; `WeightedSum` is re-exported here so
+`from rewardlab.rewards.base import WeightedSum` keeps working.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from rewardlab.types import Rollout, RewardOutput
 
@@ -13,6 +19,13 @@ from rewardlab.types import Rollout, RewardOutput
 REWARDS: dict[str, Callable[..., Reward]] = {}
 
 ON_ERROR = ("zero", "skip", "raise")
+
+#: Default number of items of one batch an async reward keeps in flight at once (`max_concurrency`).
+DEFAULT_MAX_CONCURRENCY = 16
+#: Options of `FunctionReward` that set how it runs rather than what it computes (see `FunctionReward`).
+EXECUTION_OPTIONS = ("max_concurrency", "workers", "item_timeout")
+
+_T = TypeVar("_T")
 
 
 @runtime_checkable
@@ -69,6 +82,25 @@ def _as_output(value: Any, name: str) -> RewardOutput:
     return out
 
 
+def run_sync(make_coro: Callable[[], Awaitable[_T]]) -> _T:
+    """Run the coroutine `make_coro()` to completion from synchronous code and return its result.
+
+    With no event loop running in this thread it uses `asyncio.run`. When one is running (a notebook, an async
+    caller), blocking it with `asyncio.run` is impossible, so the coroutine runs on a fresh loop in a helper thread
+    and this call waits for it. Exceptions propagate.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coro())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rewardlab-async") as pool:
+        return pool.submit(lambda: asyncio.run(make_coro())).result()
+
+
+def _error_text(name: str, exc: BaseException) -> str:
+    return f"{name}: {type(exc).__name__}: {exc}".splitlines()[0]
+
+
 class FunctionReward:
     """A per-sample function lifted to a batched `Reward`.
 
@@ -77,8 +109,20 @@ class FunctionReward:
     the options given at construction. It returns a float, a dict with `score` and components, or a RewardOutput.
     An exception or a non-finite score becomes `RewardOutput.error` ("<name>: <cause>") with score 0.
 
+    Execution options (taken out of `options` unless the function has a parameter of the same name, which then
+    receives it instead):
+        max_concurrency: `async def` functions only; items of one batch awaited at once (default
+            `DEFAULT_MAX_CONCURRENCY`, 16). The batch runs on an event loop (see `run_sync`), so the trainer's
+            synchronous call works, also from code that already runs an event loop.
+        item_timeout: `async def` functions only; seconds one item may take. Past it the item is cancelled and its
+            output is an error "<name>: timed out after <t> s" (score 0). Default None: no limit. A sync function
+            cannot have one (a thread cannot be stopped); it must enforce its own limit.
+        workers: sync functions only; threads that score the items of a batch in parallel (for I/O-bound work such
+            as HTTP calls; CPU-bound Python gains nothing from threads). Default 1: in the calling thread.
+
     Raises:
-        ValueError: at construction, when an option is not a parameter of the function.
+        ValueError: at construction, when an option is not a parameter of the function, or an execution option is
+            out of range or does not apply to this kind of function.
     """
 
     def __init__(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None) -> None:
@@ -88,35 +132,104 @@ class FunctionReward:
         params = inspect.signature(fn).parameters
         self._wants_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         self._params = [p for p in params if params[p].kind is not inspect.Parameter.VAR_KEYWORD]
+        execution = {k: self.options.pop(k) for k in EXECUTION_OPTIONS if k in self.options and k not in params}
         unknown = set(self.options) - set(self._params)
         if unknown and not self._wants_all:
             raise ValueError(f"reward {name}: unknown option(s) {sorted(unknown)}; valid: {sorted(self._params)}")
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.max_concurrency = _positive_int(name, "max_concurrency", execution.get("max_concurrency"),
+                                             DEFAULT_MAX_CONCURRENCY)
+        self.workers = _positive_int(name, "workers", execution.get("workers"), 1)
+        timeout = execution.get("item_timeout")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"reward {name}: item_timeout must be a number of seconds > 0, got {timeout!r}")
+        self.item_timeout = None if timeout is None else float(timeout)
+        if self.is_async and "workers" in execution:
+            raise ValueError(f"reward {name}: 'workers' is for sync functions; an async reward uses max_concurrency")
+        if not self.is_async:
+            for key in ("max_concurrency", "item_timeout"):
+                if key in execution:
+                    raise ValueError(f"reward {name}: {key!r} applies to async def rewards only; a sync function "
+                                     "uses 'workers' and must enforce its own time limit")
 
-    def score_one(self, rollout: Rollout) -> RewardOutput:
+    def _kwargs(self, rollout: Rollout) -> dict[str, Any]:
         fields = _rollout_fields(rollout)
         fields.update(self.options)
-        kwargs = fields if self._wants_all else {p: fields[p] for p in self._params if p in fields}
+        return fields if self._wants_all else {p: fields[p] for p in self._params if p in fields}
+
+    def score_one(self, rollout: Rollout) -> RewardOutput:
+        if self.is_async:
+            return self([rollout])[0]
         try:
-            return _as_output(self.fn(**kwargs), self.name)
+            return _as_output(self.fn(**self._kwargs(rollout)), self.name)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an explicit error
-            return RewardOutput(score=0.0, error=f"{self.name}: {type(exc).__name__}: {exc}".splitlines()[0])
+            return RewardOutput(score=0.0, error=_error_text(self.name, exc))
+
+    async def _ascore_one(self, rollout: Rollout, limit: asyncio.Semaphore) -> RewardOutput:
+        async with limit:
+            try:
+                async with asyncio.timeout(self.item_timeout) as deadline:
+                    value = await self.fn(**self._kwargs(rollout))
+            except TimeoutError as exc:
+                if deadline.expired():
+                    return RewardOutput(score=0.0, error=f"{self.name}: timed out after {self.item_timeout:g} s")
+                return RewardOutput(score=0.0, error=_error_text(self.name, exc))
+            except Exception as exc:  # noqa: BLE001 - every failure becomes an explicit error
+                return RewardOutput(score=0.0, error=_error_text(self.name, exc))
+            try:
+                return _as_output(value, self.name)
+            except Exception as exc:  # noqa: BLE001 - a return value that is not a score
+                return RewardOutput(score=0.0, error=_error_text(self.name, exc))
+
+    async def acall(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
+        """`__call__` for async callers: awaits the batch on the caller's loop (a sync function runs in a thread)."""
+        if not self.is_async:
+            return await asyncio.to_thread(self, rollouts)
+        limit = asyncio.Semaphore(self.max_concurrency)
+        return list(await asyncio.gather(*(self._ascore_one(r, limit) for r in rollouts)))
 
     def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
+        if self.is_async:
+            return run_sync(lambda: self.acall(rollouts))
+        if self.workers > 1 and len(rollouts) > 1:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(self.workers, len(rollouts)),
+                                                       thread_name_prefix=f"reward-{self.name}") as pool:
+                return list(pool.map(self.score_one, rollouts))
         return [self.score_one(r) for r in rollouts]
 
 
-def reward(name: str | None = None, *, weight: float = 1.0, register: bool = True):
-    """Decorator: turn a per-sample function into a `Reward` factory and register it under `name`.
+def _positive_int(name: str, key: str, value: Any, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"reward {name}: {key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def reward(
+    name: str | None = None,
+    *,
+    weight: float = 1.0,
+    register: bool = True,
+    max_concurrency: int | None = None,
+    workers: int | None = None,
+    item_timeout: float | None = None,
+):
+    """Decorator: turn a per-sample function (plain or `async def`) into a `Reward` factory registered as `name`.
 
     The decorated object is the factory: calling it with options returns a `FunctionReward`. `weight` is the
-    default weight used by `build_reward` (0 makes the reward a logged metric only).
+    default weight used by `build_reward` (0 makes the reward a logged metric only). `max_concurrency`,
+    `item_timeout` (async functions) and `workers` (sync functions) are default execution options, overridable per
+    config like any option; see `FunctionReward`.
     """
+    defaults = {k: v for k, v in (("max_concurrency", max_concurrency), ("workers", workers),
+                                  ("item_timeout", item_timeout)) if v is not None}
 
     def wrap(fn: Callable[..., Any]):
         reward_name = name or fn.__name__
 
         def factory(**options: Any) -> FunctionReward:
-            return FunctionReward(fn, reward_name, options)
+            return FunctionReward(fn, reward_name, {**defaults, **options})
 
         factory.__doc__ = fn.__doc__
         factory.__name__ = fn.__name__
@@ -129,78 +242,29 @@ def reward(name: str | None = None, *, weight: float = 1.0, register: bool = Tru
     return wrap
 
 
-class WeightedSum:
-    """Several rewards combined as score = Σ_k w_k · score_k; each reward's score is a component by its name.
+def build_reward(specs: Sequence[Mapping[str, Any] | str] | Mapping[str, Any] | str, *, on_error: str = "zero"):
+    """Build the reward of a `rewards:` config: a weighted sum over a list of specs (see `rewards.compose`).
 
-    A rollout with an error in any member gets that error (joined with "; "), and its score follows `on_error`:
-    "zero" sets it to 0, "skip" keeps it for logging but the trainer drops it from the loss, "raise" raises
-    `RewardError` naming the reward and cause.
-    """
-
-    def __init__(self, members: Sequence[tuple[Reward, float]], on_error: str = "zero", name: str = "reward") -> None:
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error: expected one of {ON_ERROR}, got {on_error!r}")
-        self.members = list(members)
-        # Component labels: the member's name, made unique ("exact_match", "exact_match#2") when names repeat.
-        self.labels: list[str] = []
-        for member, _ in self.members:
-            label, k = member.name, 2
-            while label in self.labels:
-                label, k = f"{member.name}#{k}", k + 1
-            self.labels.append(label)
-        self.on_error = on_error
-        self.name = name
-
-    def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
-        per_member = [(label, w, m(rollouts)) for label, (m, w) in zip(self.labels, self.members)]
-        outputs = []
-        for i in range(len(rollouts)):
-            score, comps, errors, steps = 0.0, {}, [], None
-            for label, weight, outs in per_member:
-                o = outs[i]
-                comps[label] = o.score
-                for k, v in o.components.items():
-                    comps[k if len(self.members) == 1 else f"{label}/{k}"] = v
-                    if k == "correct":  # exact-match correctness stays findable as `correct` (first reporter)
-                        comps.setdefault("correct", v)
-                if o.error is not None:
-                    errors.append(o.error)
-                score += weight * o.score
-                if o.step_scores is not None and steps is None:
-                    steps = o.step_scores
-            error = "; ".join(errors) or None
-            if error is not None:
-                if self.on_error == "raise":
-                    raise RewardError(error)
-                score = 0.0
-            outputs.append(RewardOutput(score=score, components=comps, step_scores=steps, error=error))
-        return outputs
-
-
-def build_reward(specs: Sequence[Mapping[str, Any]] | str, *, on_error: str = "zero") -> WeightedSum:
-    """Build a composed reward from config, e.g. `[{name: reasoning_gym}, {name: format, weight: 0.2}]`.
-
-    A bare string is one reward with its default weight. Each spec: `name`, optional `weight`, other keys are the
-    reward's options.
+    A bare string is one reward with its default weight; a single mapping is a one-element list. Each list item is
+    a leaf `{name, weight, label, ...options}` (a registered reward), a composition node `{compose: sum | gated |
+    tiered | penalty, ...}` or a shaping node `{shape: length | overlong | par | clip | delta, reward: {...}, ...}`;
+    nodes nest. Returns a `WeightedSum` whose `on_error` ("zero", "skip", "raise") decides the score of a rollout
+    with an error anywhere in the tree.
 
     Raises:
-        ValueError: an unknown reward name (the message lists valid names), a spec without `name`, or an option
-            the reward does not take.
+        ValueError: a bad spec, in one line naming its path (e.g. "rewards[1].tiers[0]: missing 'name'"): an unknown
+            reward name or node kind (the message lists valid ones), a missing or unknown key, an option the reward
+            does not take.
     """
-    if isinstance(specs, str):
-        specs = [{"name": specs}]
-    members = []
-    for i, spec in enumerate(specs):
-        spec = dict(spec)
-        if "name" not in spec:
-            raise ValueError(f"rewards[{i}]: missing 'name'")
-        name = spec.pop("name")
-        if name not in REWARDS:
-            raise ValueError(f"rewards[{i}].name: unknown reward {name!r}; valid: {', '.join(sorted(REWARDS))}")
-        factory = REWARDS[name]
-        weight = float(spec.pop("weight", getattr(factory, "default_weight", 1.0)))
-        try:
-            members.append((factory(**spec), weight))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"rewards[{i}] ({name}): {exc}") from None
-    return WeightedSum(members, on_error=on_error)
+    from rewardlab.rewards.compose import build_sum  # compose imports this module; import at call time
+
+    return build_sum(specs, on_error=on_error)
+
+
+def __getattr__(attr: str) -> Any:
+    """Re-export `WeightedSum` from `rewards.compose` (lazily: compose imports this module)."""
+    if attr == "WeightedSum":
+        from rewardlab.rewards.compose import WeightedSum
+
+        return WeightedSum
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
