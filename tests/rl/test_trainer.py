@@ -199,6 +199,11 @@ if "test_step_digits" not in REWARDS:
         frac = [sum(c.isdigit() for c in s) / max(1, len(s)) for s in steps]
         return RewardOutput(score=sum(c.isdigit() for c in completion) / max(1, len(completion)), step_scores=frac)
 
+    @reward(name="test_step_only")
+    def _step_only(steps):
+        """Process reward only: each step's digit fraction as step scores, outcome score 0."""
+        return RewardOutput(score=0.0, step_scores=[sum(c.isdigit() for c in s) / max(1, len(s)) for s in steps])
+
     @reward(name="test_constant")
     def _constant(completion):
         return 0.0
@@ -272,18 +277,17 @@ def test_process_estimators_require_a_step_separator(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["pure", "process_sum"])
 def test_process_reward_run_raises_the_step_reward(tmp_path, estimator):
-    # Only step rewards: each step's digit fraction, steps split at "+". The outcome weight is 0 so every bit of
+    # Only step rewards: each step's digit fraction, steps split at "+". The outcome score is 0 so every bit of
     # credit comes from the process reward through the estimator's step returns.
     cfg = _config(tmp_path, "run", "rl.steps=15", "rl.group_size=8", "save_every=100", f"rl.estimator={estimator}",
-                  "rl.step_separator=+", "rewards=[{name: test_step_digits, weight: 0.0}]")
+                  "rl.step_separator=+", "rewards=[{name: test_step_only}]")
     train(cfg, show_progress=False)
-    rewards = [m["reward/test_step_digits/mean"] if "reward/test_step_digits/mean" in m else m["reward/mean"]
-               for m in _metrics(tmp_path / "run")]
+    assert all(m["reward/mean"] == 0.0 for m in _metrics(tmp_path / "run"))
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     digits = [sum(sum(c.isdigit() for c in s["completion"]) / max(1, len(s["completion"])) for s in samples
                   if s["step"] == k) / 32 for k in range(1, 16)]
     first, last = sum(digits[:3]) / 3, sum(digits[-3:]) / 3
-    assert last > first + 0.3, (digits, rewards)
+    assert last > first + 0.3, digits
 
 
 def test_remax_advantage_is_reward_minus_the_greedy_reward_of_the_prompt(tmp_path):
@@ -352,3 +356,33 @@ def test_unknown_curriculum_and_filter_names(tmp_path):
         train(_config(tmp_path, "run", "rl.curriculum=nope"), show_progress=False)
     with pytest.raises(ValueError, match="rl.group_filter: unknown name 'x'; valid: dapo"):
         train(_config(tmp_path, "run", "rl.group_filter=x"), show_progress=False)
+
+
+if "test_sometimes_fails" not in REWARDS:
+
+    @reward(name="test_sometimes_fails")
+    def _sometimes_fails(completion):
+        if any(c.isdigit() for c in completion[:1]):
+            raise RuntimeError("first character is a digit")
+        return 1.0
+
+
+@pytest.mark.slow
+def test_composed_and_shaped_reward_logs_every_component_and_error_counts(tmp_path):
+    rewards = ("rewards=[{compose: gated, gate: {name: test_digit_frac}, threshold: 0.25, "
+               "reward: {name: test_step_digits}}, "
+               "{shape: overlong, reward: {name: test_digit_frac}, max_len: 4, buffer: 2, factor: 1.0, weight: 0.5}, "
+               "{compose: penalty, reward: {name: test_constant}, penalties: [{name: test_digit_frac}]}, "
+               "{name: test_sometimes_fails, weight: 0.1}]")
+    train(_config(tmp_path, "run", "rl.steps=3", "rl.step_separator='5'", "rl.group_filter=dapo",
+                  "rl.max_rounds=2", rewards), show_progress=False)
+    metrics = _metrics(tmp_path / "run")
+    for key in ("reward/gated/mean", "reward/test_digit_frac/mean", "reward/penalty/mean",
+                "reward/test_sometimes_fails/mean", "reward/unshaped/mean"):
+        assert all(key in m for m in metrics), (key, sorted(metrics[0]))
+    errors = sum(m.get("reward/errors/test_sometimes_fails", 0.0) for m in metrics)
+    assert errors == sum(m["reward/errors"] for m in metrics) > 0  # only that reward fails, and it does fail
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    failed = [s for s in samples if s["error"]]
+    assert failed and all(s["error"].startswith("test_sometimes_fails: RuntimeError") and s["reward"] == 0.0
+                          for s in failed)

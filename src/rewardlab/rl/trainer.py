@@ -23,6 +23,7 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
+from rewardlab.rewards.compose import error_sources
 from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
@@ -199,9 +200,8 @@ def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_siz
         vals = [o.components[name] for o in outputs if name in o.components]
         m[f"reward/{name}/mean"] = sum(vals) / len(vals)
     for o in outputs:  # errors read "<reward>: <cause>", joined by "; " when several members fail
-        for part in (o.error.split("; ") if o.error else []):
-            key = f"reward/errors/{part.split(':', 1)[0].strip() or 'unknown'}"
-            m[key] = m.get(key, 0.0) + 1.0
+        for name in error_sources(o.error):
+            m[f"reward/errors/{name}"] = m.get(f"reward/errors/{name}", 0.0) + 1.0
     return m
 
 
