@@ -95,7 +95,7 @@ class FormatReward:
     def __init__(self, pattern: str | None = None, regex: str | None = None, think_tag: str = "think",
                  answer_tag: str = "answer", allow_empty: bool = False) -> None:
         if pattern is not None and regex is not None:
-            raise ValueError("give either pattern or regex, not both")
+            raise ValueError("pattern, regex: give one of them, not both")
         if regex is not None:
             try:
                 compiled = re.compile(regex, re.DOTALL)

@@ -107,7 +107,8 @@ class MathReward:
     Components: `correct` (= score), `extracted` (1.0 when an extraction method found an answer).
 
     Errors (RewardOutput.error, score 0): "math: timed out after T s (worker killed and replaced)", "math: row has
-    no 'answer'", "math: ValueError: reference answer '...' could not be parsed", a crashed worker.
+    no 'answer'" (or an empty one), "math: ValueError: reference answer '...' could not be parsed", "math: worker
+    process died (exit code N)".
 
     Args:
         extract: extraction methods in order; default ("answer_tag", "boxed", "last_number").
@@ -153,8 +154,9 @@ class MathReward:
         items: list[tuple[str, str, dict[str, Any]]] = []
         for i, r in enumerate(rollouts):
             reference = r.row.get("answer")
-            if reference is None:
-                outputs[i] = RewardOutput(0.0, {"correct": 0.0, "extracted": 0.0}, error="math: row has no 'answer'")
+            if reference is None or not str(reference).strip():
+                why = "has no 'answer'" if reference is None else "has an empty 'answer'"
+                outputs[i] = RewardOutput(0.0, {"correct": 0.0, "extracted": 0.0}, error=f"math: row {why}")
                 continue
             found, _ = extract_answer(r.completion, self.extract)
             if found is None:
