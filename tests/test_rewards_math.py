@@ -74,7 +74,7 @@ NOT_EQUIVALENT = [
     (r"\boxed{(1, 2)}", "[1,2)"),  # open vs half-open interval
     (r"\boxed{\{1, 2\}}", r"\{1,2,3\}"),  # missing element
     (r"\boxed{x^2+1}", "(x+1)^2"),
-    (r"\boxed{-903y^5 - 588y^3 + 1}", "-903*y**5 - 588*y**3"),  # read as 588 = 588 without python_powers
+    (r"<answer>-900*y**5 - 588*y**3</answer>", "-903*y**5 - 588*y**3"),  # 588 = 588 without python_powers
     ("I think it is 7, not 8.", "7"),  # the last number is 8
 ]
 
