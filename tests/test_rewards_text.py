@@ -153,3 +153,13 @@ def test_text_rewards_build_from_config_and_report_missing_answers(name):
     assert good.score == pytest.approx(0.5)  # 0.5 * 1.0: a perfect match scores 1 on every text reward
     assert good.error is None
     assert missing.error == f"{name}: ValueError: row has no 'answer'"
+
+
+def test_references_field_takes_precedence_over_answer():
+    # as a JSONL row would hold it: the loader stores a list `answer` as JSON text, a `references` list stays a list
+    row = {"answer": '["NYC", "New York"]', "references": ["NYC", "New York"]}
+    r = Rollout(prompt="p", prompt_ids=[1], completion="New York City", completion_ids=[5], logprobs=[0.0], row=row)
+    (out,) = REWARDS["token_f1"]()([r])
+    assert out.score == pytest.approx(0.8)  # vs "New York": P = 2/3, R = 1, F1 = 0.8 (see above)
+    (out,) = REWARDS["exact_match"]()([Rollout("p", [1], "NYC", [5], [0.0], row=row)])
+    assert out.score == 1.0

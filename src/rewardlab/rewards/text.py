@@ -1,8 +1,8 @@
 """Text-matching rewards: `exact_match`, `numeric`, `bleu`, `chrf`, `token_f1`, `rouge_l`.
 
 Each compares the completion's answer (the last `<answer>...</answer>` tag's content, else the whole completion,
-stripped) with the row's `answer`. Where several references make sense, `answer` may be a list of strings; the
-score is then the best over the references.
+stripped) with the row's `answer`. Several references may be given as a list, in the row's `references` field
+(which takes precedence) or in `answer` itself; the score is then the best over the references.
 """
 
 from __future__ import annotations
@@ -29,15 +29,19 @@ def extract_tagged_answer(completion: str) -> str:
     return (found[-1] if found else completion).strip()
 
 
-def _references(answer: Any, field: str = "answer") -> list[str]:
-    """The row's reference(s) as a non-empty list of strings.
+def _references(answer: Any, references: Any = None) -> list[str]:
+    """The row's reference(s) as a non-empty list of strings: its `references` field when it has one (a list; the
+    JSONL loader keeps it as is, while it stores a non-string `answer` as JSON text), else its `answer` (a string,
+    a number, or a list).
 
     Raises:
-        ValueError: `answer` is None or an empty list.
+        ValueError: no reference, or an empty list.
     """
-    if answer is None:
-        raise ValueError(f"row has no '{field}'")
-    refs = [str(a) for a in answer] if isinstance(answer, (list, tuple)) else [str(answer)]
+    field = "references" if references is not None else "answer"
+    value = references if references is not None else answer
+    if value is None:
+        raise ValueError("row has no 'answer'")
+    refs = [str(a) for a in value] if isinstance(value, (list, tuple)) else [str(value)]
     if not refs:
         raise ValueError(f"'{field}' is an empty list")
     return refs
@@ -73,13 +77,14 @@ def normalize_numbers(text: str) -> str:
 # ---------------------------------------------------------------------------------------------- exact_match
 @reward(name="exact_match")
 def exact_match(
-    completion: str, answer: Any, case: bool = True, whitespace: bool = True, strip: bool = True,
-    numbers: bool = False,
+    completion: str, answer: Any = None, case: bool = True, whitespace: bool = True, strip: bool = True,
+    numbers: bool = False, references: Any = None,
 ) -> dict:
     """1.0 when the extracted answer equals a reference after normalization, else 0.0.
 
-    Inputs: the completion's answer (last `<answer>` tag's content, else the whole completion) and the row's `answer`
-    (a string, a number, or a list of acceptable strings). Normalization, applied to both sides:
+    Inputs: the completion's answer (last `<answer>` tag's content, else the whole completion) and the row's
+    `references` (a list of acceptable strings) or else its `answer` (a string, a number, or a list). Normalization,
+    applied to both sides:
     `strip` (default True) removes leading/trailing whitespace; `case=False` ignores letter case; `whitespace=False`
     ignores all whitespace; `numbers=True` writes every number canonically ("1,000", "1000.0", "+1000", "1e3" ->
     "1000"; "0.50" -> "0.5"). Score range {0, 1}. Components: `correct` (same value).
@@ -101,15 +106,15 @@ def exact_match(
         return text
 
     got = norm(got)
-    value = float(any(got == norm(ref) for ref in _references(answer)))
+    value = float(any(got == norm(ref) for ref in _references(answer, references)))
     return {"score": value, "correct": value}
 
 
 # ---------------------------------------------------------------------------------------------- numeric
 @reward(name="numeric")
 def numeric(
-    completion: str, answer: Any, abs_tol: float = 1e-6, rel_tol: float = 1e-6,
-    extract: Sequence[str] | str = ("last_number",),
+    completion: str, answer: Any = None, abs_tol: float = 1e-6, rel_tol: float = 1e-6,
+    extract: Sequence[str] | str = ("last_number",), references: Any = None,
 ) -> dict:
     """1.0 when the number in the completion equals the reference within tolerance, else 0.0.
 
@@ -124,7 +129,7 @@ def numeric(
     'abc' is not a number").
     """
     refs = []
-    for ref in _references(answer):
+    for ref in _references(answer, references):
         value = parse_number(ref)
         if value is None:
             raise ValueError(f"reference answer {ref!r} is not a number")
@@ -154,8 +159,8 @@ def _chrf_metric(char_order: int, word_order: int, beta: int):
 
 
 @reward(name="bleu")
-def bleu(completion: str, answer: Any, lowercase: bool = False, tokenize: str | None = None,
-         smooth_method: str = "exp") -> float:
+def bleu(completion: str, answer: Any = None, lowercase: bool = False, tokenize: str | None = None,
+         smooth_method: str = "exp", references: Any = None) -> float:
     """Sentence-level BLEU of the answer against the reference(s), scaled to [0, 1] (sacrebleu score / 100).
 
     BLEU (Papineni et al., 2002) via sacrebleu (Post, 2018): BP * exp(sum_n 1/4 log p_n), p_n the clipped n-gram
@@ -165,11 +170,12 @@ def bleu(completion: str, answer: Any, lowercase: bool = False, tokenize: str | 
     else the completion) and the row's `answer` (string or list of references). Errors: a row without `answer`.
     """
     metric = _bleu_metric(lowercase, tokenize, smooth_method)
-    return metric.sentence_score(extract_tagged_answer(completion), _references(answer)).score / 100.0
+    return metric.sentence_score(extract_tagged_answer(completion), _references(answer, references)).score / 100.0
 
 
 @reward(name="chrf")
-def chrf(completion: str, answer: Any, char_order: int = 6, word_order: int = 0, beta: int = 2) -> float:
+def chrf(completion: str, answer: Any = None, char_order: int = 6, word_order: int = 0, beta: int = 2,
+         references: Any = None) -> float:
     """Sentence-level chrF of the answer against the reference(s), scaled to [0, 1] (sacrebleu score / 100).
 
     chrF (Popovic, 2015) via sacrebleu: the F-beta score of character n-gram precision and recall averaged over
@@ -178,7 +184,7 @@ def chrf(completion: str, answer: Any, char_order: int = 6, word_order: int = 0,
     `bleu`. Errors: a row without `answer`.
     """
     metric = _chrf_metric(char_order, word_order, beta)
-    return metric.sentence_score(extract_tagged_answer(completion), _references(answer)).score / 100.0
+    return metric.sentence_score(extract_tagged_answer(completion), _references(answer, references)).score / 100.0
 
 
 # ---------------------------------------------------------------------------------------------- token F1
@@ -210,7 +216,7 @@ def squad_f1(prediction: str, reference: str) -> float:
 
 
 @reward(name="token_f1")
-def token_f1(completion: str, answer: Any) -> float:
+def token_f1(completion: str, answer: Any = None, references: Any = None) -> float:
     """SQuAD-style token F1 of the answer against the reference(s), the maximum over references; range [0, 1].
 
     Source: the SQuAD evaluation script (Rajpurkar et al., 2016): normalize (lowercase, no punctuation, no
@@ -219,7 +225,7 @@ def token_f1(completion: str, answer: Any) -> float:
     Errors: a row without `answer`.
     """
     prediction = extract_tagged_answer(completion)
-    return max(squad_f1(prediction, ref) for ref in _references(answer))
+    return max(squad_f1(prediction, ref) for ref in _references(answer, references))
 
 
 # ---------------------------------------------------------------------------------------------- ROUGE-L
@@ -231,7 +237,7 @@ def _rouge_scorer(use_stemmer: bool):
 
 
 @reward(name="rouge_l")
-def rouge_l(completion: str, answer: Any, use_stemmer: bool = False) -> dict:
+def rouge_l(completion: str, answer: Any = None, use_stemmer: bool = False, references: Any = None) -> dict:
     """ROUGE-L F-measure of the answer against the reference(s) via rouge-score; range [0, 1].
 
     ROUGE-L (Lin, 2004): with LCS the longest common token subsequence, P = LCS / |pred|, R = LCS / |ref|,
@@ -239,5 +245,6 @@ def rouge_l(completion: str, answer: Any, use_stemmer: bool = False) -> dict:
     scores 0; `use_stemmer=True` applies the Porter stemmer. With several references the one with the best F counts
     (rouge-score's `score_multi`). Components: `precision`, `recall`. Errors: a row without `answer`.
     """
-    scores = _rouge_scorer(use_stemmer).score_multi(_references(answer), extract_tagged_answer(completion))["rougeL"]
+    refs = _references(answer, references)
+    scores = _rouge_scorer(use_stemmer).score_multi(refs, extract_tagged_answer(completion))["rougeL"]
     return {"score": scores.fmeasure, "precision": scores.precision, "recall": scores.recall}
