@@ -81,7 +81,7 @@ NOT_EQUIVALENT = [
 
 def test_equivalences_and_non_equivalences_in_one_batch():
     cases = [(c, a, 1.0) for c, a in EQUIVALENT] + [(c, a, 0.0) for c, a in NOT_EQUIVALENT]
-    outs = MathReward()([_rollout(c, a) for c, a, _ in cases])
+    outs = MathReward(timeout=30)([_rollout(c, a) for c, a, _ in cases])  # a generous limit: not a timeout test
     wrong = [(c, a, want, o) for (c, a, want), o in zip(cases, outs) if o.score != want or o.error is not None]
     assert not wrong
     assert all(o.components == {"correct": o.score, "extracted": 1.0} for o in outs)
