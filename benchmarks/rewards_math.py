@@ -9,8 +9,8 @@ fractions, LaTeX expressions, sets and intervals. Each completion is a short cha
 1000 as 1,000, reordered polynomial terms, permuted sets), the rest a wrong answer.
 
 Rows printed (median of `--repeats` runs, each run on a fresh item set so no cache is shared): items/s (wall clock)
-and CPU ms per item (this process plus the pool's workers; on a busy machine the wall-clock ratio is bounded by the
-CPU share the benchmark gets, while CPU per item shows whether the pool adds work):
+and CPU ms per item (this process plus the pool's workers, and this process alone; on a busy machine the wall-clock
+ratio is bounded by the CPU share the benchmark gets, while CPU per item shows whether the pool adds work):
   serial math-verify   verify(parse(gold), parse(completion)), math-verify defaults, in this process
   serial, same work    rewardlab's worker function (extracted answer only, same options) in this process
   rewardlab math       MathReward(workers=N, chunk_size=C) on the batch: one pool submission
@@ -177,7 +177,7 @@ def main() -> None:
     serial_math_verify(make_items(32, next(seeds)))  # warm-up: imports, sympy's first-use costs
     pool = shared_executor(args.workers)
 
-    rows: dict[str, list[tuple[float, float]]] = {}  # label -> [(items/s, CPU ms per item)]
+    rows: dict[str, list[tuple[float, float, float]]] = {}  # label -> [(items/s, CPU ms/item, this process's)]
     agree = []
     for _ in range(args.repeats):
         for label, fn in [("serial math-verify", serial_math_verify), ("serial, same work", serial_same_work)]:
@@ -185,7 +185,7 @@ def main() -> None:
             t, c = time.perf_counter(), _cpu()
             fn(items)
             wall, cpu = time.perf_counter() - t, sum(_cpu()) - sum(c)
-            rows.setdefault(label, []).append((len(items) / wall, 1e3 * cpu / len(items)))
+            rows.setdefault(label, []).append((len(items) / wall, 1e3 * cpu / len(items), 1e3 * cpu / len(items)))
         for chunk in chunks:
             items = make_items(args.items, next(seeds))
             reward = MathReward(workers=args.workers, chunk_size=chunk, timeout=30)
@@ -196,18 +196,20 @@ def main() -> None:
             t, c = time.perf_counter(), _cpu()
             outs = reward(rollouts(items))
             wall = time.perf_counter() - t
+            parent = _cpu()[0] - c[0]
             pool.close()
             cpu = sum(_cpu()) - sum(c)  # parent + workers
-            rows.setdefault(f"rewardlab math, chunk_size={chunk}", []).append((len(items) / wall, 1e3 * cpu / len(items)))
+            rows.setdefault(f"rewardlab math, chunk_size={chunk}", []).append(
+                (len(items) / wall, 1e3 * cpu / len(items), 1e3 * parent / len(items)))
             assert all(o.error is None for o in outs), [o.error for o in outs if o.error][:3]
         # agreement of the reward with plain math-verify on the same items (the last set)
         agree.append(sum(bool(x) == (o.score == 1.0) for x, o in zip(serial_math_verify(items), outs)) / len(items))
     print(f"pool start (fork {args.workers} workers, first item each): {start_s:.2f} s")
     base = statistics.median(r[0] for r in rows["serial math-verify"])
-    print(f"{'':32s} {'items/s':>8s} {'vs serial math-verify':>22s} {'CPU ms/item':>12s}")
+    print(f"{'':32s} {'items/s':>8s} {'vs serial math-verify':>22s} {'CPU ms/item':>12s} {'of which parent':>16s}")
     for label, values in rows.items():
-        rate, cpu = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
-        print(f"{label:32s} {rate:8.1f} {rate / base:21.2f}x {cpu:12.1f}")
+        rate, cpu, own = (statistics.median(v[k] for v in values) for k in range(3))
+        print(f"{label:32s} {rate:8.1f} {rate / base:21.2f}x {cpu:12.1f} {own:16.2f}")
     print(f"agreement with plain math-verify on the same items: {min(agree):.3f}")
     print(f"load average after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
 
