@@ -94,7 +94,8 @@ def _generated(rng: random.Random) -> tuple[str, str, str]:
     if kind == 0:
         p, q = rng.randint(1, 99), rng.randint(2, 99)
         f = Fraction(p, q)
-        return f"{f.numerator}/{f.denominator}", f"\\frac{{{f.numerator}}}{{{f.denominator}}}", f"{f.numerator + 1}/{f.denominator}"
+        latex = f"\\frac{{{f.numerator}}}{{{f.denominator}}}"
+        return f"{f.numerator}/{f.denominator}", latex, f"{f.numerator + 1}/{f.denominator}"
     if kind == 1:
         p = rng.randint(1, 999)
         return f"{p}/8", f"{p / 8}", f"{p / 8 + 0.125}"

@@ -16,7 +16,9 @@ def _no_tags(tags: Sequence[str]) -> str:
     return rf"(?:(?!{alternatives}).)*"
 
 
-def think_answer(think_tag: str = "think", answer_tag: str = "answer", allow_empty: bool = False) -> Callable[[str], bool]:
+def think_answer(
+    think_tag: str = "think", answer_tag: str = "answer", allow_empty: bool = False
+) -> Callable[[str], bool]:
     """Exactly one `<think>...</think>` followed by exactly one `<answer>...</answer>`, only whitespace before,
     between and after, no tag of either kind inside either block, and (unless `allow_empty`) non-blank contents."""
     inner = _no_tags((think_tag, answer_tag))

@@ -192,7 +192,7 @@ _PUNCTUATION = frozenset(string.punctuation)
 
 
 def squad_normalize(text: str) -> str:
-    """SQuAD answer normalization: lowercase, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace."""
+    """SQuAD answer normalization: lowercase, drop ASCII punctuation and the articles a/an/the, collapse whitespace."""
     text = text.lower()
     text = "".join(c for c in text if c not in _PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
