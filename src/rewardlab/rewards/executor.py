@@ -1,0 +1,217 @@
+"""The reward executor: run a picklable function over items in a process pool with a hard per-item wall timeout.
+
+Rewards whose checker can hang or cannot time itself out safely (math-verify uses `signal.alarm`, which works only in
+a main thread) hand their items to an `Executor`. Each item runs in a worker process (pebble's `ProcessPool`); an
+item that runs past its timeout is killed together with its worker, and pebble starts a fresh worker in its place.
+Every item comes back, in input order, either as the function's return value or as a `TaskError` that names the
+cause - never as a silent 0.
+
+    with Executor(workers=2) as ex:
+        results = ex.map(check, items, timeout=5.0)      # [value | TaskError, ...] in input order
+
+`shared_executor()` gives one process-wide pool per (workers, start_method), created lazily on the first `map`,
+reused across calls and rewards, and shut down at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
+from typing import Any
+
+from pebble import ProcessExpired, ProcessPool
+
+__all__ = ["Executor", "TaskError", "default_workers", "shared_executor"]
+
+#: TaskError kinds.
+TIMEOUT, EXCEPTION, CRASHED = "timeout", "exception", "crashed"
+
+
+@dataclass(frozen=True)
+class TaskError:
+    """Why one item has no result.
+
+    Attributes:
+        kind: "timeout" (ran past the per-item wall timeout; its worker was killed and replaced), "exception" (the
+            function raised) or "crashed" (the worker process died, e.g. killed by the OOM killer or a segfault).
+        message: one line naming the cause, e.g. "timed out after 5 s (worker killed and replaced)" or
+            "ZeroDivisionError: division by zero".
+    """
+
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def default_workers() -> int:
+    """The number of CPUs this process may run on (its affinity mask where the OS has one), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text.splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _run_chunk(fn: Callable[[Any], Any], chunk: Sequence[Any]) -> list[tuple[bool, Any]]:
+    """Worker side of a chunk: (True, value) or (False, one-line exception) per item, so one failing item does not
+    discard the others' results."""
+    out: list[tuple[bool, Any]] = []
+    for item in chunk:
+        try:
+            out.append((True, fn(item)))
+        except Exception as exc:  # noqa: BLE001 - returned as an explicit error value
+            out.append((False, _one_line(exc)))
+    return out
+
+
+def _stop_pool(pool: ProcessPool) -> None:
+    pool.stop()  # terminates the workers; map() has already collected every result it waits for
+    pool.join(timeout=10)
+
+
+class Executor:
+    """A lazily created, reusable pebble process pool with a hard per-item wall timeout.
+
+    Args:
+        workers: worker processes; default: the CPUs this process may use (`default_workers()`).
+        start_method: multiprocessing start method ("fork", "forkserver", "spawn"); default: the platform default
+            ("fork" on Linux up to Python 3.13). With "spawn"/"forkserver" the function must be importable by name.
+
+    The pool starts on the first `map` (workers import what the function needs on their first item), is reused by
+    later calls, and is shut down by `close()`, by leaving a `with` block, when the executor is garbage collected,
+    or at interpreter exit, whichever comes first. `map` may be called again after `close()`: it starts a new pool.
+
+    Raises:
+        ValueError: workers < 1.
+    """
+
+    def __init__(self, workers: int | None = None, *, start_method: str | None = None) -> None:
+        self.workers = default_workers() if workers is None else int(workers)
+        if self.workers < 1:
+            raise ValueError(f"workers: expected >= 1, got {workers}")
+        self.start_method = start_method
+        self._pool: ProcessPool | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _get_pool(self) -> ProcessPool:
+        with self._lock:
+            if self._pool is None or not self._pool.active:
+                context = multiprocessing.get_context(self.start_method)
+                self._pool = ProcessPool(max_workers=self.workers, context=context)
+                # Runs at close(), at garbage collection or at interpreter exit (atexit), whichever is first; it
+                # holds the pool, not the executor, so it does not keep the executor alive.
+                self._finalizer = weakref.finalize(self, _stop_pool, self._pool)
+            return self._pool
+
+    @property
+    def started(self) -> bool:
+        """True while a pool is running (after the first `map`, before `close`)."""
+        return self._pool is not None and self._pool.active
+
+    def close(self) -> None:
+        """Stop the workers and release the pool. Idempotent."""
+        with self._lock:
+            if self._finalizer is not None:
+                self._finalizer()  # calls _stop_pool once
+            self._pool, self._finalizer = None, None
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ work
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        items: Iterable[Any],
+        *,
+        timeout: float | None = 10.0,
+        chunk_size: int = 1,
+    ) -> list[Any]:
+        """Run `fn(item)` for every item in the pool; results in input order.
+
+        Args:
+            fn: a picklable one-argument function (module level); the items must be picklable too.
+            items: the inputs.
+            timeout: hard wall-clock limit per item, seconds, counted from when a worker starts it; None: no limit.
+                An item past its limit is killed with its worker (SIGTERM, then SIGKILL after 3 s) and a new worker
+                takes its place.
+            chunk_size: items sent to a worker as one task (fewer round trips for cheap items). A chunk gets
+                `timeout * len(chunk)`; if it times out or its worker dies, each of its items is run again on its
+                own with `timeout`, so only the guilty item gets the error (worst case for a hung item:
+                `timeout * (chunk_size + 1)` seconds).
+        Returns:
+            One entry per item: `fn(item)`'s value, or a `TaskError` (timeout, exception or crashed worker).
+        Raises:
+            ValueError: timeout <= 0 or chunk_size < 1.
+        """
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout: expected a positive number of seconds or None, got {timeout}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
+        items = list(items)
+        if not items:
+            return []
+        pool = self._get_pool()
+        results: list[Any] = [None] * len(items)
+        starts = list(range(0, len(items), chunk_size))
+        futures = [
+            pool.schedule(_run_chunk, args=(fn, items[s : s + chunk_size]),
+                          timeout=None if timeout is None else timeout * len(items[s : s + chunk_size]))
+            for s in starts
+        ]
+        retry: list[int] = []
+        for s, future in zip(starts, futures):
+            n = len(items[s : s + chunk_size])
+            try:
+                for k, (ok, value) in enumerate(future.result()):
+                    results[s + k] = value if ok else TaskError(EXCEPTION, value)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes an explicit error value
+                error = self._error(exc, timeout)
+                if n > 1 and error.kind in (TIMEOUT, CRASHED):
+                    retry.extend(range(s, s + n))  # find the guilty item by running each alone
+                else:
+                    results[s : s + n] = [error] * n
+        if retry:
+            for i, value in zip(retry, self.map(fn, [items[i] for i in retry], timeout=timeout, chunk_size=1)):
+                results[i] = value
+        return results
+
+    @staticmethod
+    def _error(exc: BaseException, timeout: float | None) -> TaskError:
+        if isinstance(exc, FutureTimeoutError):
+            return TaskError(TIMEOUT, f"timed out after {timeout:g} s (worker killed and replaced)")
+        if isinstance(exc, ProcessExpired):
+            return TaskError(CRASHED, f"worker process died (exit code {exc.exitcode})")
+        return TaskError(EXCEPTION, _one_line(exc))
+
+
+_SHARED: dict[tuple[int, str | None], Executor] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_executor(workers: int | None = None, start_method: str | None = None) -> Executor:
+    """The process-wide executor for (workers, start_method), so rewards share one pool instead of one each.
+
+    Created on first use; its pool starts on the first `map` and stops at interpreter exit.
+    """
+    key = (default_workers() if workers is None else int(workers), start_method)
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = Executor(key[0], start_method=start_method)
+        return _SHARED[key]

@@ -1,0 +1,106 @@
+"""Final-answer extraction shared by the verifiable rewards: the last `\\boxed{}`, an answer tag, the last number.
+
+Each extractor returns the answer text or None when the completion has none; `extract_answer` tries a list of them
+in order and returns the first hit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+#: A number as written in answers: optional sign, digits with optional thousands commas ("1,000"), optional decimal
+#: part, or a leading-dot decimal (".5"), optional exponent ("1e-3"), optional "/denominator" ("3/4"). Not part of a
+#: longer word or number (no letter, digit or dot right before or after).
+NUMBER = re.compile(
+    r"(?<![\w.])[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?:/\d+)?(?!\w)"
+)
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def balanced_braces(text: str, open_at: int) -> int | None:
+    """Index just past the `}` that closes the `{` at `text[open_at]`, or None when it never closes.
+
+    Backslash-escaped braces (`\\{`, `\\}`) do not count, so `\\boxed{\\{1, 2\\}}` closes at the last `}`.
+    """
+    depth, i = 0, open_at
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def boxed_spans(text: str) -> list[tuple[int, int, int, int]]:
+    """Every `\\boxed{...}` / `\\fbox{...}` in `text` as (start, content_start, content_end, end); unclosed ones are
+    reported with content_end = end = -1. Nested boxes inside a box's content are not listed separately."""
+    spans, pos = [], 0
+    while (m := _BOXED.search(text, pos)) is not None:
+        close = balanced_braces(text, m.end() - 1)
+        if close is None:
+            spans.append((m.start(), m.end(), -1, -1))
+            pos = m.end()
+        else:
+            spans.append((m.start(), m.end(), close - 1, close))
+            pos = close
+    return spans
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last closed `\\boxed{...}` (or `\\fbox{...}`), nested braces included; None if none."""
+    closed = [s for s in boxed_spans(text) if s[3] >= 0]
+    if not closed:
+        return None
+    _, a, b, _ = closed[-1]
+    return text[a:b].strip()
+
+
+def last_tag(text: str, tag: str = "answer") -> str | None:
+    """The content of the last `<tag>...</tag>` (shortest match, may span lines), stripped; None if none."""
+    found = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, re.DOTALL)
+    return found[-1].strip() if found else None
+
+
+def last_number(text: str) -> str | None:
+    """The last number in `text` as written (see `NUMBER`: "1,000", "-2.5", ".5", "1e-3", "3/4"); None if none."""
+    found = NUMBER.findall(text)
+    return found[-1] if found else None
+
+
+EXTRACTORS = {"boxed": last_boxed, "answer_tag": last_tag, "last_number": last_number}
+
+
+def check_methods(methods: Sequence[str] | str, field: str = "extract") -> tuple[str, ...]:
+    """Validate extractor names; a single name may be given as a string.
+
+    Raises:
+        ValueError: an unknown name or an empty list (the message lists the valid names).
+    """
+    methods = (methods,) if isinstance(methods, str) else tuple(methods)
+    bad = [m for m in methods if m not in EXTRACTORS]
+    if bad or not methods:
+        raise ValueError(f"{field}: expected a non-empty list of {sorted(EXTRACTORS)}, got {list(methods)}")
+    return methods
+
+
+def extract_answer(text: str, methods: Sequence[str]) -> tuple[str | None, str | None]:
+    """(answer text, the method that found it) for the first method in `methods` that finds one, else (None, None).
+
+    An answer tag whose content holds a `\\boxed{}` gives that box's content ("<answer>\\boxed{5}</answer>" -> "5").
+    """
+    for method in methods:
+        found = EXTRACTORS[method](text)
+        if found:
+            if method != "boxed" and (inner := last_boxed(found)) is not None:
+                found = inner
+            return found, method
+    return None, None

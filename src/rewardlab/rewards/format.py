@@ -1,0 +1,120 @@
+"""`format`: credit for a completion's structure - all of it well formed, or nothing."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from rewardlab.rewards.base import register_reward
+from rewardlab.rewards.extract import boxed_spans
+from rewardlab.types import Rollout, RewardOutput
+
+
+def _no_tags(tags: Sequence[str]) -> str:
+    """A regex for text that contains none of `<tag>` / `</tag>` for the given tags."""
+    alternatives = "|".join(rf"</?{re.escape(t)}>" for t in tags)
+    return rf"(?:(?!{alternatives}).)*"
+
+
+def think_answer(
+    think_tag: str = "think", answer_tag: str = "answer", allow_empty: bool = False
+) -> Callable[[str], bool]:
+    """Exactly one `<think>...</think>` followed by exactly one `<answer>...</answer>`, only whitespace before,
+    between and after, no tag of either kind inside either block, and (unless `allow_empty`) non-blank contents."""
+    inner = _no_tags((think_tag, answer_tag))
+    t, a = re.escape(think_tag), re.escape(answer_tag)
+    regex = re.compile(rf"\s*<{t}>({inner})</{t}>\s*<{a}>({inner})</{a}>\s*", re.DOTALL)
+
+    def check(text: str) -> bool:
+        m = regex.fullmatch(text)
+        return m is not None and (allow_empty or (bool(m.group(1).strip()) and bool(m.group(2).strip())))
+
+    return check
+
+
+def answer(answer_tag: str = "answer", allow_empty: bool = False, **_: object) -> Callable[[str], bool]:
+    """Exactly one `<answer>` and one `</answer>`, in that order (other text around is allowed), and (unless
+    `allow_empty`) a non-blank content."""
+    open_tag, close_tag = f"<{answer_tag}>", f"</{answer_tag}>"
+
+    def check(text: str) -> bool:
+        if text.count(open_tag) != 1 or text.count(close_tag) != 1:
+            return False
+        start, end = text.index(open_tag) + len(open_tag), text.index(close_tag)
+        return start <= end and (allow_empty or bool(text[start:end].strip()))
+
+    return check
+
+
+def boxed(allow_empty: bool = False, **_: object) -> Callable[[str], bool]:
+    """Exactly one `\\boxed` in the text, its `{` closed by a matching `}` (nested braces balanced, escaped `\\{`
+    `\\}` not counted), and (unless `allow_empty`) a non-blank content. `\\boxed{\\boxed{1}}` has two: 0."""
+
+    def check(text: str) -> bool:
+        if len(re.findall(r"\\boxed(?![A-Za-z])", text)) != 1:
+            return False
+        spans = boxed_spans(text)
+        if len(spans) != 1 or spans[0][3] < 0:
+            return False
+        _, a, b, _ = spans[0]
+        return allow_empty or bool(text[a:b].strip())
+
+    return check
+
+
+#: Named patterns: name -> factory(think_tag=, answer_tag=, allow_empty=) -> check(text) -> bool.
+PATTERNS: dict[str, Callable[..., Callable[[str], bool]]] = {
+    "think_answer": think_answer,
+    "answer": answer,
+    "boxed": boxed,
+}
+
+
+class FormatReward:
+    """1.0 when the completion has the full, well-formed structure, else 0.0 - no partial credit.
+
+    Structures (`pattern`): "think_answer" (default; the DeepSeek-R1 format, Guo et al. 2025: exactly one
+    `<think>...</think>` followed by exactly one `<answer>...</answer>`, only whitespace around and between, nothing
+    after), "answer" (exactly one `<answer>...</answer>` anywhere), "boxed" (exactly one `\\boxed{...}` whose braces
+    balance). Malformed, unclosed, nested or repeated tags score 0; so do blank contents unless `allow_empty`.
+    Or `regex`: your own Python regex, which must match the whole completion (`re.fullmatch`, `re.DOTALL`) after
+    leading and trailing whitespace are removed.
+
+    Input: the completion only. Score range {0, 1}. Never an error at scoring time.
+
+    Args:
+        pattern: a name in `PATTERNS`; ignored when `regex` is given.
+        regex: a full-match regex instead of a named pattern.
+        think_tag, answer_tag: tag names (defaults "think", "answer").
+        allow_empty: accept blank tag/box contents (default False).
+    Raises:
+        ValueError: an unknown pattern name (the message lists them), both `pattern` and `regex`, or a regex that
+            does not compile.
+    """
+
+    name = "format"
+
+    def __init__(self, pattern: str | None = None, regex: str | None = None, think_tag: str = "think",
+                 answer_tag: str = "answer", allow_empty: bool = False) -> None:
+        if pattern is not None and regex is not None:
+            raise ValueError("pattern, regex: give one of them, not both")
+        if regex is not None:
+            try:
+                compiled = re.compile(regex, re.DOTALL)
+            except re.error as exc:
+                raise ValueError(f"regex: does not compile: {exc}") from None
+            self.check: Callable[[str], bool] = lambda text: compiled.fullmatch(text.strip()) is not None
+            self.pattern = None
+        else:
+            pattern = pattern or "think_answer"
+            if pattern not in PATTERNS:
+                raise ValueError(f"pattern: unknown {pattern!r}; valid: {', '.join(PATTERNS)}")
+            self.check = PATTERNS[pattern](think_tag=think_tag, answer_tag=answer_tag, allow_empty=allow_empty)
+            self.pattern = pattern
+        self.regex = regex
+
+    def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
+        return [RewardOutput(score=float(self.check(r.completion))) for r in rollouts]
+
+
+register_reward("format")(FormatReward)

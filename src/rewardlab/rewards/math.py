@@ -1,0 +1,181 @@
+"""`math`: final-answer correctness checked with math-verify, in a process pool with a hard per-item timeout."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from rewardlab.rewards.base import register_reward
+from rewardlab.rewards.executor import TaskError, shared_executor
+from rewardlab.rewards.extract import check_methods, extract_answer, last_boxed
+from rewardlab.types import Rollout, RewardOutput
+
+#: The default extraction order: an explicit answer tag (it may hold a \boxed{}), then the last \boxed{}, then the
+#: last number in the text.
+DEFAULT_EXTRACT = ("answer_tag", "boxed", "last_number")
+
+
+_EXPONENT = re.compile(r"\s*([-+]?)\s*(\d+(?:\.\d+)?|[A-Za-z_]\w*|\()")
+
+
+def python_powers(text: str) -> str:
+    """Python/sympy powers as LaTeX: "x**12" -> "x^{12}", "(2*x)**(3/2)" -> "(2*x)^{(3/2)}".
+
+    math-verify reads neither "**" (LaTeX parsing) nor multi-digit exponents without braces correctly: it parses
+    "-903*y**5 - 588*y**3" as the number 588, so a wrong polynomial with the same last coefficient would match.
+    A "**" not followed by a number, a name or a closed parenthesis group is left as is.
+    """
+    out, pos = [], 0
+    while (star := text.find("**", pos)) >= 0:
+        m = _EXPONENT.match(text, star + 2)
+        end = None
+        if m is not None and m.group(2) == "(":
+            depth = 0
+            for j in range(m.end() - 1, len(text)):
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                if depth == 0:
+                    end = j + 1
+                    break
+        elif m is not None:
+            end = m.end()
+        if end is None:
+            out.append(text[pos : star + 2])
+            pos = star + 2
+            continue
+        exponent = m.group(1) + text[m.start(2) : end]
+        out.append(f"{text[pos:star]}^{{{exponent}}}")
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _as_latex(answer: str) -> str:
+    """An extracted answer as math-verify input: a `\\boxed{}` around it, so math-verify reads the whole text as the
+    answer instead of searching it; surrounding `$` and a final period are dropped, Python powers become LaTeX."""
+    answer = answer.strip()
+    if answer.endswith(".") and not answer.endswith("\\."):
+        answer = answer[:-1]
+    answer = answer.strip().strip("$").strip()
+    return f"\\boxed{{{python_powers(answer)}}}"
+
+
+_WORKER_READY = False
+
+
+def verify_answer(item: tuple[str, str, dict[str, Any]]) -> bool:
+    """Worker side: parse the reference and the prediction with math-verify and compare them.
+
+    `item` = (reference, extracted prediction, verify options); each text is wrapped by `_as_latex`. math-verify's own
+    `signal.alarm` timeouts are off (`parsing_timeout=None`, `timeout_seconds=None`): they turn a timeout into a
+    silent False, and the executor's hard per-item timeout replaces them.
+
+    Raises:
+        ValueError: the reference cannot be parsed.
+    """
+    global _WORKER_READY
+    from math_verify import parse, verify
+
+    if not _WORKER_READY:  # math-verify warns once per process that its timeouts are off; they are on purpose
+        import logging
+
+        logging.getLogger("math_verify").setLevel(logging.ERROR)
+        _WORKER_READY = True
+    reference, prediction, options = item
+    gold = parse(_as_latex(reference), parsing_timeout=None)
+    if not gold:
+        raise ValueError(f"reference answer {reference!r} could not be parsed")
+    pred = parse(_as_latex(prediction), parsing_timeout=None)
+    return bool(pred) and bool(verify(gold, pred, timeout_seconds=None, **options))
+
+
+class MathReward:
+    """Final-answer correctness by math-verify (Hugging Face, 2025): symbolic and numeric equivalence.
+
+    The answer is extracted from the completion by the methods in `extract`, in order (first hit wins):
+    "answer_tag" (the last `<answer>...</answer>`; a `\\boxed{}` inside it gives the box's content), "boxed" (the
+    last `\\boxed{...}`, nested braces included) and "last_number" (the last number in the text, e.g. "1,000",
+    "-2.5", "3/4"). The extracted text and the row's `answer` (a string or number; a `\\boxed{}` in it is unwrapped)
+    are each parsed with `math_verify.parse` and compared with `math_verify.verify(gold, prediction)`: equal strings,
+    equal numbers after rounding to `float_rounding` decimals (so 1/2 = 0.5 = \\frac{1}{2}, 1,000 = 1000.0),
+    symbolically equal expressions (x^2+2x+1 = (x+1)^2), equal sets and intervals, equations and matrices.
+
+    The math-verify calls of a whole batch go to the process pool in one submission (`Executor.map`); each item has
+    a hard wall timeout of `timeout` seconds, after which its worker is killed and replaced.
+
+    Score: 1.0 when the answer is equivalent to the reference, else 0.0 (also 0.0 when no answer was found).
+    Components: `correct` (= score), `extracted` (1.0 when an extraction method found an answer).
+
+    Errors (RewardOutput.error, score 0): "math: timed out after T s (worker killed and replaced)", "math: row has
+    no 'answer'" (or an empty one), "math: ValueError: reference answer '...' could not be parsed", "math: worker
+    process died (exit code N)".
+
+    Args:
+        extract: extraction methods in order; default ("answer_tag", "boxed", "last_number").
+        timeout: per-item wall-clock limit, seconds (default 5).
+        workers: pool size; default: the CPUs this process may use. Rewards with the same `workers` share a pool.
+        chunk_size: items per pool task (default 1).
+        float_rounding, numeric_precision, strict: passed to `math_verify.verify` (defaults 6, 15, True: decimals
+            compared after rounding, digits of numeric evaluation, variables and set/tuple distinctions matter).
+
+    Raises:
+        ValueError: an unknown extraction method, timeout <= 0, workers or chunk_size < 1.
+    """
+
+    name = "math"
+
+    def __init__(
+        self,
+        extract: Sequence[str] | str = DEFAULT_EXTRACT,
+        timeout: float = 5.0,
+        workers: int | None = None,
+        chunk_size: int = 1,
+        float_rounding: int = 6,
+        numeric_precision: int = 15,
+        strict: bool = True,
+    ) -> None:
+        self.extract = check_methods(extract)
+        if not timeout > 0:
+            raise ValueError(f"timeout: expected a positive number of seconds, got {timeout}")
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers: expected >= 1, got {workers}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
+        self.timeout, self.workers, self.chunk_size = float(timeout), workers, int(chunk_size)
+        self.verify_options = {"float_rounding": float_rounding, "numeric_precision": numeric_precision,
+                               "strict": strict}
+        # One check here, in this process: a missing math-verify fails at build time, and workers forked from this
+        # process start with math-verify imported and its LaTeX parser built (~0.5 s), so a worker that replaces a
+        # killed one is ready at once.
+        verify_answer(("1/2", "0.5", self.verify_options))
+
+    def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
+        outputs: list[RewardOutput | None] = [None] * len(rollouts)
+        todo: list[int] = []
+        items: list[tuple[str, str, dict[str, Any]]] = []
+        for i, r in enumerate(rollouts):
+            reference = r.row.get("answer")
+            if reference is None or not str(reference).strip():
+                why = "has no 'answer'" if reference is None else "has an empty 'answer'"
+                outputs[i] = RewardOutput(0.0, {"correct": 0.0, "extracted": 0.0}, error=f"math: row {why}")
+                continue
+            found, _ = extract_answer(r.completion, self.extract)
+            if found is None:
+                outputs[i] = RewardOutput(0.0, {"correct": 0.0, "extracted": 0.0})
+                continue
+            reference = str(reference)
+            reference = last_boxed(reference) or reference
+            todo.append(i)
+            items.append((reference, found, self.verify_options))
+        results = shared_executor(self.workers).map(verify_answer, items, timeout=self.timeout,
+                                                    chunk_size=self.chunk_size)
+        for i, result in zip(todo, results):
+            if isinstance(result, TaskError):
+                outputs[i] = RewardOutput(0.0, {"correct": 0.0, "extracted": 1.0}, error=f"math: {result}")
+            else:
+                value = float(bool(result))
+                outputs[i] = RewardOutput(value, {"correct": value, "extracted": 1.0})
+        return outputs  # type: ignore[return-value]
+
+
+register_reward("math")(MathReward)

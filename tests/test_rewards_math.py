@@ -1,0 +1,138 @@
+"""The math reward: answer extraction, math-verify equivalences and non-equivalences, timeouts through the pool."""
+
+import pytest
+
+from rewardlab.rewards import REWARDS, build_reward
+from rewardlab.rewards.extract import extract_answer, last_boxed, last_number, last_tag
+from rewardlab.rewards.math import MathReward, python_powers
+from rewardlab.types import Rollout
+
+
+def _rollout(completion, answer="__none__"):
+    row = {} if answer == "__none__" else {"answer": answer}
+    return Rollout(prompt="p", prompt_ids=[1], completion=completion, completion_ids=[5], logprobs=[0.0], row=row)
+
+
+# ---------------------------------------------------------------- extraction
+def test_last_boxed_takes_the_last_box_with_nested_and_escaped_braces():
+    assert last_boxed(r"first \boxed{3}, then \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
+    assert last_boxed(r"\boxed{\{1, 2\}}") == r"\{1, 2\}"  # \{ \} do not close the box
+    assert last_boxed(r"\fbox{7}") == "7"
+    assert last_boxed(r"\boxed{1} and an unclosed \boxed{2") == "1"
+    assert last_boxed("no box") is None
+
+
+def test_last_tag_and_last_number():
+    assert last_tag("<answer>1</answer> <answer>\n 2 \n</answer>") == "2"
+    assert last_tag("<answer>unclosed") is None
+    assert last_number("3 apples cost $1,250.50 in total.") == "1,250.50"
+    assert last_number("roots -2 and 3/4") == "3/4"
+    assert last_number("x = .5 or 1e-3") == "1e-3"
+    assert last_number("the 5th, 3rd and v2 are words") is None
+
+
+def test_extract_answer_order_and_answer_tag_holding_a_box():
+    text = r"<think>maybe \boxed{3}</think><answer>5</answer>"
+    assert extract_answer(text, ["answer_tag", "boxed", "last_number"]) == ("5", "answer_tag")
+    assert extract_answer(text, ["boxed", "answer_tag"]) == ("3", "boxed")
+    assert extract_answer(r"<answer>so \boxed{7}</answer>", ["answer_tag"]) == ("7", "answer_tag")
+    assert extract_answer("no answer here", ["boxed", "answer_tag"]) == (None, None)
+
+
+def test_python_powers_become_latex():
+    assert python_powers("-903*y**5 - 588*y**3") == "-903*y^{5} - 588*y^{3}"
+    assert python_powers("x**12") == "x^{12}"  # not x^1 * 2
+    assert python_powers("(2*x - 8)**(3/2)") == "(2*x - 8)^{(3/2)}"
+    assert python_powers("2**-1") == "2^{-1}"
+    assert python_powers("x**") == "x**"  # nothing to raise to: left alone
+
+
+# ---------------------------------------------------------------- equivalence (math-verify through the pool)
+EQUIVALENT = [
+    (r"\boxed{0.5}", "1/2"),  # fraction vs decimal
+    (r"\boxed{\frac{1}{2}}", "0.5"),
+    (r"\boxed{\frac12}", "1/2"),
+    (r"\boxed{2/4}", r"\frac{1}{2}"),  # unreduced fraction
+    (r"\boxed{0.333333}", "1/3"),  # equal after rounding to float_rounding = 6 decimals
+    ("The total is 1,000 dollars.", "1000"),  # last number, thousands separator
+    (r"\boxed{1000.0}", "1000"),
+    (r"\boxed{-3.0}", "-3"),
+    (r"\boxed{\frac{\sqrt{2}}{2}}", r"\sqrt{2}/2"),  # LaTeX
+    (r"\boxed{2\sqrt{2}}", r"\sqrt{8}"),
+    (r"\boxed{(x+1)^2}", "x^2+2x+1"),  # symbolic
+    (r"\boxed{\{3, 2, 1\}}", r"\{1,2,3\}"),  # sets ignore order
+    (r"\boxed{[1, 2)}", "[1,2)"),  # interval
+    (r"\boxed{(-\infty, 0)}", r"(-\infty,0)"),
+    (r"<answer>-588y^3 - 903y^5</answer>", "-903*y**5 - 588*y**3"),  # reference in Python syntax
+    (r"<answer>$\frac{3}{4}$.</answer>", 0.75),  # numeric reference, $ and final period dropped
+    (r"so \boxed{12}", r"\boxed{12}"),  # a boxed reference is unwrapped
+]
+NOT_EQUIVALENT = [
+    (r"\boxed{0.333}", "1/3"),  # differs at the 4th decimal
+    (r"\boxed{\frac{1}{3}}", "0.5"),
+    (r"\boxed{4}", "3"),  # wrong answer
+    (r"\boxed{(1, 2)}", "[1,2)"),  # open vs half-open interval
+    (r"\boxed{\{1, 2\}}", r"\{1,2,3\}"),  # missing element
+    (r"\boxed{x^2+1}", "(x+1)^2"),
+    (r"<answer>-900*y**5 - 588*y**3</answer>", "-903*y**5 - 588*y**3"),  # 588 = 588 without python_powers
+    ("I think it is 7, not 8.", "7"),  # the last number is 8
+]
+
+
+def test_equivalences_and_non_equivalences_in_one_batch():
+    cases = [(c, a, 1.0) for c, a in EQUIVALENT] + [(c, a, 0.0) for c, a in NOT_EQUIVALENT]
+    outs = MathReward(timeout=30)([_rollout(c, a) for c, a, _ in cases])  # a generous limit: not a timeout test
+    wrong = [(c, a, want, o) for (c, a, want), o in zip(cases, outs) if o.score != want or o.error is not None]
+    assert not wrong
+    assert all(o.components == {"correct": o.score, "extracted": 1.0} for o in outs)
+
+
+def test_no_answer_found_is_a_zero_not_an_error():
+    r = MathReward(extract=["boxed"])
+    (out,) = r([_rollout("the answer is 5", "5")])  # no \boxed{} and only boxes are looked for
+    assert out.score == 0.0 and out.error is None and out.components == {"correct": 0.0, "extracted": 0.0}
+
+
+def test_missing_or_empty_reference_is_an_error():
+    none, empty = MathReward()([_rollout(r"\boxed{1}"), _rollout(r"\boxed{1}", " ")])
+    assert none.error == "math: row has no 'answer'" and none.score == 0.0
+    assert empty.error == "math: row has an empty 'answer'"
+
+
+def test_hung_item_is_a_timeout_error_and_the_batch_still_scores():
+    # sympy evaluates 10^(10^10) eagerly; with math-verify's own alarm timeouts off it never returns, so only the
+    # pool's hard timeout ends it - by killing the worker.
+    reward = MathReward(timeout=2.0)
+    outs = reward([_rollout(r"\boxed{\frac{1}{2}}", "0.5"), _rollout(r"\boxed{10^{10^{10}}}", "5"),
+                   _rollout(r"\boxed{4}", "3"), _rollout(r"\boxed{1,000}", "1000")])
+    assert [o.score for o in outs] == [1.0, 0.0, 0.0, 1.0]
+    assert outs[1].error == "math: timed out after 2 s (worker killed and replaced)"
+    assert outs[1].components == {"correct": 0.0, "extracted": 1.0}
+    assert [o.error for o in (outs[0], outs[2], outs[3])] == [None, None, None]
+    assert reward([_rollout(r"\boxed{6}", "6")])[0].score == 1.0  # the replaced worker scores the next batch
+
+
+def test_registered_and_composed_with_format():
+    assert REWARDS["math"] is MathReward
+    built = build_reward([{"name": "math", "weight": 1.0}, {"name": "format", "pattern": "think_answer",
+                                                            "weight": 0.2}])
+    both, wrong, malformed = built([
+        _rollout("<think>2+3</think><answer>5</answer>", "5"),
+        _rollout("<think>2+3</think><answer>6</answer>", "5"),
+        _rollout("<answer>5</answer>", "5"),
+    ])
+    assert both.score == pytest.approx(1.2)  # 1.0 * 1 + 0.2 * 1
+    assert wrong.score == pytest.approx(0.2)  # 1.0 * 0 + 0.2 * 1
+    assert malformed.score == pytest.approx(1.0)  # 1.0 * 1 + 0.2 * 0
+    assert both.components["math/correct"] == 1.0 and both.components["format"] == 1.0
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"extract": ["boxed", "last_line"]}, r"extract: expected a non-empty list"),
+    ({"timeout": 0}, "timeout"),
+    ({"workers": 0}, "workers"),
+    ({"tolerance": 1}, "tolerance"),
+])
+def test_bad_options_fail_at_build_time(spec, message):
+    with pytest.raises(ValueError, match=rf"rewards\[0\] \(math\): .*{message}"):
+        build_reward([{"name": "math", **spec}])
