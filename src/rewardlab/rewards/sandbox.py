@@ -140,6 +140,7 @@ class SandboxResult:
         timed_out: True when the wall timeout killed it.
         stdout, stderr: the last `output_bytes` of each, decoded as UTF-8 (undecodable bytes replaced).
         wall_seconds: seconds from the sandbox's start to its end, set-up included.
+        cpu_seconds: CPU seconds (user + system) the program and its waited-for children used.
         isolation: "namespaces" or "process" - what contained this run.
         reason: one line: "ok", "exit code 1: ZeroDivisionError: division by zero", "killed by SIGXCPU (CPU time
             limit)", "timed out after 2 s", ...
@@ -151,6 +152,7 @@ class SandboxResult:
     stdout: str
     stderr: str
     wall_seconds: float
+    cpu_seconds: float
     isolation: str
     reason: str
 
@@ -164,7 +166,6 @@ _SIGNAL_CAUSES = {
     signal.SIGXCPU: "CPU time limit",
     signal.SIGXFSZ: "file size limit",
     signal.SIGSEGV: "segmentation fault",
-    signal.SIGKILL: "killed",
 }
 
 
@@ -373,7 +374,7 @@ class Sandbox:
             stderr = _tail(os.path.join(run_dir, "stderr"), limits.output_bytes)
         finally:
             _remove(run_dir)
-        return _result(reply, stdout, stderr, limits.timeout)
+        return _result(reply, stdout, stderr, limits)
 
     def run_many(self, sources: Sequence[str]) -> list[SandboxResult | SandboxError]:
         """Run every source, `workers` at a time; results in input order. A source the sandbox could not run
@@ -391,16 +392,19 @@ class Sandbox:
             return list(pool.map(one, sources))
 
 
-def _result(reply: dict, stdout: str, stderr: str, timeout: float) -> SandboxResult:
+def _result(reply: dict, stdout: str, stderr: str, limits: SandboxLimits) -> SandboxResult:
     status = reply["status"]
+    cpu = float(reply.get("cpu_seconds") or 0.0)
     exit_code = sig = None
     if reply["timed_out"]:
-        reason = f"timed out after {timeout:g} s"
+        reason = f"timed out after {limits.timeout:g} s"
     elif os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         cause = _SIGNAL_CAUSES.get(sig)
-        reason = f"killed by {name}" + (f" ({cause})" if cause and sig != signal.SIGKILL else "")
+        if sig == signal.SIGKILL and cpu >= limits.cpu - 0.05:  # RLIMIT_CPU's hard limit is a SIGKILL
+            cause = "CPU time limit"
+        reason = f"killed by {name}" + (f" ({cause})" if cause else "")
     else:
         exit_code = os.WEXITSTATUS(status)
         reason = "ok" if exit_code == 0 else f"exit code {exit_code}"
@@ -408,5 +412,5 @@ def _result(reply: dict, stdout: str, stderr: str, timeout: float) -> SandboxRes
         if exit_code != 0 and last:
             reason += f": {last[:200]}"
     return SandboxResult(exit_code=exit_code, signal=sig, timed_out=bool(reply["timed_out"]), stdout=stdout,
-                         stderr=stderr, wall_seconds=float(reply["wall_seconds"]), isolation=reply["isolation"],
-                         reason=reason)
+                         stderr=stderr, wall_seconds=float(reply["wall_seconds"]), cpu_seconds=cpu,
+                         isolation=reply["isolation"], reason=reason)
