@@ -101,11 +101,16 @@ def test_output_keeps_the_tail():
     assert result.stdout == "aaaaaaEND\n"
 
 
-def test_run_many_keeps_input_order_and_runs_concurrently():
-    sb = Sandbox(SandboxLimits(timeout=10), workers=4)
-    results = sb.run_many([f"import time\ntime.sleep(0.5)\nprint({i})" for i in range(8)])
-    assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
-    assert all(isinstance(r, SandboxResult) for r in results)
+def test_run_many_keeps_input_order_and_runs_at_most_workers_at_once():
+    sb = Sandbox(SandboxLimits(timeout=10), workers=3)
+    source = "import time\nstart = time.time()\ntime.sleep(0.4)\nprint({i}, start, time.time())"
+    results = sb.run_many([source.format(i=i) for i in range(9)])
+    assert all(isinstance(r, SandboxResult) and r.ok for r in results)
+    rows = [r.stdout.split() for r in results]
+    assert [int(row[0]) for row in rows] == list(range(9))
+    spans = [(float(row[1]), float(row[2])) for row in rows]
+    overlap = max(sum(start <= t < end for start, end in spans) for t, _ in spans)  # programs running at once
+    assert 2 <= overlap <= 3
 
 
 def test_cpu_time_limit_kills_the_program():

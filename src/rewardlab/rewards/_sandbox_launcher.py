@@ -7,9 +7,11 @@ a few system calls instead of an interpreter start.
 
 Protocol (one JSON object per datagram):
     hello    {"namespaces": bool, "reason": why not, "pid"}  - sent once at start, after probing the namespace set-up
-    request  {"id", "run_dir" (holds main.py and an empty work/), "timeout", "cpu_seconds", "memory_bytes",
-              "file_size_bytes", "disk_bytes", "open_files", "max_processes", "env": {...},
+    request  {"id", "batch", "limit", "run_dir" (holds main.py and an empty work/), "timeout", "cpu_seconds",
+              "memory_bytes", "file_size_bytes", "disk_bytes", "open_files", "max_processes", "env": {...},
               "isolation": "auto" | "namespaces" | "process"}
+             At most `limit` requests of one batch run at once; the launcher starts the next queued one as soon as
+             one exits.
     reply    {"id", "isolation", "status" (raw wait status of the program, or null), "timed_out", "wall_seconds",
               "error" (null, or why the sandbox could not run the program)}
 The program's stdout and stderr go to run_dir/stdout and run_dir/stderr.
@@ -32,6 +34,7 @@ Process tree of one sandbox, "namespaces" isolation:
 from __future__ import annotations
 
 import builtins
+import collections
 import ctypes
 import errno
 import fcntl
@@ -556,9 +559,27 @@ def main(sock_fd: int) -> None:
     gc.collect()
     gc.freeze()  # children's garbage collections then skip (and so do not copy-on-write) the launcher's objects
     sock.send(json.dumps({"namespaces": not refused, "reason": refused, "pid": launcher_pid}).encode())
-    jobs: dict[int, dict] = {}  # pidfd -> job
+    jobs: dict[int, dict] = {}  # pidfd -> running job
+    queues: dict[object, collections.deque] = {}  # batch -> requests not started yet
+    running: dict[object, int] = collections.Counter()  # batch -> jobs running
     poller = select.poll()
     poller.register(sock, select.POLLIN)
+
+    def pump(batch: object) -> None:
+        """Start queued requests of `batch` while fewer than its limit run."""
+        queue = queues.get(batch)
+        while queue and running[batch] < queue[0]["limit"]:
+            job = _start(queue.popleft(), launcher_pid, not refused)
+            if job.get("reply"):
+                sock.send(json.dumps(job["reply"]).encode())
+                continue
+            job["batch"] = batch
+            running[batch] += 1
+            jobs[job["pidfd"]] = job
+            poller.register(job["pidfd"], select.POLLIN)
+        if queue is not None and not queue:
+            del queues[batch]
+
     while True:
         wait_ms = None
         if jobs:
@@ -574,20 +595,21 @@ def main(sock_fd: int) -> None:
                         os.kill(job["pid"], signal.SIGKILL)
                     return
                 req = json.loads(data)
-                job = _start(req, launcher_pid, not refused)
-                if job.get("reply"):
-                    sock.send(json.dumps(job["reply"]).encode())
-                    continue
-                jobs[job["pidfd"]] = job
-                poller.register(job["pidfd"], select.POLLIN)
+                batch = req.get("batch", ("single", req["id"]))
+                queues.setdefault(batch, collections.deque()).append(req)
+                pump(batch)
             elif fd in jobs:
                 job = jobs.pop(fd)
                 poller.unregister(fd)
+                running[job["batch"]] -= 1
+                pump(job["batch"])  # the next program starts before this reply is even sent
                 sock.send(json.dumps(_finish(job)).encode())
+                if not running[job["batch"]]:
+                    del running[job["batch"]]
         now = time.monotonic()
         for job in jobs.values():  # namespaces: the wall timeout; process isolation: a backstop for a stuck S
             if now >= job["deadline"] and not job["killed"]:
-                os.kill(job["pid"], signal.SIGKILL)  # I's death kills its PID namespace
+                os.kill(job["pid"], signal.SIGKILL)  # P's death kills its PID namespace
                 job["killed"] = True
 
 

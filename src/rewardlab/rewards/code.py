@@ -303,7 +303,10 @@ class CodeReward:
                 continue
             out.append((nonce, total))
             jobs.append((len(out) - 1, source))
-        results = self.sandbox.run_many([source for _, source in jobs])
+        try:
+            results = self.sandbox.run_many([source for _, source in jobs])
+        except SandboxError as exc:  # nothing could run (e.g. the launcher did not start)
+            results = [exc] * len(jobs)
         for (slot, _), result in zip(jobs, results):
             nonce, total = out[slot]
             if isinstance(result, SandboxError):

@@ -43,8 +43,10 @@ programs run as uid 65534. Weaker than namespaces: RLIMIT_NPROC counts all proce
 and it sees the host's /proc. isolation="namespaces" refuses to run instead of falling back.
 
 Implementation: a launcher process (`_sandbox_launcher.py`, stdlib only, single-threaded) is started once per
-interpreter and forks one process tree per program; the calling threads only exchange a datagram with it, so a
-thread pool of any size can run programs concurrently without forking a multi-threaded process.
+interpreter and clones one sandbox per program. The caller only exchanges datagrams with it: it never forks itself
+(forking a multi-threaded trainer that holds a model is slow and unsafe), and any number of caller threads can run
+batches at once. The launcher runs up to `workers` programs of a batch at once and starts the next queued one the
+moment one exits.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, as_completed
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,6 +263,7 @@ class _Launcher:
 
 
 _LAUNCHERS: dict[str, _Launcher] = {}
+_BATCHES = itertools.count()
 _LAUNCHERS_LOCK = threading.Lock()
 
 
@@ -312,7 +316,8 @@ class Sandbox:
         limits: resource limits applied to every program (default `SandboxLimits()`).
         isolation: "auto" (namespaces where the kernel allows, else process isolation), "namespaces" (refuse to
             run otherwise) or "process".
-        workers: programs run at once by `run_many` (threads that each wait on one sandbox); default: CPU count.
+        workers: programs of one `run_many` call run at once (the launcher queues the rest); default: CPU count,
+            so each program gets about a core and its wall timeout means what it says.
         python: interpreter that runs the programs (default: this one, `sys.executable`).
     Raises:
         ValueError: an unknown isolation or a workers count below 1.
@@ -342,54 +347,82 @@ class Sandbox:
             TypeError: `source` is not a str.
             SandboxError: the sandbox could not run it (launcher died; isolation="namespaces" but refused).
         """
-        if not isinstance(source, str):
-            raise TypeError(f"sandbox: source must be a str, got {type(source).__name__}")
+        (result,) = self.run_many([source])
+        if isinstance(result, SandboxError):
+            raise result
+        return result
+
+    def run_many(self, sources: Sequence[str]) -> list[SandboxResult | SandboxError]:
+        """Run every source, at most `workers` at once; results in input order.
+
+        All programs are handed to the launcher at once; it starts the next as soon as one exits. A program the
+        sandbox could not run gets its SandboxError in place of a result (the others still run).
+        Raises:
+            TypeError: a source is not a str.
+            SandboxError: no program can run (the launcher cannot start; isolation="namespaces" but refused).
+        """
+        for source in sources:
+            if not isinstance(source, str):
+                raise TypeError(f"sandbox: source must be a str, got {type(source).__name__}")
+        if not sources:
+            return []
         launcher = _launcher(self.python)
         if self.isolation == "namespaces" and not launcher.namespaces:
             raise SandboxError(f"sandbox: isolation='namespaces' but the kernel refused: {launcher.refusal}")
+        by_process = self.isolation == "process" or (self.isolation == "auto" and not launcher.namespaces)
         limits = self.limits
-        run_dir = tempfile.mkdtemp(prefix="rewardlab-sandbox-")
+        batch = next(_BATCHES)
+        results: list[SandboxResult | SandboxError | None] = [None] * len(sources)
+        waiting: dict[Future, tuple[int, str]] = {}
+        run_dirs = []
         try:
-            work = os.path.join(run_dir, "work")
-            os.mkdir(work, 0o700)
-            by_process = self.isolation == "process" or (self.isolation == "auto" and not launcher.namespaces)
-            if by_process and os.geteuid() == 0:
-                os.chown(work, 65534, 65534)  # process isolation runs a root caller's program as uid 65534
-            Path(run_dir, "main.py").write_text(source, encoding="utf-8")
-            request = {
-                "run_dir": run_dir, "timeout": float(limits.timeout), "cpu_seconds": limits.cpu,
-                "memory_bytes": int(limits.memory_bytes), "file_size_bytes": int(limits.file_size_bytes),
-                "disk_bytes": int(limits.disk_bytes), "open_files": int(limits.open_files),
-                "max_processes": int(limits.max_processes), "isolation": self.isolation, "env": _base_env(work),
-            }
-            future = launcher.submit(request)
+            for i, source in enumerate(sources):
+                run_dir = tempfile.mkdtemp(prefix="rewardlab-sandbox-")
+                run_dirs.append(run_dir)
+                work = os.path.join(run_dir, "work")
+                os.mkdir(work, 0o700)
+                if by_process and os.geteuid() == 0:
+                    os.chown(work, 65534, 65534)  # process isolation runs a root caller's program as uid 65534
+                Path(run_dir, "main.py").write_text(source, encoding="utf-8")
+                request = {
+                    "batch": batch, "limit": self.workers, "run_dir": run_dir, "timeout": float(limits.timeout),
+                    "cpu_seconds": limits.cpu, "memory_bytes": int(limits.memory_bytes),
+                    "file_size_bytes": int(limits.file_size_bytes), "disk_bytes": int(limits.disk_bytes),
+                    "open_files": int(limits.open_files), "max_processes": int(limits.max_processes),
+                    "isolation": self.isolation, "env": _base_env(work),
+                }
+                try:
+                    waiting[launcher.submit(request)] = (i, run_dir)
+                except SandboxError as exc:
+                    results[i] = exc
+            # Programs run `workers` at a time, each for at most timeout: a launcher that answers later is stuck.
+            rounds = math.ceil(len(sources) / self.workers)
+            deadline = rounds * (limits.timeout + 1.0) + _CALLER_GRACE
             try:
-                reply = future.result(timeout=limits.timeout + _CALLER_GRACE)
-            except TimeoutError:
+                for future in as_completed(waiting, timeout=deadline):
+                    i, run_dir = waiting[future]
+                    try:
+                        results[i] = self._collect(future.result(), run_dir)
+                    except SandboxError as exc:
+                        results[i] = exc
+                    _remove(run_dir)
+            except FuturesTimeout:
                 launcher.close()  # stuck: kill it and everything it runs; the next call starts a fresh one
-                raise SandboxError("sandbox: the launcher did not answer; restarted it") from None
-            if reply["error"]:
-                raise SandboxError(reply["error"])
-            stdout = _tail(os.path.join(run_dir, "stdout"), limits.output_bytes)
-            stderr = _tail(os.path.join(run_dir, "stderr"), limits.output_bytes)
+                for i, result in enumerate(results):
+                    if result is None:
+                        results[i] = SandboxError("sandbox: the launcher did not answer; restarted it")
         finally:
-            _remove(run_dir)
-        return _result(reply, stdout, stderr, limits)
+            for run_dir in run_dirs:
+                if os.path.exists(run_dir):
+                    _remove(run_dir)
+        return results  # type: ignore[return-value]
 
-    def run_many(self, sources: Sequence[str]) -> list[SandboxResult | SandboxError]:
-        """Run every source, `workers` at a time; results in input order. A source the sandbox could not run
-        gives its SandboxError in place of a result (the others still run)."""
-
-        def one(source: str) -> SandboxResult | SandboxError:
-            try:
-                return self.run(source)
-            except SandboxError as exc:
-                return exc
-
-        if len(sources) <= 1:
-            return [one(s) for s in sources]
-        with ThreadPoolExecutor(max_workers=min(self.workers, len(sources))) as pool:
-            return list(pool.map(one, sources))
+    def _collect(self, reply: dict, run_dir: str) -> SandboxResult:
+        if reply["error"]:
+            raise SandboxError(reply["error"])
+        stdout = _tail(os.path.join(run_dir, "stdout"), self.limits.output_bytes)
+        stderr = _tail(os.path.join(run_dir, "stderr"), self.limits.output_bytes)
+        return _result(reply, stdout, stderr, self.limits)
 
 
 def _result(reply: dict, stdout: str, stderr: str, limits: SandboxLimits) -> SandboxResult:
