@@ -227,6 +227,25 @@ def test_writes_outside_the_temp_dir_fail(isolation, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("isolation", [NS])
+def test_nested_namespaces_cannot_undo_read_only_mounts(isolation, tmp_path):
+    target = tmp_path / "escape.txt"
+    source = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.unshare(0x10000000 | 0x00020000) == 0  # a new user and mount namespace of its own\n"
+        "class Attr(ctypes.Structure):\n"
+        "    _fields_ = [(n, ctypes.c_uint64) for n in ('set', 'clr', 'propagation', 'userns_fd')]\n"
+        "cleared = libc.syscall(442, -100, b'/', 0x8000, ctypes.byref(Attr(0, 1, 0, 0)), 32)  # clear RDONLY\n"
+        "remounted = libc.mount(None, b'/', None, 32 | 4096, None)  # MS_REMOUNT | MS_BIND, read-write\n"
+        "print(cleared, remounted, flush=True)\n"
+        f"open({str(target)!r}, 'w').write('escaped')\n"
+    )
+    result = sandbox(isolation).run(source)
+    assert result.stdout == "-1 -1\n"  # both refused
+    assert not result.ok and ("Read-only file system" in result.reason or "Permission denied" in result.reason)
+    assert not target.exists()
+
+
 SECRET_PROBE = """
 import glob, os
 found = [f"{k}={v}" for k, v in os.environ.items()]

@@ -59,6 +59,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -285,12 +286,17 @@ atexit.register(_shutdown_launchers)
 
 
 def _tail(path: str, limit: int) -> str:
+    """The last `limit` bytes of a regular file, decoded; "" for anything else (under process isolation a program
+    of a non-root caller could swap its output file for a symlink or a FIFO)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return ""
     try:
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        size = info.st_size
         os.lseek(fd, max(0, size - limit), os.SEEK_SET)
         data = os.read(fd, limit)
     finally:
@@ -306,7 +312,10 @@ def _remove(path: str) -> None:
         except OSError:
             pass
 
-    shutil.rmtree(path, onerror=retry)
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=retry)
+    else:
+        shutil.rmtree(path, onerror=retry)
 
 
 class Sandbox:
