@@ -2,20 +2,24 @@
 
     sandbox = Sandbox(SandboxLimits(timeout=5.0))
     result = sandbox.run("print(sum(range(10)))")          # SandboxResult(exit_code=0, stdout="45\\n", ...)
-    results = sandbox.run_many(sources)                     # concurrently, in input order
+    results = sandbox.run_many(sources)                     # `workers` at a time, in input order
+
+User documentation: docs/sandbox.md.
 
 What is contained (Linux; "namespaces" isolation, chosen automatically where the kernel allows unprivileged user
 namespaces and mount_setattr, i.e. Linux >= 5.12):
-    processes   the program is pid 2 of a new PID namespace; when it exits, or at the wall timeout, the namespace's
-                init is killed and the kernel kills every process left in it - children that double-fork, call
-                setsid() or ignore signals included. It sees no process outside the namespace, so it can signal
-                none (kill(-1, ...) and kill(0, ...) reach only sandboxed processes).
+    processes   the program is pid 1 of a new PID namespace; when it exits, or is killed at the wall timeout, the
+                kernel kills every process left in the namespace - children that double-fork, call setsid() or
+                ignore signals included. It sees no process outside the namespace, so it can signal none
+                (kill(-1, ...) and kill(0, ...) reach only sandboxed processes). As pid 1 it ignores signals from
+                itself and its children that it has no handler for, a failed write past RLIMIT_FSIZE is EFBIG
+                rather than SIGXFSZ, and os.getppid() is 0.
     count       RLIMIT_NPROC = max_processes (threads count), counted per sandbox: the limit is set after entering
                 the new user namespace, whose process count starts at zero. The kernel never enforces
                 RLIMIT_NPROC for uid 0, so a root caller's programs run as an unprivileged uid (65534, "nobody")
                 that keeps only CAP_DAC_READ_SEARCH, so an interpreter under /root stays importable.
-    files       every mount is read-only (and nosuid, nodev) in the sandbox's mount namespace; the working
-                directory is a private tmpfs of `disk_bytes` that vanishes with the sandbox. stdout and stderr go
+    files       every mount is read-only (and nosuid) in the sandbox's mount namespace - a nested user namespace
+                cannot undo that; the working directory is a private tmpfs of `disk_bytes` that vanishes with it. stdout and stderr go
                 to files outside it, bounded by RLIMIT_FSIZE; the caller keeps the last `output_bytes` of each.
     network     a new network namespace with only a loopback device that is down: connect() fails with
                 ENETUNREACH, to 127.0.0.1 too.
