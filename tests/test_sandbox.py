@@ -328,3 +328,35 @@ def test_children_left_behind_do_not_survive(isolation):
     assert result.ok and result.stdout == "parent exits\n"
     time.sleep(max(0.0, start + timeout + 1 - time.monotonic()))  # past the wall limit
     assert processes_named(marker) == []
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_sandboxes_die_with_a_killed_launcher(isolation):
+    from rewardlab.rewards import sandbox as sandbox_module
+
+    marker = new_marker()
+    sb = sandbox(isolation, timeout=30)
+    outcome: list[object] = []
+    runner = threading.Thread(target=lambda: outcome.append(_run_catching(sb, name_self(marker) + "import time\n"
+                                                                          "time.sleep(60)")))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not processes_named(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert processes_named(marker)  # it runs
+    launcher = sandbox_module._launcher(sb.python)
+    os.kill(launcher.proc.pid, signal.SIGKILL)
+    runner.join(timeout=10)
+    assert isinstance(outcome[0], SandboxError)  # the caller hears of it
+    deadline = time.monotonic() + 2
+    while processes_named(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert processes_named(marker) == []
+    assert sb.run("print('fresh launcher')").stdout == "fresh launcher\n"
+
+
+def _run_catching(sb: Sandbox, source: str) -> object:
+    try:
+        return sb.run(source)
+    except SandboxError as exc:
+        return exc

@@ -55,6 +55,7 @@ import types
 LIBC = ctypes.CDLL(None, use_errno=True)
 #: The same C library, called without releasing the GIL (for clone3, which must not race Python's fork hooks).
 PYLIBC = ctypes.PyDLL(None, use_errno=True)
+LIBC.syscall.restype = PYLIBC.syscall.restype = ctypes.c_long
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -63,7 +64,7 @@ MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 1, 2
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 SYS_CLONE3, SYS_MOUNT_SETATTR = 435, 442  # the same numbers on every architecture (added after the unification)
 NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_KEEPCAPS, PR_SET_SECCOMP = 1, 15, 8, 22
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_SECCOMP = 1, 4, 8, 22
 PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 24, 36, 38
 CAP_DAC_READ_SEARCH = 2
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -72,6 +73,10 @@ NOBODY = 65534
 #: Inside a root caller's user namespace: uid/gid 0 maps to root (the setup processes), 1 to NOBODY (the program).
 INNER_ID = 1
 GRACE_SECONDS = 0.5
+#: Read end of a pipe whose write end only the launcher holds: at EOF the launcher is gone. Set by main().
+LAUNCHER_ALIVE = -1
+#: Descriptors of a sandbox's set-up processes after _keep_only.
+OUT_FD, ERR_FD, REPORT_FD, ALIVE_FD = 3, 4, 5, 6
 
 
 class _MountAttr(ctypes.Structure):
@@ -94,7 +99,8 @@ def _check(ret: int, what: str) -> None:
 
 
 def _prctl(option: int, arg: int = 0, what: str = "prctl") -> None:
-    _check(LIBC.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), what)
+    zero = ctypes.c_ulong(0)  # prctl and syscall are variadic: pass every argument at its full width
+    _check(LIBC.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), zero, zero, zero), what)
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None, what: str) -> None:
@@ -104,7 +110,8 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
 def _mount_setattr(path: str, flags: int, attr_set: int = 0, attr_clr: int = 0) -> None:
     attr = _MountAttr(attr_set, attr_clr, 0, 0)
-    _check(LIBC.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), flags, ctypes.byref(attr), ctypes.sizeof(attr)),
+    _check(LIBC.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_long(AT_FDCWD), path.encode(),
+                        ctypes.c_ulong(flags), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))),
            f"mount_setattr {path}")
 
 
@@ -157,7 +164,8 @@ def _refuse_sockets() -> str:
             _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
         fprog = _Fprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
-        if LIBC.prctl(PR_SET_SECCOMP, 2, ctypes.byref(fprog), 0, 0) == 0:  # SECCOMP_MODE_FILTER
+        zero = ctypes.c_ulong(0)
+        if LIBC.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(2), ctypes.byref(fprog), zero, zero) == 0:
             return "seccomp"
     import _socket
 
@@ -174,22 +182,24 @@ def _refuse_sockets() -> str:
 
 
 # ------------------------------------------------------------------------------------------------- the program
-def _run_program(req: dict, isolation: str, report_fd: int, stdout_fd: int, stderr_fd: int) -> None:
+def _run_program(req: dict, isolation: str) -> None:
     """Become the program: drop privileges, set limits, run the source as `__main__`. Never returns.
 
     RLIMIT_NPROC: in a new user namespace the count of this uid starts at zero (the kernel counts per user
     namespace once the limit is set inside it), so max_processes bounds this sandbox alone.
 
-    A set-up failure is reported on `report_fd` (the caller gets a SandboxError) and the program does not run.
+    Expects the descriptors _keep_only leaves. A set-up failure is reported on REPORT_FD (the caller gets a
+    SandboxError) and the program does not run.
     """
     code = 1
     try:
-        os.dup2(stdout_fd, 1)
-        os.dup2(stderr_fd, 2)
+        os.dup2(OUT_FD, 1)
+        os.dup2(ERR_FD, 2)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.closerange(3, report_fd)
-        os.closerange(report_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        os.close(devnull)
+        os.close(OUT_FD)
+        os.close(ERR_FD)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGALRM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as at interpreter start
@@ -212,8 +222,15 @@ def _run_program(req: dict, isolation: str, report_fd: int, stdout_fd: int, stde
             os.setresgid(new_id, new_id, new_id)
             os.setresuid(new_id, new_id, new_id)
             _set_capabilities(1 << CAP_DAC_READ_SEARCH)
+            _prctl(PR_SET_DUMPABLE, 1, "PR_SET_DUMPABLE")  # a uid change made /proc/self/* root-only
+        # A uid change clears the parent-death signal: set it (again) and check the parent is still there.
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")
+        if isolation == "namespaces" and select.select([ALIVE_FD], [], [], 0)[0]:  # EOF: the launcher is gone
+            os._exit(1)
+        if isolation == "process" and os.getppid() != req["supervisor_pid"]:
+            os._exit(1)
+        os.close(ALIVE_FD)
         if isolation == "process":
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")  # dies with S
             # RLIMIT_NPROC counts every process of this real uid on the machine: allow the others running now.
             extra_processes = _count_tasks(os.getuid()) - 1
         _prctl(PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS")
@@ -244,9 +261,9 @@ def _run_program(req: dict, isolation: str, report_fd: int, stdout_fd: int, stde
         main.__builtins__ = builtins
         sys.modules["__main__"] = main
     except BaseException:  # noqa: BLE001 - a setup failure must not run the program
-        _report(report_fd, error="sandbox: program set-up failed: " + traceback.format_exc().splitlines()[-1])
+        _report(REPORT_FD, error="sandbox: program set-up failed: " + traceback.format_exc().splitlines()[-1])
         os._exit(126)
-    os.close(report_fd)
+    os.close(REPORT_FD)
     try:
         exec(compile(source, path, "exec"), main.__dict__)
         code = 0
@@ -308,7 +325,7 @@ def _clone_into_namespaces() -> int:
     """
     args = _CloneArgs(flags=NAMESPACES, exit_signal=signal.SIGCHLD)
     ctypes.pythonapi.PyOS_BeforeFork()
-    pid = PYLIBC.syscall(SYS_CLONE3, ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
+    pid = PYLIBC.syscall(ctypes.c_long(SYS_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
     if pid == 0:
         ctypes.pythonapi.PyOS_AfterFork_Child()
         return 0
@@ -377,7 +394,8 @@ def _namespaced_program(req: dict, report_fd: int, go_fd: int, outputs: tuple[in
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")  # dies with the launcher
         if os.read(go_fd, 1) != b"g":  # EOF: the launcher died or could not map ids
             os._exit(1)
-        out_fd, err_fd, report_fd = _keep_only(*outputs, report_fd)
+        _keep_only(*outputs, report_fd)
+        report_fd = REPORT_FD
         req["root_caller"] = root = req["launcher_uid"] == 0
         owner = (INNER_ID, INNER_ID) if root else (req["launcher_uid"], req["launcher_gid"])
         _isolate_files(req["run_dir"], req["disk_bytes"], owner)
@@ -392,7 +410,7 @@ def _namespaced_program(req: dict, report_fd: int, go_fd: int, outputs: tuple[in
     except BaseException:  # noqa: BLE001 - the program must not run half-contained
         _report(report_fd, error="sandbox: set-up failed: " + traceback.format_exc().splitlines()[-1])
         os._exit(126)
-    _run_program(req, "namespaces", report_fd, out_fd, err_fd)
+    _run_program(req, "namespaces")
 
 
 def _open_outputs(run_dir: str) -> tuple[int, int]:
@@ -401,15 +419,15 @@ def _open_outputs(run_dir: str) -> tuple[int, int]:
             os.open(os.path.join(run_dir, "stderr"), flags, 0o600))
 
 
-def _keep_only(out_fd: int, err_fd: int, report_fd: int) -> tuple[int, int, int]:
-    """Close every descriptor but these three (the launcher's socket, other sandboxes' pipes): they move to 3, 4
-    and 5 (close-on-exec), everything from 6 up is closed. Returns (3, 4, 5)."""
-    above = max(out_fd, err_fd, report_fd, 5) + 1
-    copies = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in (out_fd, err_fd, report_fd)]
-    for target, fd in zip((3, 4, 5), copies):
+def _keep_only(out_fd: int, err_fd: int, report_fd: int) -> None:
+    """Move the program's outputs, the report pipe and LAUNCHER_ALIVE to OUT_FD, ERR_FD, REPORT_FD, ALIVE_FD
+    (close-on-exec) and close every other descriptor (the launcher's socket, other sandboxes' pipes)."""
+    fds = (out_fd, err_fd, report_fd, LAUNCHER_ALIVE)
+    above = max(*fds, ALIVE_FD) + 1
+    copies = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in fds]
+    for target, fd in zip((OUT_FD, ERR_FD, REPORT_FD, ALIVE_FD), copies):
         os.dup2(fd, target, inheritable=False)
-    os.closerange(6, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    return 3, 4, 5
+    os.closerange(ALIVE_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
 # --------------------------------------------------------------------------------------------- process isolation
@@ -428,16 +446,18 @@ def _supervise(req: dict, report_fd: int, outputs: tuple[int, int], launcher_pid
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")
         if os.getppid() != launcher_pid:
             os._exit(1)
-        out_fd, err_fd, report_fd = _keep_only(*outputs, report_fd)
+        _keep_only(*outputs, report_fd)
+        report_fd = REPORT_FD
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         req["root_caller"] = req["launcher_uid"] == 0
+        req["supervisor_pid"] = os.getpid()
         _report(report_fd, isolation="process")
         deadline = time.monotonic() + float(req["timeout"])
         _prctl(PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")  # orphans come back here, to be killed
         prog = os.fork()
         if prog == 0:
             os.setsid()
-            _run_program(req, "process", report_fd, out_fd, err_fd)
+            _run_program(req, "process")
         if not _wait(prog, deadline, status_fd=report_fd):
             _report(report_fd, timed_out=True)
         _kill_descendants()
@@ -555,6 +575,8 @@ def main(sock_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller's Ctrl-C is the caller's business
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     launcher_pid = os.getpid()
+    global LAUNCHER_ALIVE
+    LAUNCHER_ALIVE, alive_w = os.pipe()  # alive_w stays open, unused, for the launcher's whole life
     refused = probe_namespaces()
     gc.collect()
     gc.freeze()  # children's garbage collections then skip (and so do not copy-on-write) the launcher's objects
