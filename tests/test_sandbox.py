@@ -9,10 +9,12 @@ probe run where the thing it looks for does exist), so a broken probe cannot pas
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -91,9 +93,10 @@ def test_exit_status_follows_the_interpreter_rules():
 
 def test_stdin_is_at_end_of_file_and_cwd_is_a_fresh_writable_dir():
     sb = sandbox("auto")
-    first = sb.run("import os, sys\nprint(repr(sys.stdin.read()))\nopen('f.txt', 'w').write('x')\nprint(os.listdir('.'))")
-    assert first.stdout == "''\n['f.txt']\n"
-    assert sb.run("import os\nprint(os.listdir('.'))").stdout == "[]\n"  # nothing left from the previous run
+    source = "import os, sys\nprint(repr(sys.stdin.read()))\nopen('f.txt', 'w').write('x')\nprint(sorted(os.listdir()))"
+    first = sb.run(source)
+    assert first.stdout == "''\n['f.txt', 'main.py']\n"  # the program's own file, as for `python main.py`
+    assert sb.run("import os\nprint(os.listdir('.'))").stdout == "['main.py']\n"  # nothing left from before
 
 
 def test_output_keeps_the_tail():
@@ -208,28 +211,38 @@ def test_ten_gigabyte_allocation_fails(isolation):
     assert result.stdout == "" and elapsed <= TIMEOUT + 1
 
 
+@pytest.fixture
+def outside():
+    """A directory the test owns, outside /tmp where possible (a namespaced sandbox has its own /tmp)."""
+    path = Path(tempfile.mkdtemp(prefix="rewardlab-test-", dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None))
+    yield path
+    shutil.rmtree(path)
+
+
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_writes_outside_the_temp_dir_fail(isolation, tmp_path):
+def test_writes_outside_the_temp_dir_fail(isolation, tmp_path, outside):
     token = uuid.uuid4().hex
-    targets = [tmp_path / f"escape-{token}", Path.home() / f".rewardlab-escape-{token}"]
-    if isolation == "namespaces":  # process isolation relies on file permissions: world-writable /tmp stays so
-        targets.append(Path("/tmp") / f"rewardlab-escape-{token}")
+    targets = [tmp_path / f"escape-{token}", Path.home() / f".rewardlab-escape-{token}", outside / "escape"]
     source = (
         f"import os\nwrote = []\nfor path in {[str(t) for t in targets]!r} + [os.path.join(os.getcwd(), '..', "
         f"'escape-{token}')]:\n    try:\n        open(path, 'w').write('x')\n        wrote.append(path)\n"
         "    except OSError:\n        pass\nopen('inside.txt', 'w').write('ok')\nprint(wrote)\n"
-        "if wrote:\n    raise SystemExit(0)\nraise SystemExit('no write outside succeeded')"
     )
+    if isolation == "namespaces":  # its /tmp is its own tmpfs (process isolation: world-writable /tmp stays so)
+        source += f"open('/tmp/rewardlab-{token}', 'w').write('mine')\n"
+    source += "if wrote:\n    raise SystemExit(0)\nraise SystemExit('no write outside succeeded')"
     result, elapsed = run_timed(sandbox(isolation), source)
     assert result.stdout == "[]\n" and not result.ok and elapsed <= TIMEOUT + 1
+    assert result.reason == "exit code 1: no write outside succeeded"  # the in-sandbox writes worked
     for target in targets:
         assert not target.exists()
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [] and list(outside.iterdir()) == []
+    assert not Path(f"/tmp/rewardlab-{token}").exists()
 
 
 @pytest.mark.parametrize("isolation", [NS])
-def test_nested_namespaces_cannot_undo_read_only_mounts(isolation, tmp_path):
-    target = tmp_path / "escape.txt"
+def test_nested_namespaces_cannot_undo_read_only_mounts(isolation, outside):
+    target = outside / "escape.txt"
     source = (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "assert libc.unshare(0x10000000 | 0x00020000) == 0  # a new user and mount namespace of its own\n"

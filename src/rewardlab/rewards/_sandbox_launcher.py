@@ -7,14 +7,17 @@ a few system calls instead of an interpreter start.
 
 Protocol (one JSON object per datagram):
     hello    {"namespaces": bool, "reason": why not, "pid"}  - sent once at start, after probing the namespace set-up
-    request  {"id", "batch", "limit", "run_dir" (holds main.py and an empty work/), "timeout", "cpu_seconds",
-              "memory_bytes", "file_size_bytes", "disk_bytes", "open_files", "max_processes", "env": {...},
-              "isolation": "auto" | "namespaces" | "process"}
+    request  {"id", "batch", "limit", "timeout", "cpu_seconds", "memory_bytes", "file_size_bytes", "disk_bytes",
+              "open_files", "max_processes", "env": {...}, "isolation": "auto" | "namespaces" | "process",
+              "work_dir" (process isolation only: the program's working directory)}
+             with one descriptor attached (SCM_RIGHTS): a memfd holding the program's source.
              At most `limit` requests of one batch run at once; the launcher starts the next queued one as soon as
              one exits.
     reply    {"id", "isolation", "status" (raw wait status of the program, or null), "timed_out", "wall_seconds",
-              "error" (null, or why the sandbox could not run the program)}
-The program's stdout and stderr go to run_dir/stdout and run_dir/stderr.
+              "error" (null, or why the sandbox could not run the program), "cpu_seconds", "max_rss_bytes"}
+             with the program's stdout and stderr attached as two memfds (none when it could not start).
+Under "namespaces" isolation nothing is written to the host's disk: the source and outputs are memfds and the
+working directory is a tmpfs mounted over /tmp in the sandbox's own mount namespace.
 
 Process tree of one sandbox, "namespaces" isolation:
     launcher ─ P  cloned (clone3) straight into new user, mount, network, PID, IPC and UTS namespaces, as pid 1 of
@@ -51,6 +54,7 @@ import sys
 import time
 import traceback
 import types
+from collections.abc import Sequence
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 #: The same C library, called without releasing the GIL (for clone3, which must not race Python's fork hooks).
@@ -75,8 +79,11 @@ INNER_ID = 1
 GRACE_SECONDS = 0.5
 #: Read end of a pipe whose write end only the launcher holds: at EOF the launcher is gone. Set by main().
 LAUNCHER_ALIVE = -1
-#: Descriptors of a sandbox's set-up processes after _keep_only.
-OUT_FD, ERR_FD, REPORT_FD, ALIVE_FD = 3, 4, 5, 6
+#: Descriptors of a sandbox's set-up processes after _keep_only: the program's source, stdout and stderr (memfds),
+#: the report pipe, LAUNCHER_ALIVE.
+SOURCE_FD, OUT_FD, ERR_FD, REPORT_FD, ALIVE_FD = 3, 4, 5, 6, 7
+#: The working directory under "namespaces" isolation: a private tmpfs mounted over /tmp in the sandbox only.
+NAMESPACED_WORK = "/tmp"
 
 
 class _MountAttr(ctypes.Structure):
@@ -236,6 +243,15 @@ def _run_program(req: dict, isolation: str) -> None:
         _prctl(PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS")
         if isolation == "process":
             _refuse_sockets()
+        work = NAMESPACED_WORK if isolation == "namespaces" else req["work_dir"]
+        os.chdir(work)
+        os.environ.clear()
+        os.environ.update(req["env"], HOME=work, TMPDIR=work)
+        source = _read_all(SOURCE_FD)
+        os.close(SOURCE_FD)
+        path = os.path.join(work, "main.py")
+        with open(path, "wb") as fh:  # a real file, as for `python main.py` (before RLIMIT_FSIZE applies)
+            fh.write(source)
         cpu = int(req["cpu_seconds"])
         limits = [
             (resource.RLIMIT_CPU, cpu, cpu),  # SIGKILL at the limit (an init ignores SIGXCPU)
@@ -247,15 +263,8 @@ def _run_program(req: dict, isolation: str) -> None:
         ]
         for which, soft, hard in limits:
             resource.setrlimit(which, (soft, hard))
-        work = os.path.join(req["run_dir"], "work")
-        os.chdir(work)
-        os.environ.clear()
-        os.environ.update(req["env"])
-        path = os.path.join(req["run_dir"], "main.py")
-        with open(path, "rb") as fh:
-            source = fh.read()
         sys.argv[:] = [path]
-        sys.path[0] = req["run_dir"]
+        sys.path[0] = work
         main = types.ModuleType("__main__")
         main.__file__ = path
         main.__builtins__ = builtins
@@ -288,6 +297,14 @@ def _run_program(req: dict, isolation: str) -> None:
             except BaseException:  # noqa: BLE001
                 pass
         os._exit(code & 0xFF)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 def _count_tasks(uid: int) -> int:
@@ -353,10 +370,11 @@ def _write_id_maps(pid: int) -> None:
             fh.write(text)
 
 
-def _isolate_files(run_dir: str, disk_bytes: int, owner: tuple[int, int]) -> None:
-    """In the new mount namespace: mount a private tmpfs of `disk_bytes` on run_dir/work (owned by `owner`, inner
-    uid and gid), then make every mount read-only and nosuid except that tmpfs. Raises OSError on refusal."""
-    work = os.path.join(run_dir, "work")
+def _isolate_files(disk_bytes: int, owner: tuple[int, int]) -> None:
+    """In the new mount namespace: mount a private tmpfs of `disk_bytes` on NAMESPACED_WORK (owned by `owner`,
+    inner uid and gid), then make every mount read-only and nosuid except that tmpfs. Raises OSError on refusal.
+    Nothing is created on the host's disk."""
+    work = NAMESPACED_WORK
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None, "make mounts private")
     _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={disk_bytes},nr_inodes=4096,mode=0700,uid={owner[0]},gid={owner[1]}", "mount tmpfs on work dir")
@@ -364,17 +382,16 @@ def _isolate_files(run_dir: str, disk_bytes: int, owner: tuple[int, int]) -> Non
     _mount_setattr(work, 0, attr_clr=MOUNT_ATTR_RDONLY)
 
 
-def _start_namespaced(req: dict, report_w: int, outputs: tuple[int, int]) -> int:
+def _start_namespaced(req: dict, report_w: int, fds: tuple[int, int, int]) -> int:
     """Start the program P as pid 1 of new namespaces; returns its pid. Raises OSError when the kernel refuses.
 
-    `outputs` (the program's stdout and stderr files) are opened here, in the launcher's mount namespace: a file
-    open for writing on a mount makes mount_setattr(MOUNT_ATTR_RDONLY) of that mount fail with EBUSY.
+    `fds`: the program's source, stdout and stderr (memfds, so nothing touches the host's disk).
     """
     go_r, go_w = os.pipe()
     pid = _clone_into_namespaces()
     if pid == 0:
         os.close(go_w)
-        _namespaced_program(req, report_w, go_r, outputs)
+        _namespaced_program(req, report_w, go_r, fds)
     os.close(go_r)
     try:
         _write_id_maps(pid)
@@ -388,17 +405,17 @@ def _start_namespaced(req: dict, report_w: int, outputs: tuple[int, int]) -> int
     return pid
 
 
-def _namespaced_program(req: dict, report_fd: int, go_fd: int, outputs: tuple[int, int]) -> None:
+def _namespaced_program(req: dict, report_fd: int, go_fd: int, fds: tuple[int, int, int]) -> None:
     """Process P under "namespaces" isolation: finish the set-up, then run the program. Never returns."""
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")  # dies with the launcher
         if os.read(go_fd, 1) != b"g":  # EOF: the launcher died or could not map ids
             os._exit(1)
-        _keep_only(*outputs, report_fd)
+        _keep_only(*fds, report_fd)
         report_fd = REPORT_FD
         req["root_caller"] = root = req["launcher_uid"] == 0
         owner = (INNER_ID, INNER_ID) if root else (req["launcher_uid"], req["launcher_gid"])
-        _isolate_files(req["run_dir"], req["disk_bytes"], owner)
+        _isolate_files(req["disk_bytes"], owner)
         os.setsid()  # its process group then holds only sandboxed processes (kill(0, ...) stays inside)
         try:
             _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None, "mount /proc")
@@ -413,40 +430,34 @@ def _namespaced_program(req: dict, report_fd: int, go_fd: int, outputs: tuple[in
     _run_program(req, "namespaces")
 
 
-def _open_outputs(run_dir: str) -> tuple[int, int]:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    return (os.open(os.path.join(run_dir, "stdout"), flags, 0o600),
-            os.open(os.path.join(run_dir, "stderr"), flags, 0o600))
-
-
-def _keep_only(out_fd: int, err_fd: int, report_fd: int) -> None:
-    """Move the program's outputs, the report pipe and LAUNCHER_ALIVE to OUT_FD, ERR_FD, REPORT_FD, ALIVE_FD
+def _keep_only(source_fd: int, out_fd: int, err_fd: int, report_fd: int) -> None:
+    """Move the program's source, stdout and stderr, the report pipe and LAUNCHER_ALIVE to SOURCE_FD ... ALIVE_FD
     (close-on-exec) and close every other descriptor (the launcher's socket, other sandboxes' pipes)."""
-    fds = (out_fd, err_fd, report_fd, LAUNCHER_ALIVE)
+    fds = (source_fd, out_fd, err_fd, report_fd, LAUNCHER_ALIVE)
     above = max(*fds, ALIVE_FD) + 1
     copies = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in fds]
-    for target, fd in zip((OUT_FD, ERR_FD, REPORT_FD, ALIVE_FD), copies):
+    for target, fd in zip((SOURCE_FD, OUT_FD, ERR_FD, REPORT_FD, ALIVE_FD), copies):
         os.dup2(fd, target, inheritable=False)
     os.closerange(ALIVE_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
 # --------------------------------------------------------------------------------------------- process isolation
-def _start_process(req: dict, report_w: int, outputs: tuple[int, int], launcher_pid: int) -> int:
-    """Start process S, which runs the program with process isolation; returns its pid."""
+def _start_process(req: dict, report_w: int, fds: tuple[int, int, int], launcher_pid: int) -> int:
+    """Start process S, which runs the program with process isolation in req["work_dir"]; returns its pid."""
     pid = os.fork()
     if pid == 0:
-        _supervise(req, report_w, outputs, launcher_pid)
+        _supervise(req, report_w, fds, launcher_pid)
     return pid
 
 
-def _supervise(req: dict, report_fd: int, outputs: tuple[int, int], launcher_pid: int) -> None:
+def _supervise(req: dict, report_fd: int, fds: tuple[int, int, int], launcher_pid: int) -> None:
     """Process S (process isolation): start the program, enforce the wall timeout, kill every descendant after.
     Never returns."""
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")
         if os.getppid() != launcher_pid:
             os._exit(1)
-        _keep_only(*outputs, report_fd)
+        _keep_only(*fds, report_fd)
         report_fd = REPORT_FD
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         req["root_caller"] = req["launcher_uid"] == 0
@@ -541,30 +552,27 @@ def _report(fd: int, **fields) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ event loop
+def _memfd(name: str) -> int:
+    return os.memfd_create(name, os.MFD_CLOEXEC)
+
+
 def probe_namespaces() -> str:
     """Try the namespace set-up once (no program); "" when it works, else the reason it does not."""
-    import shutil
-    import tempfile
-
-    run_dir = tempfile.mkdtemp(prefix="rewardlab-probe-")
-    os.mkdir(os.path.join(run_dir, "work"))
-    req = {"probe": True, "run_dir": run_dir, "disk_bytes": 1 << 20, "launcher_uid": os.geteuid(),
-           "launcher_gid": os.getegid()}
+    req = {"probe": True, "disk_bytes": 1 << 20, "launcher_uid": os.geteuid(), "launcher_gid": os.getegid()}
     report_r, report_w = os.pipe()
-    outputs = _open_outputs(run_dir)
+    fds = (_memfd("main.py"), _memfd("stdout"), _memfd("stderr"))
     try:
         try:
-            pid = _start_namespaced(req, report_w, outputs)
+            pid = _start_namespaced(req, report_w, fds)
         except OSError as exc:
             return str(exc)
         finally:
-            for fd in (report_w, *outputs):
+            for fd in (report_w, *fds):
                 os.close(fd)
         os.waitpid(pid, 0)
         reply = _read_reports(report_r)
     finally:
         os.close(report_r)
-        shutil.rmtree(run_dir, ignore_errors=True)
     if reply.get("error"):
         return reply["error"]
     return "" if reply.get("isolation") == "namespaces" else "the probe process died"
@@ -582,18 +590,23 @@ def main(sock_fd: int) -> None:
     gc.freeze()  # children's garbage collections then skip (and so do not copy-on-write) the launcher's objects
     sock.send(json.dumps({"namespaces": not refused, "reason": refused, "pid": launcher_pid}).encode())
     jobs: dict[int, dict] = {}  # pidfd -> running job
-    queues: dict[object, collections.deque] = {}  # batch -> requests not started yet
+    queues: dict[object, collections.deque] = {}  # batch -> (request, source fd) not started yet
     running: dict[object, int] = collections.Counter()  # batch -> jobs running
     poller = select.poll()
     poller.register(sock, select.POLLIN)
 
+    def reply(message: dict, fds: Sequence[int] = ()) -> None:
+        socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+        for fd in fds:
+            os.close(fd)
+
     def pump(batch: object) -> None:
         """Start queued requests of `batch` while fewer than its limit run."""
         queue = queues.get(batch)
-        while queue and running[batch] < queue[0]["limit"]:
-            job = _start(queue.popleft(), launcher_pid, not refused)
-            if job.get("reply"):
-                sock.send(json.dumps(job["reply"]).encode())
+        while queue and running[batch] < queue[0][0]["limit"]:
+            job = _start(*queue.popleft(), launcher_pid, not refused)
+            if "reply" in job:
+                reply(job["reply"])
                 continue
             job["batch"] = batch
             running[batch] += 1
@@ -609,23 +622,29 @@ def main(sock_fd: int) -> None:
         for fd, _ in poller.poll(wait_ms):
             if fd == sock.fileno():
                 try:
-                    data = sock.recv(1 << 22)
+                    data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
                 except ConnectionResetError:
-                    data = b""
+                    data, fds = b"", []
                 if not data:  # the caller is gone: take every sandbox down with us
                     for job in jobs.values():
                         os.kill(job["pid"], signal.SIGKILL)
                     return
                 req = json.loads(data)
+                if len(fds) != 1:
+                    for extra in fds:
+                        os.close(extra)
+                    reply({"id": req["id"], "isolation": None, "status": None, "timed_out": False,
+                           "wall_seconds": 0.0, "error": "sandbox: a request must carry its source descriptor"})
+                    continue
                 batch = req.get("batch", ("single", req["id"]))
-                queues.setdefault(batch, collections.deque()).append(req)
+                queues.setdefault(batch, collections.deque()).append((req, fds[0]))
                 pump(batch)
             elif fd in jobs:
                 job = jobs.pop(fd)
                 poller.unregister(fd)
                 running[job["batch"]] -= 1
                 pump(job["batch"])  # the next program starts before this reply is even sent
-                sock.send(json.dumps(_finish(job)).encode())
+                reply(_finish(job), job["outputs"])
                 if not running[job["batch"]]:
                     del running[job["batch"]]
         now = time.monotonic()
@@ -635,35 +654,37 @@ def main(sock_fd: int) -> None:
                 job["killed"] = True
 
 
-def _start(req: dict, launcher_pid: int, namespaces_ok: bool) -> dict:
+def _start(req: dict, source_fd: int, launcher_pid: int, namespaces_ok: bool) -> dict:
+    """Start one sandbox; returns its job, or {"reply": ...} when it could not start. Closes `source_fd`."""
     req["launcher_uid"], req["launcher_gid"] = os.geteuid(), os.getegid()
     isolation = req["isolation"]
     if isolation == "auto":
         isolation = "namespaces" if namespaces_ok else "process"
     started = time.monotonic()
+    report_r = report_w = -1
+    outputs: tuple[int, ...] = ()
     try:
-        outputs = _open_outputs(req["run_dir"])
-    except OSError as exc:
-        return {"reply": {"id": req["id"], "isolation": isolation, "status": None, "timed_out": False,
-                          "wall_seconds": 0.0, "error": f"sandbox: cannot open the output files ({exc})"}}
-    report_r, report_w = os.pipe()
-    os.set_blocking(report_r, False)
-    try:
+        outputs = (_memfd("stdout"), _memfd("stderr"))
+        report_r, report_w = os.pipe()
+        os.set_blocking(report_r, False)
         if isolation == "namespaces":
-            pid = _start_namespaced(req, report_w, outputs)
+            pid = _start_namespaced(req, report_w, (source_fd, *outputs))
             deadline = started + float(req["timeout"])
         else:
-            pid = _start_process(req, report_w, outputs, launcher_pid)
+            pid = _start_process(req, report_w, (source_fd, *outputs), launcher_pid)
             deadline = started + float(req["timeout"]) + GRACE_SECONDS
     except OSError as exc:
-        os.close(report_r)
+        for fd in (report_r, *outputs):
+            if fd >= 0:
+                os.close(fd)
         return {"reply": {"id": req["id"], "isolation": isolation, "status": None, "timed_out": False,
                           "wall_seconds": 0.0, "error": f"sandbox: cannot start ({exc})"}}
     finally:
-        for fd in (report_w, *outputs):
-            os.close(fd)
+        for fd in (report_w, source_fd):
+            if fd >= 0:
+                os.close(fd)
     return {"id": req["id"], "pid": pid, "pidfd": os.pidfd_open(pid), "report": report_r, "started": started,
-            "deadline": deadline, "killed": False, "namespaced": isolation == "namespaces"}
+            "deadline": deadline, "killed": False, "namespaced": isolation == "namespaces", "outputs": outputs}
 
 
 def _read_reports(fd: int) -> dict:

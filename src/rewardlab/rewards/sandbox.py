@@ -63,7 +63,6 @@ import os
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -177,9 +176,9 @@ _SIGNAL_CAUSES = {
 }
 
 
-def _base_env(work: str = "/nonexistent") -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1"}
+def _base_env() -> dict[str, str]:
+    """The whole environment of the launcher and (with HOME and TMPDIR set to the work dir) of every program."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 class _Launcher:
@@ -204,7 +203,7 @@ class _Launcher:
         self.pending: dict[int, Future] = {}
         self.ids = itertools.count()
         self.dead: str | None = None
-        hello = self._recv()
+        hello = self._recv()[0]
         if hello is None:
             raise SandboxError(f"sandbox: the launcher exited at start: {self._log_tail()}")
         self.namespaces: bool = hello["namespaces"]
@@ -212,12 +211,15 @@ class _Launcher:
         self.reader = threading.Thread(target=self._read, name="rewardlab-sandbox-reader", daemon=True)
         self.reader.start()
 
-    def _recv(self) -> dict | None:
+    def _recv(self) -> tuple[dict | None, list[int]]:
+        """The next message and the descriptors attached to it; (None, []) at EOF."""
         try:
-            data = self.sock.recv(1 << 20)
+            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 20, 2)
         except OSError:
-            return None
-        return json.loads(data) if data else None
+            return None, []
+        if not data:
+            return None, []
+        return json.loads(data), fds
 
     def _log_tail(self) -> str:
         try:
@@ -229,20 +231,25 @@ class _Launcher:
 
     def _read(self) -> None:
         while True:
-            reply = self._recv()
+            reply, fds = self._recv()
             if reply is None:
                 break
+            reply["fds"] = fds
             with self.lock:
                 future = self.pending.pop(reply["id"], None)
             if future is not None:
                 future.set_result(reply)
+            else:
+                for fd in fds:
+                    os.close(fd)
         with self.lock:
             self.dead = f"sandbox: the launcher exited ({self._log_tail()})"
             pending, self.pending = self.pending, {}
         for future in pending.values():
             future.set_exception(SandboxError(self.dead))
 
-    def submit(self, request: dict) -> Future:
+    def submit(self, request: dict, source_fd: int) -> Future:
+        """Send one request with its source memfd; the future gets the reply (with its "fds": stdout, stderr)."""
         future: Future = Future()
         with self.lock:
             if self.dead:
@@ -250,7 +257,7 @@ class _Launcher:
             request["id"] = next(self.ids)
             self.pending[request["id"]] = future
             try:
-                self.sock.send(json.dumps(request).encode())
+                socket.send_fds(self.sock, [json.dumps(request).encode()], [source_fd])
             except OSError as exc:
                 self.pending.pop(request["id"], None)
                 raise SandboxError(f"sandbox: cannot reach the launcher: {exc}") from None
@@ -289,22 +296,10 @@ def _shutdown_launchers() -> None:
 atexit.register(_shutdown_launchers)
 
 
-def _tail(path: str, limit: int) -> str:
-    """The last `limit` bytes of a regular file, decoded; "" for anything else (under process isolation a program
-    of a non-root caller could swap its output file for a symlink or a FIFO)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return ""
-        size = info.st_size
-        os.lseek(fd, max(0, size - limit), os.SEEK_SET)
-        data = os.read(fd, limit)
-    finally:
-        os.close(fd)
+def _tail(fd: int, limit: int) -> str:
+    """The last `limit` bytes of the memfd `fd`, decoded as UTF-8 (undecodable bytes replaced)."""
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, limit, max(0, size - limit))
     return data.decode("utf-8", errors="replace")
 
 
@@ -386,55 +381,69 @@ class Sandbox:
         limits = self.limits
         batch = next(_BATCHES)
         results: list[SandboxResult | SandboxError | None] = [None] * len(sources)
-        waiting: dict[Future, tuple[int, str]] = {}
-        run_dirs = []
+        waiting: dict[Future, tuple[int, str | None]] = {}
+        work_dirs: list[str] = []
         try:
             for i, source in enumerate(sources):
-                run_dir = tempfile.mkdtemp(prefix="rewardlab-sandbox-")
-                run_dirs.append(run_dir)
-                work = os.path.join(run_dir, "work")
-                os.mkdir(work, 0o700)
-                if by_process and os.geteuid() == 0:
-                    os.chown(work, 65534, 65534)  # process isolation runs a root caller's program as uid 65534
-                Path(run_dir, "main.py").write_text(source, encoding="utf-8")
+                work_dir = None
+                if by_process:  # namespaces isolation needs nothing on disk: its work dir is a private tmpfs
+                    parent = tempfile.mkdtemp(prefix="rewardlab-sandbox-")  # 0700, the caller's
+                    work_dirs.append(parent)
+                    work_dir = os.path.join(parent, "work")
+                    os.mkdir(work_dir, 0o700)
+                    if os.geteuid() == 0:
+                        os.chown(work_dir, 65534, 65534)  # process isolation runs a root caller's program as 65534
                 request = {
-                    "batch": batch, "limit": self.workers, "run_dir": run_dir, "timeout": float(limits.timeout),
+                    "batch": batch, "limit": self.workers, "timeout": float(limits.timeout),
                     "cpu_seconds": limits.cpu, "memory_bytes": int(limits.memory_bytes),
                     "file_size_bytes": int(limits.file_size_bytes), "disk_bytes": int(limits.disk_bytes),
                     "open_files": int(limits.open_files), "max_processes": int(limits.max_processes),
-                    "isolation": self.isolation, "env": _base_env(work),
+                    "isolation": self.isolation, "env": _base_env(), "work_dir": work_dir,
                 }
+                source_fd = os.memfd_create("main.py", os.MFD_CLOEXEC)
                 try:
-                    waiting[launcher.submit(request)] = (i, run_dir)
+                    data = memoryview(source.encode("utf-8", errors="surrogatepass"))
+                    while data:
+                        data = data[os.write(source_fd, data):]
+                    waiting[launcher.submit(request, source_fd)] = (i, work_dirs[-1] if work_dir else None)
                 except SandboxError as exc:
                     results[i] = exc
+                finally:
+                    os.close(source_fd)
             # Programs run `workers` at a time, each for at most timeout: a launcher that answers later is stuck.
             rounds = math.ceil(len(sources) / self.workers)
             deadline = rounds * (limits.timeout + 1.0) + _CALLER_GRACE
             try:
                 for future in as_completed(waiting, timeout=deadline):
-                    i, run_dir = waiting[future]
+                    i, work_dir = waiting[future]
                     try:
-                        results[i] = self._collect(future.result(), run_dir)
+                        results[i] = self._collect(future.result())
                     except SandboxError as exc:
                         results[i] = exc
-                    _remove(run_dir)
+                    if work_dir is not None:
+                        _remove(work_dir)
             except FuturesTimeout:
                 launcher.close()  # stuck: kill it and everything it runs; the next call starts a fresh one
                 for i, result in enumerate(results):
                     if result is None:
                         results[i] = SandboxError("sandbox: the launcher did not answer; restarted it")
         finally:
-            for run_dir in run_dirs:
-                if os.path.exists(run_dir):
-                    _remove(run_dir)
+            for work_dir in work_dirs:
+                if os.path.exists(work_dir):
+                    _remove(work_dir)
         return results  # type: ignore[return-value]
 
-    def _collect(self, reply: dict, run_dir: str) -> SandboxResult:
-        if reply["error"]:
-            raise SandboxError(reply["error"])
-        stdout = _tail(os.path.join(run_dir, "stdout"), self.limits.output_bytes)
-        stderr = _tail(os.path.join(run_dir, "stderr"), self.limits.output_bytes)
+    def _collect(self, reply: dict) -> SandboxResult:
+        fds = reply.get("fds", [])
+        try:
+            if reply["error"]:
+                raise SandboxError(reply["error"])
+            if len(fds) != 2:
+                raise SandboxError("sandbox: the launcher's reply lacks the program's output")
+            stdout, stderr = (_tail(fd, self.limits.output_bytes) for fd in fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         return _result(reply, stdout, stderr, self.limits)
 
 
