@@ -19,11 +19,14 @@ namespaces and mount_setattr, i.e. Linux >= 5.12):
                 RLIMIT_NPROC for uid 0, so a root caller's programs run as an unprivileged uid (65534, "nobody")
                 that keeps only CAP_DAC_READ_SEARCH, so an interpreter under /root stays importable.
     files       every mount is read-only (and nosuid) in the sandbox's mount namespace - a nested user namespace
-                cannot undo that; the working directory is a private tmpfs of `disk_bytes` that vanishes with it. stdout and stderr go
-                to files outside it, bounded by RLIMIT_FSIZE; the caller keeps the last `output_bytes` of each.
+                cannot undo that; the working directory is a private tmpfs of `disk_bytes` mounted over /tmp, which
+                vanishes with it. Nothing touches the host's disk: the source, stdout and stderr are memfds passed
+                over the launcher's socket; RLIMIT_FSIZE bounds the outputs, the caller keeps the last
+                `output_bytes` of each.
     network     a new network namespace with only a loopback device that is down: connect() fails with
                 ENETUNREACH, to 127.0.0.1 too.
     environment the program gets HOME=TMPDIR=its work dir, PATH, LANG; nothing from the caller's environment.
+                It runs as `__main__` from main.py, the only file in its fresh work dir.
                 /proc is the namespace's own, so other processes' environ files are not there to read.
     resources   RLIMIT_CPU (seconds), RLIMIT_AS (bytes), RLIMIT_FSIZE (bytes), RLIMIT_NOFILE, RLIMIT_NPROC, no core
                 files; stdin is /dev/null; no new privileges (PR_SET_NO_NEW_PRIVS); no capabilities beyond
@@ -33,12 +36,12 @@ What is not contained:
     - reading: the program can read every file the caller can read (it is not in a chroot). With no network and
       no writable disk outside its tmpfs, what it reads can reach only its own stdout/stderr, which the caller keeps.
     - memory across processes: RLIMIT_AS is per process, so a sandbox can use up to max_processes x memory_bytes
-      plus its tmpfs; there is no cgroup. CPU time likewise is per process; the wall timeout bounds all of it.
+      plus its tmpfs (disk_bytes) and its outputs (2 x file_size_bytes, in memory); there is no cgroup. CPU time likewise is per process; the wall timeout bounds all of it.
     - kernel bugs: user namespaces widen the kernel surface a program can reach; no seccomp filter narrows it.
     - honesty: code run in one process with its tests can tamper with them (see rewardlab.rewards.code).
 
-"process" isolation (the kernel refuses user namespaces; or isolation="process"): a fresh temp dir as the working
-directory (on disk, not a tmpfs, and files elsewhere stay writable where the uid may write), the same scrubbed
+"process" isolation (the kernel refuses user namespaces; or isolation="process"): a fresh temp dir on disk as the
+working directory (files elsewhere stay writable where the uid may write), the same scrubbed
 environment and rlimits, socket(2) refused by a seccomp filter (or, where seccomp is unavailable, by replacing
 Python's socket classes - which ctypes can bypass), the program in its own session, and at exit or timeout every
 descendant is killed (the sandbox's setup process is a child subreaper, so orphans come back to it). Root callers'
