@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardlab.tasks import register_loader
-from rewardlab.tasks.base import Row, Task, dedup_and_split
+from rewardlab.tasks.base import Task, dedup_and_split
 
 FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 #: Test failure causes that confirm a mutant is broken (see `failing_variants`).
