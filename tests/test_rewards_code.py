@@ -101,7 +101,8 @@ def test_memory_limit_is_a_failed_test_not_an_error():
 
 
 def test_asserts_form_uses_the_completion_as_the_program():
-    row = {"prompt": "Write mul.", "tests": ["assert mul(2, 3) == 6", "assert mul(0, 5) == 0", "assert mul(-1, 2) == -2"]}
+    tests = ["assert mul(2, 3) == 6", "assert mul(0, 5) == 0", "assert mul(-1, 2) == -2"]
+    row = {"prompt": "Write mul.", "tests": tests}
     out = score("def mul(a, b):\n    return abs(a) * b\n", row)
     assert out.score == pytest.approx(2 / 3) and out.components["test/2"] == 0.0
     custom = {"prompt": "", "checks": ["assert f() == 1"]}

@@ -190,7 +190,9 @@ def test_marker_probe_sees_a_running_sandboxed_process():
 @pytest.mark.parametrize("isolation", [NS])
 def test_fork_bomb_is_contained(isolation):
     marker = new_marker()
-    bomb = name_self(marker) + "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    bomb = name_self(marker) + (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
     result, elapsed = run_timed(sandbox(isolation, max_processes=16), bomb)
     assert result.timed_out and not result.ok
     assert elapsed <= TIMEOUT + 1

@@ -36,7 +36,8 @@ What is not contained:
     - reading: the program can read every file the caller can read (it is not in a chroot). With no network and
       no writable disk outside its tmpfs, what it reads can reach only its own stdout/stderr, which the caller keeps.
     - memory across processes: RLIMIT_AS is per process, so a sandbox can use up to max_processes x memory_bytes
-      plus its tmpfs (disk_bytes) and its outputs (2 x file_size_bytes, in memory); there is no cgroup. CPU time likewise is per process; the wall timeout bounds all of it.
+      plus its tmpfs (disk_bytes) and its outputs (2 x file_size_bytes, in memory); there is no cgroup. CPU time
+      likewise is per process; the wall timeout bounds all of it.
     - kernel bugs: user namespaces widen the kernel surface a program can reach; no seccomp filter narrows it.
     - honesty: code run in one process with its tests can tamper with them (see rewardlab.rewards.code).
 
