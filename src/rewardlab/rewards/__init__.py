@@ -17,6 +17,7 @@ from rewardlab.rewards import reasoning_gym as _reasoning_gym  # noqa: E402,F401
 from rewardlab.rewards import math as _math  # noqa: E402,F401
 from rewardlab.rewards import format as _format  # noqa: E402,F401
 from rewardlab.rewards import sql as _sql  # noqa: E402,F401
+from rewardlab.rewards import code as _code  # noqa: E402,F401
 
 __all__ = [
     "REWARDS",

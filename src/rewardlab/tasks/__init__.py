@@ -30,6 +30,8 @@ def load(spec: str, **options: Any) -> Task:
         ValueError: when the spec has no `kind:` prefix or the kind is unknown (the message lists valid kinds).
     """
     kind, sep, arg = spec.partition(":")
+    if not sep and getattr(LOADERS.get(kind), "argument_optional", False):  # e.g. `humaneval`
+        return LOADERS[kind]("", **options)
     if not sep or not arg:
         raise ValueError(f"task spec {spec!r}: expected 'kind:argument', e.g. 'reasoning_gym:chain_sum'")
     if kind not in LOADERS:
@@ -40,5 +42,6 @@ def load(spec: str, **options: Any) -> Task:
 # Registration imports (no other side effects).
 from rewardlab.tasks import jsonl as _jsonl  # noqa: E402,F401
 from rewardlab.tasks import reasoning_gym as _reasoning_gym  # noqa: E402,F401
+from rewardlab.tasks import humaneval as _humaneval  # noqa: E402,F401
 
 __all__ = ["LOADERS", "Row", "Task", "dedup_and_split", "load", "register_loader"]
