@@ -77,6 +77,8 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
+from rewardlab.rewards.executor import default_workers  # one definition for both pools
+
 __all__ = ["ISOLATION", "Sandbox", "SandboxError", "SandboxLimits", "SandboxResult", "default_workers"]
 
 ISOLATION = ("auto", "namespaces", "process")
@@ -88,14 +90,6 @@ _CALLER_GRACE = 10.0
 class SandboxError(RuntimeError):
     """The sandbox itself failed (launcher died, namespaces required but refused, bad run directory) - not the
     program. The message says why."""
-
-
-def default_workers() -> int:
-    """The number of CPUs this process may run on (its affinity mask where the OS has one), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
