@@ -23,5 +23,5 @@ if __name__ == "__main__":
     status = 0
     for script in ("rewards_math.py", "rewards_code.py"):
         print(f"== {script}", flush=True)
-        status |= subprocess.call([sys.executable, str(HERE / script), *sys.argv[1:]])
+        status |= subprocess.call([sys.executable, str(HERE / script)])
     sys.exit(status)
