@@ -57,6 +57,8 @@ class SFTParams(_Base):
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    target: str = Field("answer", description='row field trained as the completion, e.g. "target" for worked '
+                        "solutions (reasoning-gym task.options.target=steps)")
 
 
 class RLConfig(_Base):

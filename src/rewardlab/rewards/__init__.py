@@ -14,6 +14,7 @@ from rewardlab.rewards.base import (
 # Registration imports (no other side effects).
 from rewardlab.rewards import text as _text  # noqa: E402,F401
 from rewardlab.rewards import reasoning_gym as _reasoning_gym  # noqa: E402,F401
+from rewardlab.rewards import steps as _steps  # noqa: E402,F401
 
 __all__ = [
     "REWARDS",
