@@ -36,6 +36,8 @@ METHODS = {
     "dvts": "DVTS",
 }
 POOL_METHODS = ("best_of_n", "majority", "weighted_majority")
+_STYLE = {"best_of_n": ("o", "-"), "majority": ("s", "-"), "weighted_majority": ("x", "--"), "beam": ("^", "-"),
+          "dvts": ("D", "-")}
 TREE_METHODS = {"beam": beam, "dvts": dvts}
 
 
@@ -198,8 +200,10 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     ax.axhline(100 * report["greedy"]["accuracy"], color="gray", ls=":", label="greedy (floor)")
     for m, per_n in report["methods"].items():
         pts = sorted((int(n), v["accuracy"]) for n, v in per_n.items())
-        if pts:
-            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", ms=4, label=METHODS[m])
+        if pts:  # own marker and line style per method, so coinciding curves stay visible
+            marker, ls = _STYLE.get(m, ("o", "-"))
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker=marker, ls=ls, ms=5, mfc="none",
+                    label=METHODS[m])
     ax.set_xscale("log", base=2)
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel("N (samples / beams per question)")
