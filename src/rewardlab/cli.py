@@ -1,6 +1,6 @@
 """Command line: `rewardlab VERB [--config FILE] [--model PATH] [--task SPEC] [--out DIR] [key=value ...]`.
 
-Verbs: quickstart, sft, train, evaluate. Overrides are dotted config keys (`rl.lr=1e-4`); `--model` and `--task`
+Verbs: quickstart, sft, train, evaluate, search. Overrides are dotted config keys (`rl.lr=1e-4`); `--model` and `--task`
 are shortcuts for `model.path=` and `task.spec=`. Errors print one line and exit with status 2.
 """
 
@@ -16,6 +16,7 @@ VERBS = {
     "sft": "supervised warm start on task rows (loss on answer tokens)",
     "train": "RL training (GRPO family) against the task's verifier or configured rewards",
     "evaluate": "greedy exact-match accuracy and pass@k on the held-out split",
+    "search": "reward-guided search (best-of-N, majority votes, beam search, DVTS): accuracy against N",
 }
 
 
@@ -32,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--task", help='"reasoning_gym:NAME" or "jsonl:PATH" (config key: task.spec)')
         if verb == "train":
             p.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+        if verb == "search":
+            p.add_argument("--scorer", help="reward that ranks candidates, e.g. arithmetic_steps (config key: scorer)")
+            p.add_argument("--n", help="budgets N, comma-separated, e.g. 1,2,4,8 (config key: search.n)")
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. rl.lr=1e-4")
     return parser
@@ -53,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"{key}={value}")
+    if getattr(args, "scorer", None) is not None:
+        overrides.append(f"scorer={args.scorer}")
+    if getattr(args, "n", None) is not None:
+        overrides.append(f"search.n=[{args.n}]")
     show = not args.no_progress
     try:
         cfg = load_config(VERB_CONFIGS[args.verb], args.config, overrides)
@@ -74,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             result = run_evaluate(cfg, show_progress=show)
             result.pop("examples", None)
             print(json.dumps(result, indent=2))
+        elif args.verb == "search":
+            from rewardlab.search.report import run_search
+
+            run_search(cfg, show_progress=show)
     except (ValueError, OSError, RewardError) as exc:
         print(f"rewardlab {args.verb}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
               file=sys.stderr)

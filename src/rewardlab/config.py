@@ -57,6 +57,8 @@ class SFTParams(_Base):
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    target: str = Field("answer", description='row field trained as the completion, e.g. "target" for worked '
+                        "solutions (reasoning-gym task.options.target=steps)")
 
 
 class RLConfig(_Base):
@@ -186,6 +188,41 @@ VERB_CONFIGS: dict[str, type[_Base]] = {
     "evaluate": EvaluateConfig,
     "quickstart": QuickstartConfig,
 }
+
+
+class SearchParams(_Base):
+    """Reward-guided search at inference (`rewardlab search`): best-of-N, majority votes, beam search, DVTS."""
+
+    n: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], min_length=1,
+                         description="budgets N: samples (best-of-N, votes) or beams (beam search, DVTS) per question")
+    methods: list[str] = Field(default_factory=lambda: ["best_of_n", "majority", "weighted_majority", "beam", "dvts"],
+                               description="methods to compare (keys of rewardlab.search.report.METHODS)")
+    beam_width: int = Field(4, gt=0, description="M: beam search keeps N/M beams and expands each M times; DVTS runs "
+                            "N/M subtrees of M candidates (Beeching et al. 2024); budgets N not divisible by M skip them")
+    max_steps: int = Field(8, gt=0, description="step limit of beam search and DVTS")
+    separator: str = Field("\n", min_length=1, description="the text that ends a step (rewardlab.types.split_steps)")
+    aggregate: Literal["min", "last", "prod", "mean"] = Field(
+        "last", description="step scores -> solution score (Snell et al. 2024); outcome scorers use their score")
+    equivalence: Literal["verifier", "math", "exact"] = Field(
+        "verifier", description="answer grouping for votes: the task's verifier, math-verify, or the same text")
+    temperature: float = Field(0.8, gt=0, description="sampling temperature (search-and-learn's default)")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, gt=0, description="token limit of a whole solution (greedy, best-of-N, votes)")
+    max_step_tokens: int = Field(32, gt=0, description="token limit of one step (beam search, DVTS)")
+    batch_size: int = Field(1024, gt=0, description="about this many sequences per generate call")
+    limit: int | None = Field(None, gt=0, description="use only the first N rows of the split")
+
+
+class SearchConfig(_Verb):
+    out: str = "runs/search"
+    search: SearchParams = Field(default_factory=SearchParams)
+    scorer: list[dict[str, Any]] | str | None = Field(
+        None, description="reward spec(s) that rank candidates, e.g. arithmetic_steps or [{name: ..., ...}]; "
+        "default: the task's own verifier (an oracle: best-of-N then equals pass@N)")
+    split: Literal["train", "test"] = "test"
+
+
+VERB_CONFIGS["search"] = SearchConfig
 
 
 def _parse_value(text: str) -> Any:

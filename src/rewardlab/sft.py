@@ -28,7 +28,8 @@ def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[
 
 
 def run_sft(cfg: SFTConfig, *, show_progress: bool = True) -> dict[str, Any]:
-    """Train `cfg.model` on `cfg.task`'s training rows (prompt -> answer + EOS) for `cfg.sft.steps` steps.
+    """Train `cfg.model` on `cfg.task`'s training rows (prompt -> row[`cfg.sft.target`] + EOS, the target field
+    defaulting to `answer`) for `cfg.sft.steps` steps.
 
     Writes `cfg.out`: config.yaml, metrics.jsonl (`sft/loss`, `lr`, `time/step_s`, `time/tokens_per_s`),
     checkpoints/step-N (the final model, HF format) and summary.json.
@@ -42,11 +43,14 @@ def run_sft(cfg: SFTConfig, *, show_progress: bool = True) -> dict[str, Any]:
         cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
         tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed,
     )
+    p = cfg.sft
+    missing = next((i for i, r in enumerate(task.train) if p.target not in r), None)
+    if missing is not None:
+        raise ValueError(f"sft.target: training row {missing} of {cfg.task.spec} has no field {p.target!r}")
     run = RunDir(cfg.out)  # created only once the task and model load
     run.write_config(dump_config(cfg))
-    p = cfg.sft
     encoded = [
-        (policy.encode_prompt(policy.format_prompt(r["prompt"])), policy.encode_target(str(r["answer"])))
+        (policy.encode_prompt(policy.format_prompt(r["prompt"])), policy.encode_target(str(r[p.target])))
         for r in task.train
     ]
     sampler = RowSampler(list(range(len(encoded))), seed=cfg.seed)  # type: ignore[arg-type]

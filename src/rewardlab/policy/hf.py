@@ -207,6 +207,8 @@ class Policy:
         greedy: bool = False,
         rows: Sequence[dict[str, Any]] | None = None,
         batch_size: int | None = None,
+        prefixes: Sequence[str] | None = None,
+        stop: str | None = None,
     ) -> list[Rollout]:
         """Sample `n` completions of each task prompt.
 
@@ -219,11 +221,18 @@ class Policy:
             greedy: argmax decoding (then n must be 1).
             rows: the task row of each prompt, stored on its rollouts.
             batch_size: prompts per `generate` call (default all at once).
+            prefixes: text appended to each formatted prompt, one per prompt: a partial completion to continue
+                (step-level search). The rollout's `prompt` is then formatted prompt + prefix, and its `completion`
+                only the new text.
+            stop: a stop string: each completion ends right after the first occurrence of `stop` in the text it
+                adds to prompt + prefix (transformers `stop_strings`), e.g. "\n" to sample one reasoning step.
         Returns:
             len(prompts) * n rollouts, prompt-major: rollout k belongs to prompt k // n and has group k // n.
             `logprobs` are log softmax(logits / temperature) of the sampled tokens (temperature 1 when greedy).
+            `truncated` is True when a completion ended at `max_new_tokens`, with neither EOS nor `stop`.
         Raises:
-            ValueError: temperature <= 0, top_p outside (0, 1], n < 1, or greedy with n > 1.
+            ValueError: temperature <= 0, top_p outside (0, 1], n < 1, greedy with n > 1, an empty `stop`, or
+                `prefixes` of another length than `prompts`.
         """
         if n < 1 or (greedy and n != 1):
             raise ValueError(f"generation: n must be >= 1 (and 1 when greedy), got {n}")
@@ -231,8 +240,12 @@ class Policy:
             raise ValueError(f"generation.temperature: must be > 0, got {temperature}")
         if not 0 < top_p <= 1:
             raise ValueError(f"generation.top_p: must be in (0, 1], got {top_p}")
+        if stop is not None and not stop:
+            raise ValueError("generation.stop: must be a non-empty string or None")
+        if prefixes is not None and len(prefixes) != len(prompts):
+            raise ValueError(f"generation: {len(prefixes)} prefixes for {len(prompts)} prompts")
         tok = self.tokenizer
-        texts = [self.format_prompt(p) for p in prompts]
+        texts = [self.format_prompt(p) + (prefixes[i] if prefixes is not None else "") for i, p in enumerate(prompts)]
         ids = [self.encode_prompt(t) for t in texts]
         step = batch_size or len(prompts) or 1
         was_training = self.model.training
@@ -255,12 +268,14 @@ class Policy:
                 eos_token_id=tok.eos_token_id,
                 bos_token_id=tok.bos_token_id,
                 return_dict_in_generate=True,
+                stop_strings=[stop] if stop is not None else None,
             )
             out = self.model.generate(
                 input_ids=batch.input_ids[:, :P],
                 attention_mask=batch.attention_mask[:, :P],
                 generation_config=config,
                 logits_processor=LogitsProcessorList([recorder]),
+                tokenizer=tok if stop is not None else None,
             )
             gen = out.sequences[:, P:]
             logps = recorder.finish(out.sequences).cpu()
@@ -270,6 +285,11 @@ class Policy:
                 p_idx = start + k // n
                 row_ids = gen_cpu[k].tolist()
                 end = row_ids.index(eos) + 1 if eos in row_ids else len(row_ids)
+                stopped = False
+                if stop is not None:
+                    cut = self._stop_end(row_ids[:end], stop, texts[p_idx][-(len(stop) - 1) :] if len(stop) > 1 else "")
+                    if cut is not None:
+                        end, stopped = cut, True
                 comp = row_ids[:end]
                 rollouts.append(
                     Rollout(
@@ -280,11 +300,27 @@ class Policy:
                         logprobs=logps[k, :end].tolist(),
                         row=dict(rows[p_idx]) if rows is not None else {},
                         group=p_idx,
-                        truncated=eos not in row_ids,
+                        truncated=not stopped and eos not in comp,
                     )
                 )
         self.model.train(was_training)
         return rollouts
+
+    def _stop_end(self, ids: list[int], stop: str, before: str) -> int | None:
+        """Tokens of `ids` up to the one that completes the first `stop` in `before` + decoded text, or None.
+
+        `before` is the tail of the prompt (len(stop) - 1 characters), so a stop string that starts in the prompt
+        and ends in the first new token counts, as it does for transformers' `stop_strings`.
+        """
+        text = before + self.tokenizer.decode(ids, skip_special_tokens=True)
+        at = text.find(stop)
+        if at < 0:
+            return None
+        need = at + len(stop) - len(before)  # characters of new text up to the end of the stop string
+        for k in range(1, len(ids) + 1):
+            if len(self.tokenizer.decode(ids[:k], skip_special_tokens=True)) >= need:
+                return k
+        return len(ids)
 
     # ------------------------------------------------------------------ scoring
     def token_logprobs(

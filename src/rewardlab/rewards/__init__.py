@@ -18,6 +18,7 @@ from rewardlab.rewards import math as _math  # noqa: E402,F401
 from rewardlab.rewards import format as _format  # noqa: E402,F401
 from rewardlab.rewards import sql as _sql  # noqa: E402,F401
 from rewardlab.rewards import code as _code  # noqa: E402,F401
+from rewardlab.rewards import steps as _steps  # noqa: E402,F401
 
 __all__ = [
     "REWARDS",

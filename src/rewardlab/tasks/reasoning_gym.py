@@ -8,8 +8,11 @@ from typing import Any
 
 from rewardlab.tasks import register_loader
 from rewardlab.tasks.base import Row, Task, dedup_and_split
+from rewardlab.tasks.steps import worked_steps
 
 TEMPLATES = ("question", "compact")
+#: Row `target` options: "answer" (no extra field) or "steps" (a worked solution, see `worked_steps`).
+TARGETS = ("answer", "steps")
 
 
 def _dataset(name: str, config: dict[str, Any]):
@@ -74,6 +77,7 @@ def load_reasoning_gym(
     seed: int = 0,
     test_size: int | float = 500,
     template: str = "question",
+    target: str = "answer",
     **config: Any,
 ) -> Task:
     """Load reasoning-gym dataset `name` as a Task.
@@ -84,13 +88,20 @@ def load_reasoning_gym(
         seed: generator seed and split seed (fixed seed: the same call gives the same rows).
         test_size: held-out questions (int count, or a float fraction of unique questions).
         template: prompt format, see `format_prompt`.
+        target: "answer" (default), or "steps": each row also gets `target`, the worked solution of its
+            `metadata.expression` (`worked_steps`, e.g. "3+4=7\\n7-2=5"), for SFT with `sft.target=target`, and the
+            task's verifier becomes `arithmetic_steps` (checks each step; `correct` = the final result). `answer`
+            stays the final number. Needs a dataset whose expression is an integer `+`/`-` chain (chain_sum).
         **config: the dataset's own config fields (e.g. `min_terms=2, max_digits=1` for chain_sum).
     Returns:
         Task whose rows hold `prompt`, `answer`, `question`, `metadata`, `dataset`, `dataset_config`;
         de-duplicated by question text, train and test disjoint by question.
     Raises:
-        ValueError: unknown dataset, bad dataset option, or a template the dataset cannot fill.
+        ValueError: unknown dataset, bad dataset option, a template the dataset cannot fill, or an unknown
+            `target` / one the dataset cannot give.
     """
+    if target not in TARGETS:
+        raise ValueError(f"task reasoning_gym:{name}: target must be one of {TARGETS}, got {target!r}")
     ds_config = dict(config, size=size, seed=seed)
     dataset = _dataset(name, ds_config)
     scorer_config = {k: v for k, v in ds_config.items() if k not in ("size", "seed")}
@@ -106,11 +117,16 @@ def load_reasoning_gym(
                 "dataset_config": scorer_config,
             }
         )
+        if target == "steps":
+            try:
+                rows[-1]["target"] = worked_steps(str(entry.get("metadata", {}).get("expression", "")))
+            except ValueError as exc:
+                raise ValueError(f"task reasoning_gym:{name}: target 'steps' needs metadata.expression: {exc}") from None
     train, test = dedup_and_split(rows, key=lambda r: r["question"], test_size=test_size, seed=seed)
     return Task(
         name=f"reasoning_gym:{name}",
         train=train,
         test=test,
-        reward="reasoning_gym",
-        info={"drawn": len(rows), "unique": len(train) + len(test), "template": template},
+        reward="arithmetic_steps" if target == "steps" else "reasoning_gym",
+        info={"drawn": len(rows), "unique": len(train) + len(test), "template": template, "target": target},
     )

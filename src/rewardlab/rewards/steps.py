@@ -1,0 +1,95 @@
+"""Step-checking rewards: a worked arithmetic solution judged step by step (a process reward without a model)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rewardlab.rewards.base import reward
+from rewardlab.rewards.text import extract_tagged_answer
+from rewardlab.tasks.steps import parse_chain
+from rewardlab.types import RewardOutput, split_steps
+
+_STEP = re.compile(r"(-?\d+)([+-])(\d+)=(-?\d+)")
+
+
+def final_answer(completion: str) -> str:
+    """The final answer of a completion: the last `<answer>` tag's content if there is one; otherwise the text
+    after the last "=" of the last non-blank line, else that whole line; stripped.
+
+    Examples: "3+4=7\\n7-2=5" -> "5"; "12" -> "12"; "so x = 1/2" -> "1/2"; "" -> "".
+    """
+    if "<answer>" in completion:
+        return extract_tagged_answer(completion)
+    lines = [line for line in completion.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[-1].rpartition("=")[2].strip()
+
+
+def _expression(row: dict[str, Any]) -> str:
+    if "expression" in row:
+        return str(row["expression"])
+    meta = row.get("metadata")
+    if isinstance(meta, dict) and "expression" in meta:
+        return str(meta["expression"])
+    raise KeyError("the row has neither 'expression' nor 'metadata.expression'")
+
+
+def check_steps(steps: list[str], expression: str, cumulative: bool = True) -> list[float]:
+    """1.0/0.0 per step of a worked `+`/`-` chain (the format of `tasks.steps.worked_steps`).
+
+    Step k (0-based) is right when, with whitespace removed, it reads `a<op>b=c` where `a` is the previous step's
+    written result (the chain's first term for k = 0: continuity), `<op>b` is term k+1 of the chain, and
+    c = a <op> b (arithmetic). A step past the chain's last term is wrong. With `cumulative` (default) a step is
+    scored 1 only when it and every step before it are right (the first-error convention of PRM800K, Lightman et
+    al. 2023, and Math-Shepherd, Wang et al. 2024: a solution that went wrong stays wrong); otherwise each step is
+    judged on its own.
+
+    Example: expression "3 + 4 - 2", steps ["3+4=8\\n", "8-2=6"] -> [0.0, 0.0] (cumulative) or [0.0, 1.0].
+
+    Raises:
+        ValueError: when `expression` is not an integer `+`/`-` chain.
+    """
+    first, terms = parse_chain(expression)
+    scores: list[float] = []
+    previous: int | None = first
+    ok_so_far = True
+    for k, text in enumerate(steps):
+        m = _STEP.fullmatch(re.sub(r"\s+", "", text))
+        ok = False
+        if m is not None and k < len(terms):
+            a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+            ok = a == previous and (op, b) == terms[k] and c == (a + b if op == "+" else a - b)
+        previous = int(m.group(4)) if m is not None else None
+        ok_so_far = ok_so_far and ok
+        scores.append(float(ok_so_far if cumulative else ok))
+    return scores
+
+
+@reward(name="arithmetic_steps")
+def arithmetic_steps(
+    completion: str, answer: Any, row: dict, steps: list[str], cumulative: bool = True, separator: str = "\n"
+) -> RewardOutput:
+    """Check a worked `+`/`-` chain step by step (rows of `reasoning_gym:chain_sum` with `target="steps"`, or any
+    row with an `expression` field such as "3 + 4 - 2").
+
+    Steps are the rollout's `step_text` when marked (`Policy.mark_steps`), else `split_steps(completion,
+    separator)`. `step_scores` = `check_steps(steps, expression, cumulative)` (1/0 per step). `score` = `correct` =
+    1.0 when the final answer (`final_answer`: the result after the last "=") equals the row's `answer` as an
+    integer. Components: `correct`, `steps_correct` (fraction of step scores equal to 1; 0 with no steps),
+    `n_steps`. A row without an expression is an error ("arithmetic_steps: KeyError: ...").
+    """
+    if not steps:
+        steps = [completion[a:b] for a, b in split_steps(completion, separator)]
+    step_scores = check_steps(steps, _expression(row), cumulative)
+    try:
+        correct = float(int(final_answer(completion)) == int(str(answer).strip()))
+    except ValueError:
+        correct = 0.0
+    components = {
+        "correct": correct,
+        "steps_correct": sum(step_scores) / len(step_scores) if step_scores else 0.0,
+        "n_steps": float(len(step_scores)),
+    }
+    return RewardOutput(score=correct, components=components, step_scores=step_scores)

@@ -1,0 +1,61 @@
+"""Best-of-N: sample N whole solutions, keep the one the scorer ranks highest."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rewardlab.rewards.base import Reward
+from rewardlab.search.base import SearchPolicy, SearchResult, check_budget, pick_best, sample_solutions, score_solutions
+from rewardlab.types import Rollout
+
+
+def select_best_of_n(candidates: Sequence[Rollout], scores: Sequence[float], tokens: int = 0) -> SearchResult:
+    """Best-of-N selection over already sampled and scored candidates: argmax of `scores`, ties to the first.
+
+    Cost recorded: `tokens` as given, one scorer call per candidate.
+    """
+    i = pick_best(scores)
+    return SearchResult(best=candidates[i], score=scores[i], candidates=list(candidates), scores=list(scores),
+                        tokens=tokens, scorer_calls=len(candidates))
+
+
+def best_of_n(
+    policy: SearchPolicy,
+    rows: Sequence[dict[str, Any]],
+    scorer: Reward,
+    *,
+    n: int,
+    aggregate: str = "last",
+    separator: str = "\n",
+    temperature: float = 0.8,
+    top_p: float = 1.0,
+    max_new_tokens: int = 64,
+    batch_size: int = 1024,
+) -> list[SearchResult]:
+    """Best-of-N (rejection sampling with a verifier or reward model; e.g. Cobbe et al. 2021, Lightman et al. 2023).
+
+    For each row: sample N whole solutions y_1..y_N, score each, return y_i with i = argmax_i s(y_i), the first
+    such i on a tie. s is `solution_score`: the scorer's step scores aggregated by `aggregate` (min | last | prod |
+    mean) when it gives step scores (steps split at `separator`), else its outcome score.
+
+    Args:
+        policy: a `rewardlab.policy.Policy` (or an object with its `generate` and `mark_steps`).
+        rows: task rows with `prompt` (and what the scorer reads).
+        scorer: any rewardlab `Reward`.
+        n: N, samples per row.
+        temperature, top_p, max_new_tokens: sampling settings of each solution (max_new_tokens in tokens).
+        batch_size: about this many sequences per `generate` call.
+    Returns:
+        one `SearchResult` per row; cost: the sampled tokens, N scorer calls.
+    Raises:
+        ValueError: n < 1, an unknown aggregation.
+    """
+    check_budget(n)
+    groups = sample_solutions(policy, rows, n=n, temperature=temperature, top_p=top_p,
+                              max_new_tokens=max_new_tokens, separator=separator, batch_size=batch_size)
+    flat = score_solutions(scorer, [r for g in groups for r in g], aggregate)  # one batch for all rows
+    return [
+        select_best_of_n(g, flat[i * n : (i + 1) * n], tokens=sum(len(r.completion_ids) for r in g))
+        for i, g in enumerate(groups)
+    ]

@@ -1,0 +1,244 @@
+"""`rewardlab search`: accuracy against the sample budget N for each search method, with pass@N and greedy.
+
+Best-of-N, majority and weighted majority are computed on nested prefixes of one pool of max(N) samples per
+question (the first N samples for budget N), so their curves and pass@N come from the same samples. Beam search
+and DVTS generate their own trees for each N (N >= M, M dividing N).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from rewardlab.config import SearchConfig, dump_config
+from rewardlab.evaluation.policy import is_correct
+from rewardlab.policy import load_policy
+from rewardlab.progress import stage
+from rewardlab.rewards import build_reward
+from rewardlab.rewards.steps import final_answer
+from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.search.base import pick_best, sample_solutions, score_solutions
+from rewardlab.search.beam import beam, dvts
+from rewardlab.search.voting import EQUIVALENCES, VerifierEquivalence, majority_vote, weighted_majority_vote
+
+#: The methods `rewardlab search` can compare, in table order, with their display names.
+METHODS = {
+    "best_of_n": "best-of-N",
+    "majority": "majority",
+    "weighted_majority": "weighted majority",
+    "beam": "beam search",
+    "dvts": "DVTS",
+}
+POOL_METHODS = ("best_of_n", "majority", "weighted_majority")
+_STYLE = {"best_of_n": ("o", "-"), "majority": ("s", "-"), "weighted_majority": ("x", "--"), "beam": ("^", "-"),
+          "dvts": ("D", "-")}
+TREE_METHODS = {"beam": beam, "dvts": dvts}
+
+
+class _Memo:
+    """An equivalence with its answers-pair results cached (votes over nested prefixes repeat comparisons)."""
+
+    def __init__(self, equivalent) -> None:
+        self.equivalent = equivalent
+        self.cache: dict[tuple[str, str, int], bool] = {}
+
+    def __call__(self, a: str, b: str, row=None) -> bool:
+        key = (a, b, id(row))
+        if key not in self.cache:
+            self.cache[key] = self.equivalent(a, b, row)
+        return self.cache[key]
+
+
+def _correct(verifier, rollouts) -> list[bool]:
+    return [is_correct(o) for o in verifier(list(rollouts))] if rollouts else []
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def run_search(cfg: SearchConfig, *, show_progress: bool = True) -> dict[str, Any]:
+    """Run every method in `cfg.search.methods` for every budget in `cfg.search.n` on `cfg.split` of `cfg.task`.
+
+    Writes `cfg.out`: config.yaml, report.json (per method and N: accuracy, tokens and scorer calls per question,
+    wall seconds; pass@N; greedy accuracy) and accuracy_vs_n.png; prints the table.
+
+    Correctness is always judged by the task's own verifier (`task.reward`); the scorer (`cfg.scorer`, default the
+    task's verifier, i.e. an oracle) only ranks candidates.
+
+    Raises:
+        ValueError: an unknown method or equivalence, bad budgets, and what `tasks.load`, `load_policy` and
+            `build_reward` raise.
+    """
+    s = cfg.search
+    unknown = [m for m in s.methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"search.methods: unknown {unknown}; valid: {', '.join(METHODS)}")
+    if s.equivalence != "verifier" and s.equivalence not in EQUIVALENCES:
+        raise ValueError(f"search.equivalence: expected verifier, {', '.join(EQUIVALENCES)}; got {s.equivalence!r}")
+    if any(n < 1 for n in s.n):
+        raise ValueError(f"search.n: each budget must be >= 1, got {s.n}")
+    ns = sorted(set(s.n))
+    torch.manual_seed(cfg.seed)
+    from rewardlab.tasks import load as load_task
+
+    task = load_task(cfg.task.spec, **cfg.task.options)
+    rows = task.split(cfg.split)[: s.limit]
+    if not rows:
+        raise ValueError(f"search: the {cfg.split} split of {cfg.task.spec} has no rows")
+    verifier = build_reward(task.reward)
+    scorer = build_reward(cfg.scorer) if cfg.scorer is not None else verifier
+    policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
+                         device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
+    run = RunDir(cfg.out)  # created only once the task, rewards and model load
+    run.write_config(dump_config(cfg))
+    equivalent = _Memo(VerifierEquivalence(verifier) if s.equivalence == "verifier" else EQUIVALENCES[s.equivalence])
+    common = {"separator": s.separator, "batch_size": s.batch_size}
+    sampling = {"temperature": s.temperature, "top_p": s.top_p}
+    results: dict[str, dict[str, dict[str, float]]] = {m: {} for m in s.methods}
+    timing: dict[str, float] = {}
+
+    # Floor: greedy decoding.
+    t0 = time.perf_counter()
+    greedy = [g[0] for g in sample_solutions(policy, rows, n=1, greedy=True, max_new_tokens=s.max_new_tokens,
+                                             **common)]
+    greedy_correct = _correct(verifier, greedy)
+    timing["greedy_s"] = time.perf_counter() - t0
+
+    # One pool of max(N) samples per question for pass@N and the selection methods.
+    n_max = max(ns)
+    t0 = time.perf_counter()
+    with stage("sampling", len(rows), enabled=show_progress) as bar:
+        pool = sample_solutions(policy, rows, n=n_max, max_new_tokens=s.max_new_tokens, **sampling, **common)
+        bar.advance(len(rows))
+    flat = [r for g in pool for r in g]
+    correct_flat = _correct(verifier, flat)
+    correct = [correct_flat[i * n_max : (i + 1) * n_max] for i in range(len(rows))]
+    timing["pool_sampling_s"] = time.perf_counter() - t0
+    if any(m in s.methods for m in ("best_of_n", "weighted_majority")):
+        t0 = time.perf_counter()
+        scores_flat = score_solutions(scorer, flat, s.aggregate)
+        scores = [scores_flat[i * n_max : (i + 1) * n_max] for i in range(len(rows))]
+        timing["pool_scoring_s"] = time.perf_counter() - t0
+    answers = [[final_answer(r.completion) for r in g] for g in pool]
+    pass_at = {}
+    for n in ns:
+        pass_at[str(n)] = _mean(any(c[:n]) for c in correct)
+        tokens = _mean(sum(len(r.completion_ids) for r in g[:n]) for g in pool)
+        for m in POOL_METHODS:
+            if m not in s.methods:
+                continue
+            t0 = time.perf_counter()
+            hits = []
+            for i, row in enumerate(rows):
+                if m == "best_of_n":
+                    idx = pick_best(scores[i][:n])
+                elif m == "majority":
+                    idx = majority_vote(answers[i][:n], equivalent, row).index
+                else:
+                    idx = weighted_majority_vote(answers[i][:n], scores[i][:n], equivalent, row).index
+                hits.append(correct[i][idx])
+            results[m][str(n)] = {"accuracy": _mean(hits), "tokens_per_question": tokens,
+                                  "scorer_calls_per_question": 0.0 if m == "majority" else float(n),
+                                  "select_s": time.perf_counter() - t0}
+
+    # Beam search and DVTS: a fresh tree search for each N.
+    for m, method in TREE_METHODS.items():
+        if m not in s.methods:
+            continue
+        budgets = [n for n in ns if n >= s.beam_width and n % s.beam_width == 0]
+        with stage(m, len(budgets), enabled=show_progress) as bar:
+            for n in budgets:
+                t0 = time.perf_counter()
+                out = method(policy, rows, scorer, n=n, beam_width=s.beam_width, max_steps=s.max_steps,
+                             aggregate=s.aggregate, max_step_tokens=s.max_step_tokens, **sampling, **common)
+                hits = _correct(verifier, [r.best for r in out])
+                results[m][str(n)] = {"accuracy": _mean(hits), "tokens_per_question": _mean(r.tokens for r in out),
+                                      "scorer_calls_per_question": _mean(r.scorer_calls for r in out),
+                                      "wall_s": time.perf_counter() - t0}
+                bar.advance(1, acc=_mean(hits))
+
+    report = {
+        "task": cfg.task.spec,
+        "task_options": cfg.task.options,
+        "model": cfg.model.path,
+        "split": cfg.split,
+        "questions": len(rows),
+        "scorer": cfg.scorer if cfg.scorer is not None else f"{task.reward} (the task's verifier: an oracle)",
+        "verifier": task.reward,
+        "settings": s.model_dump(),
+        "greedy": {"accuracy": _mean(greedy_correct),
+                   "tokens_per_question": _mean(len(r.completion_ids) for r in greedy)},
+        "pass@N": pass_at,
+        "methods": results,
+        "timing_s": timing,
+    }
+    report["plot"] = str(plot_report(report, run.path / "accuracy_vs_n.png"))
+    atomic_write_text(run.path / "report.json", json.dumps(report, indent=2) + "\n")
+    print_report(report, run.path / "report.json")
+    return report
+
+
+def plot_report(report: dict[str, Any], path: str | Path) -> Path:
+    """Accuracy against N (log2 x axis) for each method, pass@N (dashed) and greedy (dotted) as reference lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    ns = sorted(int(n) for n in report["pass@N"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot(ns, [100 * report["pass@N"][str(n)] for n in ns], "k--", label="pass@N (ceiling)")
+    ax.axhline(100 * report["greedy"]["accuracy"], color="gray", ls=":", label="greedy (floor)")
+    for m, per_n in report["methods"].items():
+        pts = sorted((int(n), v["accuracy"]) for n, v in per_n.items())
+        if pts:  # own marker and line style per method, so coinciding curves stay visible
+            marker, ls = _STYLE.get(m, ("o", "-"))
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker=marker, ls=ls, ms=5, mfc="none",
+                    label=METHODS[m])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("N (samples / beams per question)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title(f"{report['task']}: {report['questions']} questions, scorer {report['scorer']}", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def print_report(report: dict[str, Any], where: str | Path | None = None) -> None:
+    """Print the accuracy table and the cost table (tokens and scorer calls per question) with rich."""
+    ns = sorted(int(n) for n in report["pass@N"])
+    methods = list(report["methods"])
+    acc = Table(title=f"held-out accuracy, {report['task']} ({report['questions']} questions); "
+                      f"greedy {report['greedy']['accuracy']:.1%}")
+    acc.add_column("N", justify="right")
+    acc.add_column("pass@N", justify="right")
+    for m in methods:
+        acc.add_column(METHODS[m], justify="right")
+    cost = Table(title="cost per question: tokens generated / scorer calls")
+    cost.add_column("N", justify="right")
+    for m in methods:
+        cost.add_column(METHODS[m], justify="right")
+    for n in ns:
+        cells = [report["methods"][m].get(str(n)) for m in methods]
+        acc.add_row(str(n), f"{report['pass@N'][str(n)]:.1%}", *(f"{c['accuracy']:.1%}" if c else "-" for c in cells))
+        cost.add_row(str(n), *(f"{c['tokens_per_question']:.0f} / {c['scorer_calls_per_question']:.0f}" if c else "-"
+                               for c in cells))
+    out = Console()
+    out.print(acc)
+    out.print(cost)
+    if where is not None:
+        out.print(f"report: {where}  plot: {report.get('plot')}")
