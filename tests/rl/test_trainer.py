@@ -165,3 +165,13 @@ def test_mean_reward_rises_on_trivial_task(tmp_path):
     assert len(rewards) == 15
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.3, rewards
+
+
+def test_time_budget_stops_after_the_step_that_ends_past_it(tmp_path):
+    # A zero budget is spent by the end of step 1, whatever the machine's speed: one step, then the final checkpoint.
+    summary = train(_config(tmp_path, "run", "rl.steps=50", "save_every=100"), show_progress=False, time_budget_s=0.0)
+    metrics = _metrics(tmp_path / "run")
+    assert [m["step"] for m in metrics] == [1]
+    assert metrics[0]["time/elapsed_s"] >= metrics[0]["time/step_s"] > 0
+    assert summary["steps_done"] == 1 and summary["steps"] == 50
+    assert summary["final_checkpoint"] == str(tmp_path / "run" / "checkpoints" / "step-1")

@@ -89,12 +89,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
+          time_budget_s: float | None = None) -> dict[str, Any]:
     """Optimize `cfg.model` on `cfg.task` with the configured estimator and policy loss.
 
     Writes the run directory `cfg.out` (see `rewardlab.runs`). With `resume`, continues from the latest
     checkpoint there (weights, optimizer, schedule, prompt sampler and RNG state), so step k+1 after a resume logs
-    what an uninterrupted run logs.
+    what an uninterrupted run logs. With `time_budget_s` (seconds of wall clock since the first step began), the run
+    stops after the first step that ends past the budget (or at `cfg.rl.steps`) and saves its final checkpoint there:
+    for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
 
     Returns:
         the summary (also written to summary.json).
@@ -202,7 +205,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
             metrics = step_metrics(rollouts, outputs, rl.group_size)
             metrics.update({k: v / updates for k, v in sums.items()})
             metrics.update({"lr": scheduler.get_last_lr()[0], "time/step_s": step_s, "time/gen_s": gen_s,
-                            "time/gen_tokens_per_s": gen_tokens / gen_s})
+                            "time/gen_tokens_per_s": gen_tokens / gen_s,
+                            "time/elapsed_s": time.perf_counter() - wall0})
             run.log_metrics(step, metrics)
             adv_seq = advantages[:, 0].tolist()
             run.log_samples(
@@ -213,8 +217,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
             )
             last = metrics
             bar.advance(1, reward=metrics["reward/mean"], acc=metrics["accuracy"])
-            if step % cfg.save_every == 0 or step == rl.steps:
+            out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
+            if step % cfg.save_every == 0 or step == rl.steps or out_of_time:
                 save(step)
+            if out_of_time:
+                break
     latest = run.latest_checkpoint()
     run.plot(["reward/mean", "accuracy", "policy/entropy", "rollout/len_mean"], "train.png")
     summary = {
@@ -222,6 +229,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
         "estimator": rl.estimator,
         "loss": rl.loss,
         "steps": rl.steps,
+        "steps_done": step if rl.steps > start_step else start_step,
         "resumed_from": start_step if resume else None,
         "wall_s": time.perf_counter() - wall0,
         "final_metrics": last or (run.read_metrics() or [{}])[-1],
