@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from rewardlab.types import Rollout, split_steps
 
@@ -76,6 +77,28 @@ class _BehaviourLogprobs(LogitsProcessor):
         return torch.stack(self.picked, dim=1) if self.picked else sequences.new_zeros((sequences.shape[0], 0)).float()
 
 
+def _expandable_cache(cache: Any) -> bool:
+    """True for a key/value cache whose rows can be repeated and selected (`DynamicCache` of `DynamicLayer`s).
+
+    The shared-prefix paths below need exactly that; models with other caches (linear-attention or recurrent state,
+    encoder-decoder) take the plain paths.
+    """
+    return isinstance(cache, DynamicCache) and all(isinstance(layer, DynamicLayer) for layer in cache.layers)
+
+
+def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filtering (Holtzman et al., 2020) of [B, V] scores: keep the smallest set of top tokens whose
+    probability mass reaches `top_p` (at least one token); the rest get -inf. Same rule as transformers'
+    `TopPLogitsWarper`: drop tokens whose ascending cumulative probability is <= 1 - top_p."""
+    if top_p >= 1.0:
+        return scores
+    sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+    drop_sorted = sorted_scores.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+    drop_sorted[..., -1:] = False
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return scores.masked_fill(drop, float("-inf"))
+
+
 class Policy:
     """A causal LM and its tokenizer.
 
@@ -103,6 +126,10 @@ class Policy:
         self.model = model
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
+        #: Use the shared-prefix sampler and scorer (see `_sample_shared`, `completion_logits`). None: decided by the
+        #: first call (True when the model's key/value cache can be repeated per row); False forces the plain paths
+        #: (transformers' `generate`, one forward pass over every row).
+        self.shared_prefix: bool | None = None
 
     @classmethod
     def load(cls, path: str | Path, *, prompt_format: str = "auto", dtype: str = "float32", device: str = "cpu"):
@@ -238,37 +265,13 @@ class Policy:
         was_training = self.model.training
         self.model.eval()
         rollouts: list[Rollout] = []
+        eos = tok.eos_token_id
         for start in range(0, len(prompts), step):
             chunk = ids[start : start + step]
-            empty: list[list[int]] = [[] for _ in chunk]
-            batch = self.collate(chunk, empty)
-            P = batch.prompt_len
-            recorder = _BehaviourLogprobs(1.0 if greedy else temperature)
-            config = GenerationConfig(
-                do_sample=not greedy,
-                temperature=None if greedy else temperature,
-                top_p=None if greedy or top_p >= 1.0 else top_p,
-                top_k=None,
-                max_new_tokens=max_new_tokens,
-                num_return_sequences=n,
-                pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id,
-                bos_token_id=tok.bos_token_id,
-                return_dict_in_generate=True,
-            )
-            out = self.model.generate(
-                input_ids=batch.input_ids[:, :P],
-                attention_mask=batch.attention_mask[:, :P],
-                generation_config=config,
-                logits_processor=LogitsProcessorList([recorder]),
-            )
-            gen = out.sequences[:, P:]
-            logps = recorder.finish(out.sequences).cpu()
-            gen_cpu = gen.cpu()
-            eos = tok.eos_token_id
-            for k in range(gen_cpu.shape[0]):
+            gen, logps = self._sample(chunk, n=n, temperature=temperature, top_p=top_p,
+                                      max_new_tokens=max_new_tokens, greedy=greedy)
+            for k, row_ids in enumerate(gen.tolist()):
                 p_idx = start + k // n
-                row_ids = gen_cpu[k].tolist()
                 end = row_ids.index(eos) + 1 if eos in row_ids else len(row_ids)
                 comp = row_ids[:end]
                 rollouts.append(
@@ -286,6 +289,99 @@ class Policy:
         self.model.train(was_training)
         return rollouts
 
+    def _sample(self, prompt_ids: list[list[int]], *, n: int, temperature: float, top_p: float, max_new_tokens: int,
+                greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample `n` completions of each prompt: [B*n, L] int64 token ids (pad after EOS, L <= max_new_tokens) and
+        [B*n, L] float32 behaviour log-probs, prompt-major. The shared-prefix sampler when the model's cache allows
+        it, else transformers' `generate`."""
+        batch = self.collate(prompt_ids, [[] for _ in prompt_ids])
+        P = batch.prompt_len
+        if self.shared_prefix is not False:
+            prefill = self.model(input_ids=batch.input_ids[:, :P], attention_mask=batch.attention_mask[:, :P],
+                                 position_ids=batch.position_ids[:, :P], use_cache=True, logits_to_keep=1)
+            self.shared_prefix = _expandable_cache(prefill.past_key_values)
+            if self.shared_prefix:
+                return self._sample_shared(batch, prefill, n=n, temperature=temperature, top_p=top_p,
+                                           max_new_tokens=max_new_tokens, greedy=greedy)
+        return self._sample_hf(batch, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                               greedy=greedy)
+
+    def _sample_shared(self, batch: Batch, prefill: Any, *, n: int, temperature: float, top_p: float,
+                       max_new_tokens: int, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Autoregressive sampling that runs each prompt once and drops finished rows.
+
+        The prompt is prefilled once per prompt (not once per sample): its key/value cache and last logits are then
+        repeated n times, which is exact because the n samples of a prompt share it token for token. After each
+        step, rows that sampled EOS leave the batch (their cache rows are dropped), so the decode cost follows the
+        tokens actually generated, not the longest completion. Sampling is the same distribution as `generate`:
+        softmax(logits / temperature) after nucleus filtering (`top_p_filter`), one `torch.multinomial` draw per
+        row; greedy takes the argmax. The behaviour log-prob is log softmax(logits / temperature) of the drawn
+        token, before nucleus filtering (temperature 1 when greedy).
+        """
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        P = batch.prompt_len
+        cache = prefill.past_key_values
+        cache.batch_repeat_interleave(n)
+        logits = prefill.logits[:, -1].repeat_interleave(n, dim=0)
+        attention = batch.attention_mask[:, :P].repeat_interleave(n, dim=0)
+        position = batch.position_ids[:, P - 1].repeat_interleave(n, dim=0)
+        N = logits.shape[0]
+        dev = logits.device
+        tokens = torch.full((N, max_new_tokens), pad, dtype=torch.long, device=dev)
+        logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=dev)
+        rows = torch.arange(N, device=dev)  # which output rows are still generating
+        temp = 1.0 if greedy else temperature
+        length = 0
+        for t in range(max_new_tokens):
+            logp_all = torch.log_softmax(logits.float() / temp, dim=-1)
+            if greedy:
+                nxt = logits.argmax(dim=-1)
+            else:
+                probs = logp_all.exp() if top_p >= 1.0 else top_p_filter(logits.float() / temp, top_p).softmax(-1)
+                nxt = torch.multinomial(probs, num_samples=1).squeeze(1)
+            tokens[rows, t] = nxt
+            logps[rows, t] = logp_all.gather(1, nxt[:, None]).squeeze(1)
+            length = t + 1
+            going = nxt != eos
+            if t == max_new_tokens - 1 or not bool(going.any()):
+                break
+            if not bool(going.all()):
+                keep = going.nonzero().squeeze(1)
+                rows, nxt, attention, position = rows[keep], nxt[keep], attention[keep], position[keep]
+                cache.batch_select_indices(keep)
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            position = position + 1
+            out = self.model(input_ids=nxt[:, None], attention_mask=attention, position_ids=position[:, None],
+                             past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]
+        return tokens[:, :length].cpu(), logps[:, :length].cpu()
+
+    def _sample_hf(self, batch: Batch, *, n: int, temperature: float, top_p: float, max_new_tokens: int,
+                   greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' `generate` with the behaviour log-probs recorded by a logits processor (any model)."""
+        tok = self.tokenizer
+        P = batch.prompt_len
+        recorder = _BehaviourLogprobs(1.0 if greedy else temperature)
+        config = GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else temperature,
+            top_p=None if greedy or top_p >= 1.0 else top_p,
+            top_k=0,  # no top-k (None would mean transformers' default of 50)
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=n,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            bos_token_id=tok.bos_token_id,
+            return_dict_in_generate=True,
+        )
+        out = self.model.generate(
+            input_ids=batch.input_ids[:, :P],
+            attention_mask=batch.attention_mask[:, :P],
+            generation_config=config,
+            logits_processor=LogitsProcessorList([recorder]),
+        )
+        return out.sequences[:, P:].cpu(), recorder.finish(out.sequences).cpu()
+
     # ------------------------------------------------------------------ scoring
     def token_logprobs(
         self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False
@@ -299,15 +395,7 @@ class Policy:
         Returns:
             logprobs [N, T] float32 (natural log, 0 where mask is 0), entropy [N, T] float32 in nats or None.
         """
-        T = batch.completion_ids.shape[1]
-        out = self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            logits_to_keep=T + 1,
-            use_cache=False,
-        )
-        logits = out.logits[:, :-1].float() / temperature  # position P-1+t predicts completion token t
+        logits = self.completion_logits(batch).float() / temperature
         logp_all = torch.log_softmax(logits, dim=-1)
         logprobs = logp_all.gather(-1, batch.completion_ids[..., None]).squeeze(-1) * batch.mask
         entropy = None
@@ -315,6 +403,46 @@ class Policy:
             with torch.no_grad():
                 entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.mask
         return logprobs, entropy
+
+
+    def completion_logits(self, batch: Batch) -> torch.Tensor:
+        """[N, T, V] logits (model dtype) at the positions that predict each completion token (differentiable).
+
+        When at least half of the rows repeat another row's prompt (GRPO groups), each distinct prompt is run once,
+        its key/value cache is repeated to its rows, and only the completion tokens are run on top of it: the same
+        values as one forward pass over every row (up to float rounding), and the same gradients, since each
+        prompt's activations receive the sum of its rows' gradients. Otherwise (or for models whose cache cannot
+        be repeated) it is one forward pass over `[prompt | completion]`.
+        """
+        P, T = batch.prompt_len, batch.completion_ids.shape[1]
+        N = batch.input_ids.shape[0]
+        prompts = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)
+        unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+        if self.shared_prefix is not False and 2 * unique.shape[0] <= N:
+            first = torch.full((unique.shape[0],), N, dtype=torch.long, device=inverse.device)
+            first = first.scatter_reduce(0, inverse, torch.arange(N, device=inverse.device), reduce="amin")
+            head = self.model(input_ids=batch.input_ids[first, :P], attention_mask=batch.attention_mask[first, :P],
+                              position_ids=batch.position_ids[first, :P], use_cache=True, logits_to_keep=1)
+            cache = head.past_key_values
+            self.shared_prefix = _expandable_cache(cache)
+            if self.shared_prefix:
+                first_logits = head.logits[:, -1:][inverse]  # position P-1 predicts completion token 0
+                if T == 1:
+                    return first_logits
+                cache.batch_select_indices(inverse)
+                tail = self.model(input_ids=batch.input_ids[:, P : P + T - 1],
+                                  attention_mask=batch.attention_mask[:, : P + T - 1],
+                                  position_ids=batch.position_ids[:, P : P + T - 1], past_key_values=cache,
+                                  use_cache=True)
+                return torch.cat([first_logits, tail.logits], dim=1)
+        out = self.model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=T + 1,
+            use_cache=False,
+        )
+        return out.logits[:, :-1]  # position P-1+t predicts completion token t
 
 
 def rollout_batch(policy: Policy, rollouts: Sequence[Rollout]) -> tuple[Batch, torch.Tensor]:
