@@ -14,9 +14,9 @@ What it does (defaults in brackets; all are flags, see --help):
 3. Held-out accuracy of every final checkpoint (and of the SFT start) with rewardlab's evaluator for both: greedy
    decoding, exact match by the task's verifier, on the task's test split [500 questions].
 4. A table and OUT/results.json: steps/s of each (over the whole budget, and over the first S steps, S = the fewest
-   steps any run did, so both are timed on the same number of steps), their ratio, peak RSS of each child (the
-   high-water mark from os.wait4, plus the growth over the RSS after imports), and held-out accuracy at equal wall
-   time.
+   steps any run did, so both are timed on the same number of steps), their ratio, the process CPU time per step
+   (less sensitive than wall time to other load on a shared machine), peak RSS of each child (the high-water mark
+   from os.wait4, plus the growth over the RSS after imports), and held-out accuracy at equal wall time.
 
 The comparison, setting by setting (both sides get the same value; where TRL's default differs and the comparison
 forces a value, the line says so):
@@ -116,7 +116,17 @@ def child_rewardlab(cfg: dict[str, Any]) -> dict[str, Any]:
     from rewardlab.config import RLConfig, TrainConfig
     from rewardlab.rl.trainer import train
 
+    from rewardlab.runs import RunDir
+
     rss_start = _rss_mib()
+    cpu_ends: list[float] = []
+    log_metrics = RunDir.log_metrics
+
+    def log_metrics_and_cpu_clock(self, step, metrics):  # called once per step, after the step's work
+        cpu_ends.append(time.process_time())
+        log_metrics(self, step, metrics)
+
+    RunDir.log_metrics = log_metrics_and_cpu_clock
     q = _quickstart()
     rl = RLConfig(
         steps=cfg["steps"] or 10**9, prompts_per_step=cfg["prompts"], group_size=cfg["group_size"], epochs=1,
@@ -132,6 +142,7 @@ def child_rewardlab(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "final_checkpoint": summary["final_checkpoint"],
         "step_ends_s": [m["time/elapsed_s"] for m in metrics],
+        "step_ends_cpu_s": cpu_ends,
         "train_reward_mean": [m["reward/mean"] for m in metrics],
         "gen_s_mean": statistics.mean(m["time/gen_s"] for m in metrics),
         "rss_after_imports_mib": rss_start,
@@ -200,6 +211,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
     )
     step_begins: list[float] = []
     step_ends: list[float] = []
+    cpu_ends: list[float] = []
     budget = None if cfg["steps"] else cfg["budget_s"]
 
     class Clock(TrainerCallback):
@@ -208,6 +220,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
 
         def on_step_end(self, args, state, control, **kwargs):
             step_ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
             if budget is not None and step_ends[-1] - step_begins[0] >= budget:
                 control.should_training_stop = True
 
@@ -221,6 +234,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "final_checkpoint": str(final),
         "step_ends_s": [t - step_begins[0] for t in step_ends],
+        "step_ends_cpu_s": cpu_ends,
         "train_reward_mean": list(rewards),
         "rss_after_imports_mib": rss_start,
     }
@@ -305,7 +319,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         rs = [r for r in records if r["trainer"] == name]
         full = [len(r["step_ends_s"]) / r["step_ends_s"][-1] for r in rs]
         same = [steps_per_s(r["step_ends_s"], common) for r in rs]
+        cpu = [1000 * (r["step_ends_cpu_s"][-1] - r["step_ends_cpu_s"][0]) / (len(r["step_ends_cpu_s"]) - 1)
+               for r in rs if len(r["step_ends_cpu_s"]) > 1]
         out[name] = {
+            "cpu_ms_per_step": statistics.median(cpu) if cpu else float("nan"),
             "steps_per_s": statistics.median(full),
             "steps_per_s_first_common_steps": statistics.median(same),
             "steps": [len(r["step_ends_s"]) for r in rs],
@@ -318,6 +335,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     out["ratio_steps_per_s"] = out["rewardlab"]["steps_per_s"] / out["trl"]["steps_per_s"]
     out["ratio_first_common_steps"] = (out["rewardlab"]["steps_per_s_first_common_steps"]
                                        / out["trl"]["steps_per_s_first_common_steps"])
+    out["ratio_cpu_time_per_step"] = out["trl"]["cpu_ms_per_step"] / out["rewardlab"]["cpu_ms_per_step"]
     return out
 
 
@@ -389,6 +407,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"| steps/s over the first {summary['common_steps']} steps | {r['steps_per_s_first_common_steps']:.3f} "
         f"| {t['steps_per_s_first_common_steps']:.3f} |",
         f"| steps done | {r['steps']} | {t['steps']} |",
+        f"| process CPU time per step, ms (steps 2..end, all threads) | {r['cpu_ms_per_step']:.0f} "
+        f"| {t['cpu_ms_per_step']:.0f} |",
         f"| peak RSS, MiB (growth over post-import RSS) | {r['peak_rss_mib']:.0f} ({r['rss_growth_mib']:.0f}) "
         f"| {t['peak_rss_mib']:.0f} ({t['rss_growth_mib']:.0f}) |",
         f"| held-out greedy accuracy at equal wall time (SFT start: {sft_acc:.1%}) | {r['held_out_accuracy']:.1%} "
@@ -396,7 +416,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{[f'{x:.1%}' for x in t['held_out_accuracy_runs']]} |",
         "",
         f"rewardlab / TRL steps/s: {summary['ratio_steps_per_s']:.2f}x over the budget, "
-        f"{summary['ratio_first_common_steps']:.2f}x over the first {summary['common_steps']} steps",
+        f"{summary['ratio_first_common_steps']:.2f}x over the first {summary['common_steps']} steps; "
+        f"TRL / rewardlab CPU time per step: {summary['ratio_cpu_time_per_step']:.2f}x",
         f"load average at end: {_load_avg()}; total {time.perf_counter() - t_start:.0f} s",
     ]
     print("\n".join(lines))

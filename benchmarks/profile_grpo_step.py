@@ -15,7 +15,8 @@ make up a step (the wrappers add one perf_counter pair per call, nothing else):
 | logging | `RunDir.log_metrics` + `log_samples` (fsync'd JSONL) | -- (its metrics are kept in memory; no log step falls in the run) |
 | other | loop time minus the above: packing, advantages, loss, metrics, Python | the same: padding, advantages, loss, metrics, Trainer/accelerate |
 
-The first `--warmup` steps are left out of the per-step means. With `--ops`, a torch.profiler table of the top
+The first `--warmup` steps are left out of the per-step means. "step CPU time" is the process's CPU time per step
+(user + system, all threads): on a shared machine it moves much less with the load than wall time does. With `--ops`, a torch.profiler table of the top
 operators by self CPU time is printed for each trainer too.
 """
 
@@ -61,6 +62,7 @@ class Timers:
         return timed
 
     def mark_step(self) -> None:
+        self.current["cpu"] = time.process_time()
         self.steps.append(dict(self.current))
         self.current = defaultdict(float)
 
@@ -152,6 +154,7 @@ def per_step_ms(steps: list[dict[str, float]], warmup: int) -> dict[str, float]:
     out = {p: 1000 * sum(s.get(p, 0.0) for s in kept) / len(kept) for p in PHASES}
     out["step"] = 1000 * loop_s / len(kept)
     out["other"] = out["step"] - sum(out[p] for p in PHASES)
+    out["step CPU time"] = 1000 * (kept[-1]["cpu"] - steps[max(warmup, 1) - 1]["cpu"]) / (len(steps) - max(warmup, 1))
     return out
 
 
@@ -194,7 +197,7 @@ def main() -> None:
     names = list(results)
     print("\n| ms per step | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
-    for key in ("step", *PHASES, "other"):
+    for key in ("step", *PHASES, "other", "step CPU time"):
         print(f"| {key} | " + " | ".join(f"{results[n][key]:.1f}" for n in names) + " |")
     Path(a.out, "profile_summary.json").write_text(json.dumps(results, indent=1))
 
