@@ -222,16 +222,21 @@ def test_top_p_filter_hand_computed_and_as_transformers():
         assert torch.equal(top_p_filter(x, p), TopPLogitsWarper(top_p=p)(None, x.clone()))
 
 
-def test_shared_prefix_logprobs_and_gradients_equal_one_forward_pass(tiny_policy):
-    # 3 prompts x 4 samples of different lengths, rows shuffled: the scorer runs each prompt once and the
-    # completions on its repeated cache; values and parameter gradients must match one forward pass over every row.
+@pytest.mark.parametrize("rows", ["prompt-major", "shuffled", "subset"])
+def test_shared_prefix_logprobs_and_gradients_equal_one_forward_pass(tiny_policy, rows):
+    # 3 prompts x 4 samples of different lengths: the scorer runs each prompt once and the completions on its
+    # repeated cache (broadcast for prompt-major groups, index_select otherwise); values and parameter gradients
+    # must match one forward pass over every row.
     torch.manual_seed(0)
     with torch.no_grad():
         tiny_policy.model.model.norm.weight.mul_(0.3)
     rollouts = tiny_policy.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6)
     assert len({len(r.completion_ids) for r in rollouts}) > 1
     batch, _ = rollout_batch(tiny_policy, rollouts)
-    batch = batch.select(torch.randperm(len(rollouts)))
+    if rows == "shuffled":
+        batch = batch.select(torch.randperm(len(rollouts)))
+    elif rows == "subset":  # unequal groups, as in a minibatch: 4 + 2 + 1 rows
+        batch = batch.select(torch.tensor([9, 0, 1, 2, 3, 5, 6]))
     model = tiny_policy.model
 
     def run(shared_prefix):

@@ -418,22 +418,36 @@ class Policy:
         N = batch.input_ids.shape[0]
         prompts = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)
         unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-        if self.shared_prefix is not False and 2 * unique.shape[0] <= N:
-            first = torch.full((unique.shape[0],), N, dtype=torch.long, device=inverse.device)
-            first = first.scatter_reduce(0, inverse, torch.arange(N, device=inverse.device), reduce="amin")
+        U = unique.shape[0]
+        if self.shared_prefix is not False and 2 * U <= N:
+            dev = inverse.device
+            first = torch.full((U,), N, dtype=torch.long, device=dev)
+            first = first.scatter_reduce(0, inverse, torch.arange(N, device=dev), reduce="amin")
+            order = torch.argsort(first)  # number the prompts by first appearance
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(U, device=dev)
+            inverse, first = rank[inverse], first[order]
             head = self.model(input_ids=batch.input_ids[first, :P], attention_mask=batch.attention_mask[first, :P],
                               position_ids=batch.position_ids[first, :P], use_cache=True, logits_to_keep=1)
             cache = head.past_key_values
             self.shared_prefix = _expandable_cache(cache)
             if self.shared_prefix:
-                # index_select, not x[inverse]: its backward is an index_add, several times faster on CPU than
-                # the accumulating index_put of advanced indexing
-                first_logits = head.logits[:, -1:].index_select(0, inverse)  # position P-1 predicts token 0
+                G = N // U
+                if G * U == N and torch.equal(inverse, torch.arange(U, device=dev).repeat_interleave(G)):
+                    # prompt-major groups of G rows (a whole GRPO batch): a broadcast, whose backward is a sum
+                    def spread(x: torch.Tensor) -> torch.Tensor:
+                        return x.unsqueeze(1).expand(U, G, *x.shape[1:]).reshape(N, *x.shape[1:])
+                else:
+                    # any other row order: index_select, whose backward (index_add) is faster on CPU than the
+                    # accumulating index_put of x[inverse]
+                    def spread(x: torch.Tensor) -> torch.Tensor:
+                        return x.index_select(0, inverse)
+
+                first_logits = spread(head.logits[:, -1:])  # position P-1 predicts completion token 0
                 if T == 1:
                     return first_logits
                 for layer in cache.layers:
-                    layer.keys = layer.keys.index_select(0, inverse)
-                    layer.values = layer.values.index_select(0, inverse)
+                    layer.keys, layer.values = spread(layer.keys), spread(layer.values)
                 tail = self.model(input_ids=batch.input_ids[:, P : P + T - 1],
                                   attention_mask=batch.attention_mask[:, : P + T - 1],
                                   position_ids=batch.position_ids[:, P : P + T - 1], past_key_values=cache,
