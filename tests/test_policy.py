@@ -225,8 +225,8 @@ def test_top_p_filter_hand_computed_and_as_transformers():
 @pytest.mark.parametrize("rows", ["prompt-major", "shuffled", "subset"])
 def test_shared_prefix_logprobs_and_gradients_equal_one_forward_pass(tiny_policy, rows):
     # 3 prompts x 4 samples of different lengths: the scorer runs each prompt once and the completions on its
-    # repeated cache (broadcast for prompt-major groups, index_select otherwise); values and parameter gradients
-    # must match one forward pass over every row.
+    # repeated cache (broadcast for equal groups in any row order, index_select for unequal ones); values and
+    # parameter gradients must match one forward pass over every row.
     torch.manual_seed(0)
     with torch.no_grad():
         tiny_policy.model.model.norm.weight.mul_(0.3)

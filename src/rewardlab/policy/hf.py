@@ -432,27 +432,35 @@ class Policy:
             cache = head.past_key_values
             self.shared_prefix = _expandable_cache(cache)
             if self.shared_prefix:
+                ids, attention, position = batch.input_ids, batch.attention_mask, batch.position_ids
                 G = N // U
-                if G * U == N and torch.equal(inverse, torch.arange(U, device=dev).repeat_interleave(G)):
-                    # prompt-major groups of G rows (a whole GRPO batch): a broadcast, whose backward is a sum
+                perm = torch.argsort(inverse, stable=True)  # rows grouped by prompt
+                grouped = G * U == N and torch.equal(inverse[perm], torch.arange(U, device=dev).repeat_interleave(G))
+                unsort = None
+                if grouped:
+                    # G rows per prompt (a GRPO batch, in any row order): work on the rows sorted by prompt and
+                    # repeat the prompt's cache by broadcasting, whose backward is a sum; the logits are put back in
+                    # the batch's row order at the end
+                    if not torch.equal(perm, torch.arange(N, device=dev)):
+                        ids, attention, position = (x.index_select(0, perm) for x in (ids, attention, position))
+                        unsort = torch.argsort(perm)
+
                     def spread(x: torch.Tensor) -> torch.Tensor:
                         return x.unsqueeze(1).expand(U, G, *x.shape[1:]).reshape(N, *x.shape[1:])
                 else:
-                    # any other row order: index_select, whose backward (index_add) is faster on CPU than the
-                    # accumulating index_put of x[inverse]
+                    # unequal groups (e.g. a minibatch): index_select, whose backward (index_add) is faster on CPU
+                    # than the accumulating index_put of x[inverse]
                     def spread(x: torch.Tensor) -> torch.Tensor:
                         return x.index_select(0, inverse)
 
-                first_logits = spread(head.logits[:, -1:])  # position P-1 predicts completion token 0
-                if T == 1:
-                    return first_logits
-                for layer in cache.layers:
-                    layer.keys, layer.values = spread(layer.keys), spread(layer.values)
-                tail = self.model(input_ids=batch.input_ids[:, P : P + T - 1],
-                                  attention_mask=batch.attention_mask[:, : P + T - 1],
-                                  position_ids=batch.position_ids[:, P : P + T - 1], past_key_values=cache,
-                                  use_cache=True)
-                return torch.cat([first_logits, tail.logits], dim=1)
+                logits = spread(head.logits[:, -1:])  # position P-1 predicts completion token 0
+                if T > 1:
+                    for layer in cache.layers:
+                        layer.keys, layer.values = spread(layer.keys), spread(layer.values)
+                    tail = self.model(input_ids=ids[:, P : P + T - 1], attention_mask=attention[:, : P + T - 1],
+                                      position_ids=position[:, P : P + T - 1], past_key_values=cache, use_cache=True)
+                    logits = torch.cat([logits, tail.logits], dim=1)
+                return logits if unsort is None else logits.index_select(0, unsort)
         out = self.model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
