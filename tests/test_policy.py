@@ -205,6 +205,21 @@ def test_shared_prefix_greedy_equals_transformers_generate(tiny_policy):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
+def test_prefix_tree_sampling_shares_then_splits_prefixes(tiny_policy):
+    # Peaked logits: the 8 samples of a prompt often draw the same first tokens, then diverge. The sampler runs one
+    # row per distinct prefix and regroups every step; wrong cache rows would show as log-probs that differ from a
+    # forward pass over the completed rows.
+    torch.manual_seed(0)
+    with torch.no_grad():
+        tiny_policy.model.model.norm.weight.mul_(10.0)
+    rollouts = tiny_policy.generate(PROMPTS, n=8, temperature=1.0, max_new_tokens=8)
+    for g in range(len(PROMPTS)):
+        completions = [tuple(r.completion_ids) for r in rollouts if r.group == g]
+        assert len({c[0] for c in completions}) < len(set(completions))  # shared first tokens, split later
+    assert len({len(r.completion_ids) for r in rollouts}) > 1
+    assert _max_logprob_gap(tiny_policy, rollouts, 1.0) < 1e-4
+
+
 def test_top_p_filter_hand_computed_and_as_transformers():
     from transformers import TopPLogitsWarper
 
@@ -222,7 +237,7 @@ def test_top_p_filter_hand_computed_and_as_transformers():
         assert torch.equal(top_p_filter(x, p), TopPLogitsWarper(top_p=p)(None, x.clone()))
 
 
-@pytest.mark.parametrize("rows", ["prompt-major", "shuffled", "subset"])
+@pytest.mark.parametrize("rows", ["prompt-major", "shuffled", "subset", "duplicates"])
 def test_shared_prefix_logprobs_and_gradients_equal_one_forward_pass(tiny_policy, rows):
     # 3 prompts x 4 samples of different lengths: the scorer runs each prompt once and the completions on its
     # repeated cache (broadcast for equal groups in any row order, index_select for unequal ones); values and
@@ -237,6 +252,8 @@ def test_shared_prefix_logprobs_and_gradients_equal_one_forward_pass(tiny_policy
         batch = batch.select(torch.randperm(len(rollouts)))
     elif rows == "subset":  # unequal groups, as in a minibatch: 4 + 2 + 1 rows
         batch = batch.select(torch.tensor([9, 0, 1, 2, 3, 5, 6]))
+    elif rows == "duplicates":  # identical rows (samples that coincide) are computed once
+        batch = batch.select(torch.tensor([0, 5, 0, 1, 11, 5, 2, 0, 3, 4, 6, 7, 8, 9, 10, 11]))
     model = tiny_policy.model
 
     def run(shared_prefix):

@@ -308,50 +308,55 @@ class Policy:
 
     def _sample_shared(self, batch: Batch, prefill: Any, *, n: int, temperature: float, top_p: float,
                        max_new_tokens: int, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Autoregressive sampling that runs each prompt once and drops finished rows.
+        """Autoregressive sampling over a prefix tree: rows that share a prefix share its forward pass.
 
-        The prompt is prefilled once per prompt (not once per sample): its key/value cache and last logits are then
-        repeated n times, which is exact because the n samples of a prompt share it token for token. After each
-        step, rows that sampled EOS leave the batch (their cache rows are dropped), so the decode cost follows the
-        tokens actually generated, not the longest completion. Sampling is the same distribution as `generate`:
-        softmax(logits / temperature) after nucleus filtering (`top_p_filter`), one `torch.multinomial` draw per
-        row; greedy takes the argmax. The behaviour log-prob is log softmax(logits / temperature) of the drawn
-        token, before nucleus filtering (temperature 1 when greedy).
+        The model runs once per distinct (prompt, tokens so far), not once per row: the n samples of a prompt start
+        as one node (the prompt is prefilled once), and after each step the rows still generating are regrouped by
+        (parent node, sampled token); the key/value cache keeps one row per node (`batch_select_indices` with each
+        child's parent). Rows that sampled EOS leave. This is exact: rows with the same prefix have the same
+        next-token distribution. Each row still draws its own token, one `torch.multinomial` draw per row from
+        softmax(logits / temperature) after nucleus filtering (`top_p_filter`) - the distribution of `generate`;
+        greedy takes the argmax. The behaviour log-prob is log softmax(logits / temperature) of the drawn token,
+        before nucleus filtering (temperature 1 when greedy).
         """
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         P = batch.prompt_len
-        cache = prefill.past_key_values
-        cache.batch_repeat_interleave(n)
-        logits = prefill.logits[:, -1].repeat_interleave(n, dim=0)
-        attention = batch.attention_mask[:, :P].repeat_interleave(n, dim=0)
-        position = batch.position_ids[:, P - 1].repeat_interleave(n, dim=0)
-        N = logits.shape[0]
+        cache = prefill.past_key_values  # one row per node
+        logits = prefill.logits[:, -1]  # [nodes, V]: next-token logits of each node
+        attention = batch.attention_mask[:, :P]  # [nodes, P + t]
+        position = batch.position_ids[:, P - 1]  # [nodes]: position of each node's last token
+        B, V = logits.shape
         dev = logits.device
+        N = B * n
         tokens = torch.full((N, max_new_tokens), pad, dtype=torch.long, device=dev)
         logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=dev)
-        rows = torch.arange(N, device=dev)  # which output rows are still generating
+        rows = torch.arange(N, device=dev)  # the rows still generating ...
+        node = torch.arange(B, device=dev).repeat_interleave(n)  # ... and the node each one is at
         temp = 1.0 if greedy else temperature
         length = 0
         for t in range(max_new_tokens):
-            logp_all = torch.log_softmax(logits.float() / temp, dim=-1)
+            scaled = logits.float() / temp
+            logp_all = torch.log_softmax(scaled, dim=-1)
             if greedy:
-                nxt = logits.argmax(dim=-1)
+                nxt = logits.argmax(dim=-1)[node]
             else:
-                probs = logp_all.exp() if top_p >= 1.0 else top_p_filter(logits.float() / temp, top_p).softmax(-1)
-                nxt = torch.multinomial(probs, num_samples=1).squeeze(1)
+                probs = logp_all.exp() if top_p >= 1.0 else top_p_filter(scaled, top_p).softmax(dim=-1)
+                nxt = torch.multinomial(probs.index_select(0, node), num_samples=1).squeeze(1)
             tokens[rows, t] = nxt
-            logps[rows, t] = logp_all.gather(1, nxt[:, None]).squeeze(1)
+            logps[rows, t] = logp_all[node, nxt]
             length = t + 1
             going = nxt != eos
             if t == max_new_tokens - 1 or not bool(going.any()):
                 break
-            if not bool(going.all()):
-                keep = going.nonzero().squeeze(1)
-                rows, nxt, attention, position = rows[keep], nxt[keep], attention[keep], position[keep]
-                cache.batch_select_indices(keep)
+            rows, node, nxt = rows[going], node[going], nxt[going]
+            children, node = torch.unique(node * V + nxt, return_inverse=True)  # distinct (parent, token)
+            parent, token = children // V, children % V
+            if parent.shape[0] != attention.shape[0] or not torch.equal(parent, torch.arange(len(parent), device=dev)):
+                cache.batch_select_indices(parent)
+                attention, position = attention[parent], position[parent]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
             position = position + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=attention, position_ids=position[:, None],
+            out = self.model(input_ids=token[:, None], attention_mask=attention, position_ids=position[:, None],
                              past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
         return tokens[:, :length].cpu(), logps[:, :length].cpu()
@@ -408,59 +413,24 @@ class Policy:
     def completion_logits(self, batch: Batch) -> torch.Tensor:
         """[N, T, V] logits (model dtype) at the positions that predict each completion token (differentiable).
 
-        When at least half of the rows repeat another row's prompt (GRPO groups), each distinct prompt is run once,
-        its key/value cache is repeated to its rows, and only the completion tokens are run on top of it: the same
-        values as one forward pass over every row (up to float rounding), and the same gradients, since each
-        prompt's activations receive the sum of its rows' gradients. Otherwise (or for models whose cache cannot
-        be repeated) it is one forward pass over `[prompt | completion]`.
+        With `shared_prefix` (the default), computation is shared between rows: identical rows (the same prompt
+        and completion, common when a group's samples coincide) are computed once, and when at least half of the
+        rows repeat another row's prompt (GRPO groups), each distinct prompt is run once, its key/value cache is
+        repeated to its rows, and only the completion tokens are run on top of it. The values are those of one
+        forward pass over every row (up to float rounding), and so are the gradients: a shared computation receives
+        the sum of its rows' gradients. Otherwise (or for models whose cache cannot be repeated) it is one forward
+        pass over `[prompt | completion]`.
         """
         P, T = batch.prompt_len, batch.completion_ids.shape[1]
         N = batch.input_ids.shape[0]
-        prompts = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)
-        unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-        U = unique.shape[0]
-        if self.shared_prefix is not False and 2 * U <= N:
-            dev = inverse.device
-            first = torch.full((U,), N, dtype=torch.long, device=dev)
-            first = first.scatter_reduce(0, inverse, torch.arange(N, device=dev), reduce="amin")
-            order = torch.argsort(first)  # number the prompts by first appearance
-            rank = torch.empty_like(order)
-            rank[order] = torch.arange(U, device=dev)
-            inverse, first = rank[inverse], first[order]
-            head = self.model(input_ids=batch.input_ids[first, :P], attention_mask=batch.attention_mask[first, :P],
-                              position_ids=batch.position_ids[first, :P], use_cache=True, logits_to_keep=1)
-            cache = head.past_key_values
-            self.shared_prefix = _expandable_cache(cache)
-            if self.shared_prefix:
-                ids, attention, position = batch.input_ids, batch.attention_mask, batch.position_ids
-                G = N // U
-                perm = torch.argsort(inverse, stable=True)  # rows grouped by prompt
-                grouped = G * U == N and torch.equal(inverse[perm], torch.arange(U, device=dev).repeat_interleave(G))
-                unsort = None
-                if grouped:
-                    # G rows per prompt (a GRPO batch, in any row order): work on the rows sorted by prompt and
-                    # repeat the prompt's cache by broadcasting, whose backward is a sum; the logits are put back in
-                    # the batch's row order at the end
-                    if not torch.equal(perm, torch.arange(N, device=dev)):
-                        ids, attention, position = (x.index_select(0, perm) for x in (ids, attention, position))
-                        unsort = torch.argsort(perm)
-
-                    def spread(x: torch.Tensor) -> torch.Tensor:
-                        return x.unsqueeze(1).expand(U, G, *x.shape[1:]).reshape(N, *x.shape[1:])
-                else:
-                    # unequal groups (e.g. a minibatch): index_select, whose backward (index_add) is faster on CPU
-                    # than the accumulating index_put of x[inverse]
-                    def spread(x: torch.Tensor) -> torch.Tensor:
-                        return x.index_select(0, inverse)
-
-                logits = spread(head.logits[:, -1:])  # position P-1 predicts completion token 0
-                if T > 1:
-                    for layer in cache.layers:
-                        layer.keys, layer.values = spread(layer.keys), spread(layer.values)
-                    tail = self.model(input_ids=ids[:, P : P + T - 1], attention_mask=attention[:, : P + T - 1],
-                                      position_ids=position[:, P : P + T - 1], past_key_values=cache, use_cache=True)
-                    logits = torch.cat([logits, tail.logits], dim=1)
-                return logits if unsort is None else logits.index_select(0, unsort)
+        if self.shared_prefix is not False:
+            seq_first, seq_of_row = _group_rows(torch.cat([batch.input_ids, batch.attention_mask], dim=1))
+            rows = batch if len(seq_first) == N else batch.select(seq_first)
+            first, prompt_of_seq = _group_rows(torch.cat([rows.input_ids[:, :P], rows.attention_mask[:, :P]], dim=1))
+            if 2 * len(first) <= N:
+                logits = self._shared_prefix_logits(rows, first, prompt_of_seq)
+                if logits is not None:
+                    return logits if len(seq_first) == N else logits.index_select(0, seq_of_row)
         out = self.model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
@@ -469,6 +439,61 @@ class Policy:
             use_cache=False,
         )
         return out.logits[:, :-1]  # position P-1+t predicts completion token t
+
+    def _shared_prefix_logits(self, batch: Batch, first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor | None:
+        """`completion_logits` with each distinct prompt run once: `first` [U] is a row of each prompt, `inverse`
+        [N] the prompt of each row (numbered by first appearance). None when the model's cache cannot be repeated."""
+        P, T = batch.prompt_len, batch.completion_ids.shape[1]
+        N, U = inverse.shape[0], first.shape[0]
+        dev = inverse.device
+        head = self.model(input_ids=batch.input_ids[first, :P], attention_mask=batch.attention_mask[first, :P],
+                          position_ids=batch.position_ids[first, :P], use_cache=True, logits_to_keep=1)
+        cache = head.past_key_values
+        self.shared_prefix = _expandable_cache(cache)
+        if not self.shared_prefix:
+            return None
+        ids, attention, position = batch.input_ids, batch.attention_mask, batch.position_ids
+        G = N // U
+        perm = torch.argsort(inverse, stable=True)  # rows grouped by prompt
+        grouped = G * U == N and torch.equal(inverse[perm], torch.arange(U, device=dev).repeat_interleave(G))
+        unsort = None
+        if grouped:
+            # G rows per prompt (a GRPO batch, in any row order): work on the rows sorted by prompt and repeat the
+            # prompt's cache by broadcasting, whose backward is a sum; the logits go back to the batch's row order
+            if not torch.equal(perm, torch.arange(N, device=dev)):
+                ids, attention, position = (x.index_select(0, perm) for x in (ids, attention, position))
+                unsort = torch.argsort(perm)
+
+            def spread(x: torch.Tensor) -> torch.Tensor:
+                return x.unsqueeze(1).expand(U, G, *x.shape[1:]).reshape(N, *x.shape[1:])
+        else:
+            # unequal groups: index_select, whose backward (index_add) is faster on CPU than the accumulating
+            # index_put of x[inverse]
+            def spread(x: torch.Tensor) -> torch.Tensor:
+                return x.index_select(0, inverse)
+
+        logits = spread(head.logits[:, -1:])  # position P-1 predicts completion token 0
+        if T > 1:
+            for layer in cache.layers:
+                layer.keys, layer.values = spread(layer.keys), spread(layer.values)
+            tail = self.model(input_ids=ids[:, P : P + T - 1], attention_mask=attention[:, : P + T - 1],
+                              position_ids=position[:, P : P + T - 1], past_key_values=cache, use_cache=True)
+            logits = torch.cat([logits, tail.logits], dim=1)
+        return logits if unsort is None else logits.index_select(0, unsort)
+
+
+def _group_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of `x` [N, K], numbered by first appearance: (first [U] int64, the first row index of each;
+    inverse [N] int64, the number of each row's distinct value)."""
+    _, inverse = torch.unique(x, dim=0, return_inverse=True)
+    N = x.shape[0]
+    U = int(inverse.max()) + 1 if N else 0
+    first = torch.full((U,), N, dtype=torch.long, device=x.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(N, device=x.device), reduce="amin")
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(U, device=x.device)
+    return first[order], rank[inverse]
 
 
 def rollout_batch(policy: Policy, rollouts: Sequence[Rollout]) -> tuple[Batch, torch.Tensor]:
