@@ -18,26 +18,38 @@ What it does (defaults in brackets; all are flags, see --help):
    (less sensitive than wall time to other load on a shared machine), peak RSS of each child (the high-water mark
    from os.wait4, plus the growth over the RSS after imports), and held-out accuracy at equal wall time.
 
-The comparison, setting by setting (both sides get the same value; where TRL's default differs and the comparison
-forces a value, the line says so):
+The comparison, setting by setting (rewardlab | TRL `GRPOConfig`; where TRL's default differs and the comparison
+forces a value, the line says why; benchmarks/README_grpo_vs_trl.md has the same list and the measured figures):
 
-| setting | rewardlab | TRL GRPOConfig |
-|---|---|---|
-| model | the SFT checkpoint, float32 | the same directory via AutoModelForCausalLM, float32 (`bf16=False`; TRL's default turns bf16 autocast on, which rewardlab does not use) |
-| task rows | quickstart chain_sum train split | the same rows as a `datasets.Dataset` (`prompt`, `row_id`) |
-| prompts / step, group size | 16 x 8 = 128 completions | `per_device_train_batch_size=128` (counts completions), `num_generations=8`, `gradient_accumulation_steps=1`, so one optimizer step = 16 prompts x 8 completions (`steps_per_generation` then defaults to 1 = one generation per optimizer step) |
-| epochs per batch | `rl.epochs=1`, one minibatch | `num_iterations=1` (TRL's default); with steps_per_generation = gradient_accumulation_steps it skips the old-log-prob forward, as rewardlab does |
-| max new tokens | 8 | `max_completion_length=8` |
-| sampling | temperature 0.7, top_p 1, no top-k | `temperature=0.7`, `top_p=1.0`, `top_k=0` (TRL defaults except temperature), `use_vllm=False` |
-| advantages | `grpo`: (R - mean_g) / (std_g + 1e-6) | `scale_rewards="group"` (default): (R - mean_g) / (std_g + 1e-4) |
-| loss | `ppo_clip` eps 0.2, `token-mean` | `loss_type="dapo"` (default; token-level sum / tokens in the batch = token-mean), `epsilon=0.2` (default) |
-| KL | beta = 0, no reference model | `beta=0.0` (default) |
-| optimizer | AdamW lr --lr, betas (0.9, 0.999), wd 0, grad clip 1.0, constant lr | `learning_rate=--lr`, `lr_scheduler_type="constant"` (TRL's linear decay needs a known step count; a wall budget has none), `warmup_steps=0`, `weight_decay=0.0`, `max_grad_norm=1.0` (defaults); TRL's default optimizer `adamw_torch_fused` is kept |
-| reward | the task verifier (`reasoning_gym`: exact match of score_answer) | the same rewardlab Reward object, called on the completions and task rows |
-| activation checkpointing | none | `gradient_checkpointing=False` (TRL defaults to True, ~20% slower for memory rewardlab does not save) |
-| logging / saving | metrics.jsonl + samples.jsonl each step (rewardlab always logs; each append is fsync'd, ~5 ms on this project's disk, so the runs write to a RAM disk, --scratch), no checkpoint until the end | `report_to="none"`, `logging_steps` beyond the run, `save_strategy="no"`, `disable_tqdm=True`, `log_completions=False` (default); the final weights are saved after the timed loop; same --scratch directory |
-| threads, device | torch.set_num_threads(--threads), CPU | the same, `use_cpu=True` |
-| seed | --seed + repeat index | the same |
+- model: the SFT checkpoint in float32 | the same directory via AutoModelForCausalLM in float32, `bf16=False`
+  (TRL's default turns on bf16 autocast, which rewardlab does not use).
+- task rows: the quickstart chain_sum train split | the same rows as a `datasets.Dataset` (`prompt`, `row_id`).
+- batch: 16 prompts x 8 = 128 completions, one optimizer step | `per_device_train_batch_size=128` (TRL counts
+  completions), `num_generations=8`, `gradient_accumulation_steps=1`; `steps_per_generation` then defaults to 1,
+  so each optimizer step generates its own 16 x 8 completions.
+- epochs per batch: `rl.epochs=1`, one minibatch | `num_iterations=1` (default); with one generation per optimizer
+  step TRL skips the old-log-prob forward, and rewardlab records behaviour log-probs while sampling: neither runs
+  an extra forward.
+- max new tokens 8 | `max_completion_length=8`.
+- sampling: temperature --temperature, top_p 1, no top-k | `temperature`, `top_p=1.0`, `top_k=0` (defaults except
+  the temperature), `use_vllm=False` (transformers `generate`).
+- advantages: `grpo`, (R - mean_g) / (std_g + 1e-6) | `scale_rewards="group"` (default), (R - mean_g) / (std_g + 1e-4).
+- loss: `ppo_clip` with eps 0.2, `token-mean` | `loss_type="dapo"` (default: token sum over the batch's token count,
+  i.e. token-mean), `epsilon=0.2` (default).
+- KL: beta 0, no reference model | `beta=0.0` (default).
+- optimizer: AdamW, lr --lr, betas (0.9, 0.999), weight decay 0, grad-norm clip 1.0, constant lr | `learning_rate`,
+  `lr_scheduler_type="constant"` (TRL's default linear decay needs a known number of steps; a wall budget has none),
+  `warmup_steps=0`, `weight_decay=0.0`, `max_grad_norm=1.0` (defaults); TRL's default `adamw_torch_fused` is kept.
+- reward: the task's verifier (`reasoning_gym`, 1.0 on an exact match) | the same rewardlab Reward object, called on
+  TRL's completions with their task rows.
+- activation checkpointing: none | `gradient_checkpointing=False` (TRL defaults to True: ~20% slower for memory
+  that rewardlab does not save either).
+- logging and saving: rewardlab always appends metrics.jsonl and samples.jsonl each step, with an fsync per append
+  (~5 ms on this project's disk), so both sides' runs write to --scratch (a RAM disk by default), and no checkpoint
+  is written before the end | `report_to="none"`, `logging_steps` beyond the run, `save_strategy="no"`,
+  `disable_tqdm=True`, `log_completions=False` (default); the final weights are saved after the timed loop.
+- threads and device: torch.set_num_threads(--threads) on the CPU, for both (`use_cpu=True`).
+- seed: --seed + the repeat index, for both.
 
 Both sides time the loop from the start of their first step: rewardlab's `time/elapsed_s` metric, TRL's
 `on_step_begin` / `on_step_end` callbacks. Model loading, task loading and the final save are outside that window.

@@ -5,19 +5,20 @@
 Each trainer runs `--steps` steps in its own child process with wall-clock timers wrapped around the functions that
 make up a step (the wrappers add one perf_counter pair per call, nothing else):
 
-| phase | rewardlab | TRL |
-|---|---|---|
-| generation | `Policy.generate` (sampling + behaviour log-probs + Rollout records) | `GRPOTrainer._generate_single_turn` (transformers `generate`, EOS masking) |
-| reward | the task verifier (`Reward.__call__`) | `GRPOTrainer._calculate_rewards` |
-| log-prob forward | `Policy.token_logprobs` | `GRPOTrainer._get_per_token_logps_and_entropies` |
-| backward | `Tensor.backward` | `Tensor.backward` (called by accelerate) |
-| optimizer | `clip_grad_norm_` + `AdamW.step` | the same functions (TRL's fused AdamW) |
-| logging | `RunDir.log_metrics` + `log_samples` (fsync'd JSONL) | -- (its metrics are kept in memory; no log step falls in the run) |
-| other | loop time minus the above: packing, advantages, loss, metrics, Python | the same: padding, advantages, loss, metrics, Trainer/accelerate |
+- generation: `Policy.generate` (sampling, behaviour log-probs, Rollout records) | TRL's `_generate_single_turn`
+  (transformers `generate`, EOS masking).
+- reward: the task verifier (`Reward.__call__`) | `_calculate_rewards`.
+- log-prob forward: `Policy.token_logprobs` | `_get_per_token_logps_and_entropies`.
+- backward: `Tensor.backward` | the same (called by accelerate).
+- optimizer: `clip_grad_norm_` + `AdamW.step` | the same functions (TRL's default fused AdamW).
+- logging: `RunDir.log_metrics` + `log_samples` (fsync'd JSONL, written under --out) | none (TRL keeps its metrics in
+  memory; no logging step falls inside the run).
+- other: the loop time minus the above (packing, advantages, loss, metrics, Python; for TRL also Trainer and
+  accelerate bookkeeping).
 
 The first `--warmup` steps are left out of the per-step means. "step CPU time" is the process's CPU time per step
-(user + system, all threads): on a shared machine it moves much less with the load than wall time does. With `--ops`, a torch.profiler table of the top
-operators by self CPU time is printed for each trainer too.
+(user + system, all threads): on a shared machine it moves much less with the load than wall time does. With
+`--ops`, torch.profiler's top operators by self CPU time are printed for each trainer too.
 """
 
 from __future__ import annotations
@@ -154,13 +155,14 @@ def per_step_ms(steps: list[dict[str, float]], warmup: int) -> dict[str, float]:
     out = {p: 1000 * sum(s.get(p, 0.0) for s in kept) / len(kept) for p in PHASES}
     out["step"] = 1000 * loop_s / len(kept)
     out["other"] = out["step"] - sum(out[p] for p in PHASES)
-    out["step CPU time"] = 1000 * (kept[-1]["cpu"] - steps[max(warmup, 1) - 1]["cpu"]) / (len(steps) - max(warmup, 1))
+    w = max(warmup, 1)
+    out["step CPU time"] = 1000 * (kept[-1]["cpu"] - steps[w - 1]["cpu"]) / (len(steps) - w)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sft-checkpoint", help="the start checkpoint (e.g. OUT/sft/checkpoints/step-650 of grpo_vs_trl.py)")
+    ap.add_argument("--sft-checkpoint", help="start checkpoint, e.g. OUT/sft/checkpoints/step-650 of grpo_vs_trl.py")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)

@@ -409,7 +409,6 @@ class Policy:
                 entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.mask
         return logprobs, entropy
 
-
     def completion_logits(self, batch: Batch) -> torch.Tensor:
         """[N, T, V] logits (model dtype) at the positions that predict each completion token (differentiable).
 
@@ -418,8 +417,9 @@ class Policy:
         rows repeat another row's prompt (GRPO groups), each distinct prompt is run once, its key/value cache is
         repeated to its rows, and only the completion tokens are run on top of it. The values are those of one
         forward pass over every row (up to float rounding), and so are the gradients: a shared computation receives
-        the sum of its rows' gradients. Otherwise (or for models whose cache cannot be repeated) it is one forward
-        pass over `[prompt | completion]`.
+        the sum of its rows' gradients. (A model with active dropout would also share its dropout masks between
+        such rows.) Otherwise (or for models whose cache cannot be repeated) it is one forward pass over
+        `[prompt | completion]`.
         """
         P, T = batch.prompt_len, batch.completion_ids.shape[1]
         N = batch.input_ids.shape[0]
