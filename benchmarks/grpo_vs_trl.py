@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "",
         f"| | rewardlab | TRL GRPOTrainer |",
         f"|---|---|---|",
-        f"| steps/s over the {'steps' if a.steps else f'{a.budget_s:.0f} s budget'} (median of {a.repeats}) "
+        f"| steps/s over the {f'{a.steps} steps' if a.steps else f'{a.budget_s:.0f} s budget'} (median of {a.repeats}) "
         f"| {r['steps_per_s']:.3f} | {t['steps_per_s']:.3f} |",
         f"| steps/s over the first {summary['common_steps']} steps | {r['steps_per_s_first_common_steps']:.3f} "
         f"| {t['steps_per_s_first_common_steps']:.3f} |",
@@ -432,11 +432,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"| {t['cpu_ms_per_step']:.0f} |",
         f"| peak RSS, MiB (growth over post-import RSS) | {r['peak_rss_mib']:.0f} ({r['rss_growth_mib']:.0f}) "
         f"| {t['peak_rss_mib']:.0f} ({t['rss_growth_mib']:.0f}) |",
-        f"| held-out greedy accuracy at equal wall time (SFT start: {sft_acc:.1%}) | {r['held_out_accuracy']:.1%} "
+        f"| held-out greedy accuracy {'after the same steps' if a.steps else 'at equal wall time'} "
+        f"(SFT start: {sft_acc:.1%}) | {r['held_out_accuracy']:.1%} "
         f"{[f'{x:.1%}' for x in r['held_out_accuracy_runs']]} | {t['held_out_accuracy']:.1%} "
         f"{[f'{x:.1%}' for x in t['held_out_accuracy_runs']]} |",
         "",
-        f"rewardlab / TRL steps/s: {summary['ratio_steps_per_s']:.2f}x over the budget, "
+        f"rewardlab / TRL steps/s: {summary['ratio_steps_per_s']:.2f}x over the {'run' if a.steps else 'budget'}, "
         f"{summary['ratio_first_common_steps']:.2f}x over the first {summary['common_steps']} steps; "
         f"TRL / rewardlab CPU time per step: {summary['ratio_cpu_time_per_step']:.2f}x",
         f"load average at end: {_load_avg()}; total {time.perf_counter() - t_start:.0f} s",
