@@ -1,6 +1,6 @@
 """Where a GRPO step's time goes, in rewardlab and in TRL's GRPOTrainer (the settings of grpo_vs_trl.py).
 
-    PYTHONPATH=src python benchmarks/profile_grpo_step.py --sft-checkpoint CKPT [--steps 20] [--threads 2] [--ops]
+    python benchmarks/profile_grpo_step.py --sft-checkpoint CKPT [--steps 20] [--threads 2] [--ops]
 
 Each trainer runs `--steps` steps in its own child process with wall-clock timers wrapped around the functions that
 make up a step (the wrappers add one perf_counter pair per call, nothing else):
