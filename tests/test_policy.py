@@ -132,6 +132,7 @@ def _max_logprob_gap(policy, rollouts, temperature):
     return (new - old).abs().max().item()
 
 
+@pytest.mark.parametrize("shared_prefix", [None, False], ids=["shared-prefix", "transformers-generate"])
 @pytest.mark.parametrize(
     "kwargs, temperature",
     [
@@ -140,7 +141,8 @@ def _max_logprob_gap(policy, rollouts, temperature):
         (dict(greedy=True), 1.0),
     ],
 )
-def test_behaviour_logprobs_equal_forward_pass(tiny_policy, kwargs, temperature):
+def test_behaviour_logprobs_equal_forward_pass(tiny_policy, kwargs, temperature, shared_prefix):
+    tiny_policy.shared_prefix = shared_prefix
     torch.manual_seed(0)
     rollouts = tiny_policy.generate(PROMPTS, max_new_tokens=12, **kwargs)
     assert all(len(r.logprobs) == len(r.completion_ids) > 0 for r in rollouts)
@@ -148,8 +150,11 @@ def test_behaviour_logprobs_equal_forward_pass(tiny_policy, kwargs, temperature)
     assert _max_logprob_gap(tiny_policy, rollouts, temperature) < 1e-4
 
 
-def test_behaviour_logprobs_match_after_eos(tiny_policy):
-    # Flatten the output distribution so some completions sample EOS early: mixed lengths, right padding.
+@pytest.mark.parametrize("shared_prefix", [None, False], ids=["shared-prefix", "transformers-generate"])
+def test_behaviour_logprobs_match_after_eos(tiny_policy, shared_prefix):
+    # Flatten the output distribution so some completions sample EOS early: mixed lengths, right padding (and, in
+    # the shared-prefix sampler, rows leaving the batch mid-way).
+    tiny_policy.shared_prefix = shared_prefix
     torch.manual_seed(1)
     with torch.no_grad():
         tiny_policy.model.model.norm.weight.mul_(0.1)  # logits near 0: each token, EOS included, ~1/101
@@ -173,6 +178,96 @@ def test_completions_end_at_eos_or_are_truncated(tiny_policy):
             assert len(r.completion_ids) <= 30
         assert r.completion == TOKENIZER.decode(r.completion_ids, skip_special_tokens=True)
     assert {r.truncated for r in rollouts} == {True, False}  # both cases occurred
+
+
+@pytest.mark.parametrize("shared_prefix", [None, False], ids=["shared-prefix", "transformers-generate"])
+def test_sampling_has_no_top_k(tiny_policy, shared_prefix):
+    # One prompt, a near-uniform next-token distribution (logits ~0): 600 draws of the first token cover nearly all
+    # 101 tokens. transformers fills an unset top_k with 50, which would cap the distinct first tokens at 50.
+    tiny_policy.shared_prefix = shared_prefix
+    torch.manual_seed(0)
+    with torch.no_grad():
+        tiny_policy.model.model.norm.weight.mul_(0.01)
+    rollouts = tiny_policy.generate(["7="], n=600, temperature=1.0, max_new_tokens=1)
+    assert len({r.completion_ids[0] for r in rollouts}) > 80
+
+
+def test_shared_prefix_greedy_equals_transformers_generate(tiny_policy):
+    with torch.no_grad():
+        tiny_policy.model.model.norm.weight.mul_(0.3)  # flatter logits: some rows end early, some run to the limit
+    prompts = PROMPTS + ["9+9+9=", "1="]
+    shared = tiny_policy.generate(prompts, greedy=True, max_new_tokens=10)
+    tiny_policy.shared_prefix = False
+    plain = tiny_policy.generate(prompts, greedy=True, max_new_tokens=10)
+    assert [r.completion_ids for r in shared] == [r.completion_ids for r in plain]
+    assert [r.truncated for r in shared] == [r.truncated for r in plain]
+    for a, b in zip(shared, plain):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_prefix_tree_sampling_shares_then_splits_prefixes(tiny_policy):
+    # Peaked logits: the 8 samples of a prompt often draw the same first tokens, then diverge. The sampler runs one
+    # row per distinct prefix and regroups every step; wrong cache rows would show as log-probs that differ from a
+    # forward pass over the completed rows.
+    torch.manual_seed(0)
+    with torch.no_grad():
+        tiny_policy.model.model.norm.weight.mul_(10.0)
+    rollouts = tiny_policy.generate(PROMPTS, n=8, temperature=1.0, max_new_tokens=8)
+    for g in range(len(PROMPTS)):
+        completions = [tuple(r.completion_ids) for r in rollouts if r.group == g]
+        assert len({c[0] for c in completions}) < len(set(completions))  # shared first tokens, split later
+    assert len({len(r.completion_ids) for r in rollouts}) > 1
+    assert _max_logprob_gap(tiny_policy, rollouts, 1.0) < 1e-4
+
+
+def test_top_p_filter_hand_computed_and_as_transformers():
+    from transformers import TopPLogitsWarper
+
+    from rewardlab.policy.hf import top_p_filter
+
+    scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    # ascending cumulative mass 0.05, 0.20, 0.50, 1.00: with top_p = 0.7 the tokens at <= 0.3 go (0.05 and 0.15).
+    kept = torch.isfinite(top_p_filter(scores, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]
+    assert torch.isfinite(top_p_filter(scores, 0.01)).tolist() == [[True, False, False, False]]  # at least one
+    assert torch.equal(top_p_filter(scores, 1.0), scores)
+    torch.manual_seed(0)
+    x = torch.randn(64, 101) * 3
+    for p in (0.3, 0.9, 0.99):
+        assert torch.equal(top_p_filter(x, p), TopPLogitsWarper(top_p=p)(None, x.clone()))
+
+
+@pytest.mark.parametrize("rows", ["prompt-major", "shuffled", "subset", "duplicates"])
+def test_shared_prefix_logprobs_and_gradients_equal_one_forward_pass(tiny_policy, rows):
+    # 3 prompts x 4 samples of different lengths: the scorer runs each prompt once and the completions on its
+    # repeated cache (broadcast for equal groups in any row order, index_select for unequal ones); values and
+    # parameter gradients must match one forward pass over every row.
+    torch.manual_seed(0)
+    with torch.no_grad():
+        tiny_policy.model.model.norm.weight.mul_(0.3)
+    rollouts = tiny_policy.generate(PROMPTS, n=4, temperature=1.0, max_new_tokens=6)
+    assert len({len(r.completion_ids) for r in rollouts}) > 1
+    batch, _ = rollout_batch(tiny_policy, rollouts)
+    if rows == "shuffled":
+        batch = batch.select(torch.randperm(len(rollouts)))
+    elif rows == "subset":  # unequal groups, as in a minibatch: 4 + 2 + 1 rows
+        batch = batch.select(torch.tensor([9, 0, 1, 2, 3, 5, 6]))
+    elif rows == "duplicates":  # identical rows (samples that coincide) are computed once
+        batch = batch.select(torch.tensor([0, 5, 0, 1, 11, 5, 2, 0, 3, 4, 6, 7, 8, 9, 10, 11]))
+    model = tiny_policy.model
+
+    def run(shared_prefix):
+        tiny_policy.shared_prefix = shared_prefix
+        model.zero_grad()
+        logprobs, entropy = tiny_policy.token_logprobs(batch, temperature=0.8, with_entropy=True)
+        (logprobs * torch.linspace(-1, 1, logprobs.numel()).view_as(logprobs)).sum().backward()
+        return logprobs.detach(), entropy, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    lp_shared, ent_shared, grads_shared = run(None)
+    lp_plain, ent_plain, grads_plain = run(False)
+    assert torch.allclose(lp_shared, lp_plain, atol=1e-5) and torch.allclose(ent_shared, ent_plain, atol=1e-5)
+    for name, g in grads_plain.items():
+        assert torch.allclose(grads_shared[name], g, atol=1e-5, rtol=1e-4), name
 
 
 def test_rollouts_are_prompt_major(tiny_policy):

