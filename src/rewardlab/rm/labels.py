@@ -1,0 +1,313 @@
+"""Automatic step labels (`rewardlab prm label`): Monte Carlo estimation and binary search for the first error.
+
+- Monte Carlo estimation (Wang et al. 2024, "Math-Shepherd"): the value of step i of a solution is estimated by
+  sampling k completions from the policy after the prefix steps[0..i]; soft label = fraction of the k completions
+  whose final answer is correct, hard label = 1 if any is.
+- Binary search (Luo et al. 2024, "OmegaPRM"): assuming a prefix's value stays 0 once a wrong step is in it, the first
+  step whose prefix has Monte Carlo value 0 is found with ceil(log2 S) prefix evaluations instead of S - 1.
+
+The last step's prefix is the whole solution: its value is the verifier's verdict on it (no rollouts). Rollouts are
+counted (`PrefixEstimator.rollouts`), so the two methods' costs can be compared and a budget enforced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rewardlab.config import dump_config
+from rewardlab.evaluation.policy import is_correct
+from rewardlab.evaluation.reward_models import first_error_f1
+from rewardlab.policy import load_policy
+from rewardlab.progress import stage
+from rewardlab.rewards import build_reward
+from rewardlab.rm.data import json_safe, make_rollout
+from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.tasks import load as load_task
+from rewardlab.tasks.worked import first_error
+from rewardlab.types import split_steps
+
+METHODS = ("mc", "binary", "reference")
+
+
+@dataclass
+class Solution:
+    """A solution to label: the task prompt, its task row (for the verifier), and its steps (texts without the
+    separator; `separator.join(steps)` is the solution text)."""
+
+    prompt: str
+    row: dict[str, Any]
+    steps: list[str]
+    rollouts: int = 0
+    values: dict[int, float] = field(default_factory=dict)
+
+
+def solution_steps(completion: str, separator: str = "\n") -> list[str]:
+    """Steps of a completion for labelling: the `split_steps` pieces, each without one trailing separator.
+
+    Example: solution_steps("3+4=7\\n7-2=5") -> ["3+4=7", "7-2=5"]; `separator.join` gives the text back (a
+    trailing separator aside).
+    """
+    pieces = [completion[a:b] for a, b in split_steps(completion, separator)]
+    return [p[: -len(separator)] if p.endswith(separator) else p for p in pieces]
+
+
+class PrefixEstimator:
+    """Monte Carlo value of solution prefixes under a policy and a verifier.
+
+    value(solution, i) = (1/k) sum_{j=1..k} correct(steps[0..i] + continuation_j), continuation_j ~ policy(. | prompt,
+    steps[0..i]); for the last step, value = correct(solution) (no sampling).
+
+    Args:
+        policy: anything with `generate(prompts, n=, temperature=, top_p=, max_new_tokens=, rows=)` returning
+            Rollouts prompt-major (`n` per prompt) whose `completion` continues the given text; the prompt passed
+            is the task prompt followed by the prefix (so the policy must format prompts as raw text).
+        verifier: a Reward; a text is correct when `is_correct` holds for its output.
+        k: continuations per prefix.
+        separator: step separator; a prefix is `separator.join(steps[:i+1]) + separator`.
+        batch_size: prefixes per `generate` call.
+    Attributes:
+        rollouts: continuations sampled so far; evaluations: prefixes evaluated by sampling so far.
+    Raises:
+        ValueError: k < 1, or a policy whose prompts go through a chat template (a partial assistant turn cannot be
+            continued through `Policy.generate`).
+    """
+
+    def __init__(self, policy, verifier, *, k: int, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 32, separator: str = "\n", batch_size: int = 64) -> None:
+        if k < 1:
+            raise ValueError(f"label.k: must be >= 1, got {k}")
+        if getattr(policy, "prompt_format", "raw") == "chat":
+            raise ValueError("prm label: the policy formats prompts with a chat template; Monte Carlo continuation "
+                             "of a partial solution needs model.prompt_format=raw")
+        self.policy, self.verifier, self.k = policy, verifier, k
+        self.gen = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
+        self.separator, self.batch_size = separator, batch_size
+        self.rollouts = 0
+        self.evaluations = 0
+
+    def _correct(self, rollouts) -> list[bool]:
+        return [is_correct(o) for o in self.verifier(rollouts)]
+
+    def values(self, items: Sequence[tuple[Solution, int]]) -> list[float]:
+        """Values of prefixes (solution, step index), in order; also stored in `solution.values[i]`."""
+        out: list[float | None] = [None] * len(items)
+        last = [j for j, (sol, i) in enumerate(items) if i == len(sol.steps) - 1]
+        if last:
+            verdicts = self._correct([make_rollout(items[j][0].prompt, self.separator.join(items[j][0].steps),
+                                                   items[j][0].row) for j in last])
+            for j, ok in zip(last, verdicts):
+                out[j] = float(ok)
+        todo = [j for j in range(len(items)) if out[j] is None]
+        for s in range(0, len(todo), self.batch_size):
+            chunk = todo[s : s + self.batch_size]
+            prefixes = [self.separator.join(items[j][0].steps[: items[j][1] + 1]) + self.separator for j in chunk]
+            rollouts = self.policy.generate([items[j][0].prompt + p for j, p in zip(chunk, prefixes)], n=self.k,
+                                            rows=[items[j][0].row for j in chunk], **self.gen)
+            full = [dataclasses.replace(r, completion=prefixes[q // self.k] + r.completion)
+                    for q, r in enumerate(rollouts)]
+            ok = self._correct(full)
+            for q, j in enumerate(chunk):
+                out[j] = sum(ok[q * self.k : (q + 1) * self.k]) / self.k
+                items[j][0].rollouts += self.k
+            self.rollouts += self.k * len(chunk)
+            self.evaluations += len(chunk)
+        for (sol, i), v in zip(items, out):
+            sol.values[i] = v  # type: ignore[assignment]
+        return out  # type: ignore[return-value]
+
+
+def monte_carlo_labels(estimator: PrefixEstimator, solutions: Sequence[Solution]) -> list[list[float]]:
+    """Math-Shepherd labels: the Monte Carlo value of every step prefix of each solution ([S_i] floats in [0, 1]).
+
+    Cost: k * (S_i - 1) rollouts per solution (the last step is verified directly).
+    """
+    items = [(sol, i) for sol in solutions for i in range(len(sol.steps))]
+    values = estimator.values(items)
+    out, pos = [], 0
+    for sol in solutions:
+        out.append(values[pos : pos + len(sol.steps)])
+        pos += len(sol.steps)
+    return out
+
+
+def first_zero(values: Sequence[float]) -> int:
+    """The first step whose value is 0 (the full scan's first error), -1 when none is."""
+    return next((i for i, v in enumerate(values) if v <= 0.0), -1)
+
+
+def search_cost(n_steps: int) -> int:
+    """Most prefix evaluations the binary search spends on an S-step solution: ceil(log2 S) (0 for S = 1)."""
+    return math.ceil(math.log2(n_steps)) if n_steps > 1 else 0
+
+
+def binary_search_first_errors(estimator: PrefixEstimator, solutions: Sequence[Solution]) -> list[int]:
+    """OmegaPRM's binary search for the first step whose prefix has Monte Carlo value 0; -1 when the solution is
+    correct (the whole-solution prefix has value > 0).
+
+    Invariant: value(prefix lo) > 0 (lo = -1 is the empty prefix, assumed solvable) and value(prefix hi) = 0; each
+    round evaluates mid = (lo + hi) // 2 and moves one end, until hi = lo + 1; then hi is the first error. All
+    solutions advance in lockstep so each round is one batched generation. At most ceil(log2 S) sampled prefix
+    evaluations per solution (k rollouts each), against S - 1 for the full scan.
+    """
+    finals = estimator.values([(sol, len(sol.steps) - 1) for sol in solutions])
+    bounds = {j: [-1, len(sol.steps) - 1] for j, (sol, v) in enumerate(zip(solutions, finals)) if v <= 0.0}
+    result = [-1] * len(solutions)
+    while True:
+        active = [j for j, (lo, hi) in bounds.items() if hi - lo > 1]
+        if not active:
+            break
+        mids = {j: (bounds[j][0] + bounds[j][1]) // 2 for j in active}
+        values = estimator.values([(solutions[j], mids[j]) for j in active])
+        for j, v in zip(active, values):
+            bounds[j][0 if v > 0.0 else 1] = mids[j]
+    for j, (_, hi) in bounds.items():
+        result[j] = hi
+    return result
+
+
+def labels_from_first_error(n_steps: int, first: int) -> list[float]:
+    """Hard labels from a first-error index: 1 before it, 0 from it on; all 1 when first is -1."""
+    return [1.0] * n_steps if first < 0 else [1.0] * first + [0.0] * (n_steps - first)
+
+
+def label_solutions(method: str, estimator: PrefixEstimator | None, solutions: Sequence[Solution], *,
+                    kind: str = "soft") -> list[dict[str, Any]]:
+    """Label solutions with `method`; one PRM-training row per solution.
+
+    - "mc": every step gets its Monte Carlo value (`kind` "soft") or 1 if it is > 0 (`kind` "hard").
+    - "binary": steps up to the first error (found by binary search) are kept, labelled 1 ... 1, 0; a correct
+      solution keeps all its steps, labelled 1 (OmegaPRM labels no step after the first error).
+    - "reference": exact labels from the row's `reference_steps` (`tasks.worked.first_error`); no rollouts.
+
+    Returns:
+        rows {prompt, steps, labels, method, first_error, rollouts, values (the Monte Carlo values computed, by
+        step index), row}, plus `reference_first_error` (the exact first error of the whole solution) when the row
+        has `reference_steps`.
+    Raises:
+        ValueError: unknown method or kind; "reference" on a row without `reference_steps`.
+    """
+    if method not in METHODS:
+        raise ValueError(f"label.method: expected one of {METHODS}, got {method!r}")
+    if kind not in ("soft", "hard"):
+        raise ValueError(f"label.kind: expected 'soft' or 'hard', got {kind!r}")
+    rows = []
+    if method == "reference":
+        for sol in solutions:
+            if "reference_steps" not in sol.row:
+                raise ValueError("label.method=reference: the task rows have no 'reference_steps' (use a worked:NAME task)")
+            first = first_error(sol.row["reference_steps"], sol.steps)
+            rows.append({"steps": sol.steps, "labels": labels_from_first_error(len(sol.steps), first), "first_error": first})
+    elif method == "mc":
+        assert estimator is not None
+        for sol, values in zip(solutions, monte_carlo_labels(estimator, solutions)):
+            labels = values if kind == "soft" else [float(v > 0.0) for v in values]
+            rows.append({"steps": sol.steps, "labels": labels, "first_error": first_zero(values)})
+    else:
+        assert estimator is not None
+        for sol, first in zip(solutions, binary_search_first_errors(estimator, solutions)):
+            steps = sol.steps if first < 0 else sol.steps[: first + 1]
+            rows.append({"steps": steps, "labels": labels_from_first_error(len(steps), first), "first_error": first})
+    out = []
+    for sol, r in zip(solutions, rows):
+        extra = {}
+        if "reference_steps" in sol.row:  # the exact first error of the whole solution, for comparison
+            extra["reference_first_error"] = first_error(sol.row["reference_steps"], sol.steps)
+        out.append(dict(prompt=sol.prompt, method=method, rollouts=sol.rollouts,
+                        values={str(i): v for i, v in sorted(sol.values.items())}, **r, **extra, row=sol.row))
+    return out
+
+
+def worst_case_rollouts(method: str, n_steps: int, k: int) -> int:
+    """Most rollouts `method` spends on an S-step solution: k(S-1) for "mc", k ceil(log2 S) for "binary", 0 else."""
+    if method == "mc":
+        return k * (n_steps - 1)
+    if method == "binary":
+        return k * search_cost(n_steps)
+    return 0
+
+
+def run_prm_label(cfg, *, show_progress: bool = True) -> dict[str, Any]:
+    """`rewardlab prm label`: sample solutions of `cfg.task` questions from `cfg.model`, split them into steps and label
+    them with `cfg.label.method`; write the PRM-training JSONL.
+
+    Writes `cfg.out`: config.yaml, labels.jsonl (one row per solution, see `label_solutions`; written atomically at
+    the end), metrics.jsonl (one line per batch: rollouts spent so far), summary.json (solutions, rollouts spent,
+    per solution, prefix evaluations, budget, share of correct solutions, and, when the task rows have
+    `reference_steps`, the agreement of the labels' first errors with the exact ones).
+
+    Raises:
+        ValueError: an unknown method, a chat-format policy, "reference" on a task without reference steps.
+    """
+    p = cfg.label
+    if p.method not in METHODS:
+        raise ValueError(f"label.method: expected one of {METHODS}, got {p.method!r}")
+    torch.manual_seed(cfg.seed)
+    task = load_task(cfg.task.spec, **cfg.task.options)
+    rows = task.split(cfg.split)[: p.limit]
+    verifier = build_reward(task.reward)
+    policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
+                         device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
+    estimator = PrefixEstimator(policy, verifier, k=p.k, temperature=p.temperature, top_p=p.top_p,
+                                max_new_tokens=p.max_new_tokens, separator=p.separator, batch_size=p.batch_size)
+    run = RunDir(cfg.out)
+    run.write_config(dump_config(cfg))
+    out: list[dict[str, Any]] = []
+    stopped_by_budget, batch_no, t0 = False, 0, time.perf_counter()
+    with stage("PRM label", len(rows), enabled=show_progress) as bar:
+        for start in range(0, len(rows), p.question_batch):
+            chunk = rows[start : start + p.question_batch]
+            sampled = policy.generate([r["prompt"] for r in chunk], n=p.solutions_per_question,
+                                      temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens,
+                                      rows=chunk)
+            solutions, seen = [], set()
+            for r in sampled:
+                key = (r.group, r.completion)
+                steps = solution_steps(r.completion, p.separator)
+                if key in seen or not steps:
+                    continue
+                seen.add(key)
+                solutions.append(Solution(prompt=chunk[r.group]["prompt"], row=chunk[r.group], steps=steps))
+            if p.budget is not None:  # keep the solutions whose worst-case cost still fits the budget
+                room, kept = p.budget - estimator.rollouts, []
+                for sol in solutions:
+                    cost = worst_case_rollouts(p.method, len(sol.steps), p.k)
+                    if cost <= room:
+                        kept.append(sol)
+                        room -= cost
+                stopped_by_budget = len(kept) < len(solutions)
+                solutions = kept
+            out.extend(label_solutions(p.method, estimator, solutions, kind=p.kind))
+            batch_no += 1
+            run.log_metrics(batch_no, {"label/solutions": len(out), "label/rollouts": estimator.rollouts,
+                                       "label/prefix_evaluations": estimator.evaluations,
+                                       "time/elapsed_s": time.perf_counter() - t0})
+            bar.advance(len(chunk), solutions=len(out), rollouts=estimator.rollouts)
+            if stopped_by_budget:
+                break
+    path = run.path / "labels.jsonl"
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
+    summary: dict[str, Any] = {
+        "stage": "prm_label", "method": p.method, "kind": p.kind, "k": p.k, "split": cfg.split,
+        "solutions": len(out), "rollouts": estimator.rollouts, "prefix_evaluations": estimator.evaluations,
+        "rollouts_per_solution": estimator.rollouts / max(1, len(out)), "budget": p.budget,
+        "stopped_by_budget": stopped_by_budget, "labels": str(path), "wall_s": time.perf_counter() - t0,
+        "correct_solutions": sum(r["first_error"] == -1 for r in out) / max(1, len(out)),
+    }
+    with_ref = [r for r in out if "reference_first_error" in r]
+    if with_ref and p.method != "reference":
+        truth = [r["reference_first_error"] for r in with_ref]
+        pred = [r["first_error"] for r in with_ref]
+        summary["agreement_with_reference"] = {
+            "first_error_accuracy": sum(a == b for a, b in zip(pred, truth)) / len(truth),
+            **first_error_f1(pred, truth),
+        }
+    run.write_summary(json_safe(summary))
+    return summary

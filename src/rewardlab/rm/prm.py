@@ -1,0 +1,149 @@
+"""Process reward model training (`rewardlab prm train`): binary classification of each step at its step tag.
+
+The input format is `rewardlab.rewards.model.encode_process` (the same function scores at inference); the model is an
+`AutoModelForTokenClassification` with one label whose logit at a step's tag is log-odds that the step is correct.
+Loss: binary cross-entropy with (possibly soft) labels, averaged over the labelled steps of a batch (Math-Shepherd,
+Wang et al. 2024; Lightman et al. 2023):
+
+    loss = -(1/S) sum_s [ y_s log sigmoid(z_s) + (1 - y_s) log(1 - sigmoid(z_s)) ],  y_s in [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rewardlab.config import dump_config
+from rewardlab.optim import make_optimizer, make_scheduler
+from rewardlab.progress import stage
+from rewardlab.rewards.model import check_step_tag, encode_process, pad_batch
+from rewardlab.rm.backbone import load_backbone
+from rewardlab.rm.data import StepRow, load_step_rows
+from rewardlab.runs import RunDir
+
+
+def step_logits(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> list[torch.Tensor]:
+    """Logits at each step tag for `encode_process` outputs: one [S_i] float32 tensor per solution."""
+    ids, att = pad_batch([b[0] for b in batch], pad_id)
+    logits = model(input_ids=ids.to(model.device), attention_mask=att.to(model.device)).logits[..., 0].float()
+    return [logits[i, torch.tensor(b[1], device=logits.device)] for i, b in enumerate(batch)]
+
+
+def prm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean binary cross-entropy over steps: [S] logits, [S] labels in [0, 1] -> scalar (nats per step)."""
+    return F.binary_cross_entropy_with_logits(logits, labels)
+
+
+def encode_rows(tokenizer, rows: Sequence[StepRow], step_tag: str, max_length: int):
+    """(kept rows, their `encode_process` outputs, number dropped for being longer than `max_length` tokens)."""
+    kept, enc, dropped = [], [], 0
+    for r in rows:
+        try:
+            enc.append(encode_process(tokenizer, r.prompt, r.steps, step_tag, max_length))
+            kept.append(r)
+        except ValueError as exc:
+            if "max_length" not in str(exc):
+                raise
+            dropped += 1
+    return kept, enc, dropped
+
+
+@torch.inference_mode()
+def evaluate_steps(model, tokenizer, rows: Sequence[StepRow], encoded, *, batch_size: int = 64) -> dict[str, float]:
+    """Held-out loss, step accuracy (P >= 0.5 vs label >= 0.5) and first-error F1 at threshold 0.5.
+
+    The first-error prediction is the first step with P(correct) < 0.5 (-1 if none), against `StepRow.first_error`.
+    """
+    from rewardlab.evaluation.reward_models import first_error_f1, predict_first_error
+
+    was = model.training
+    model.eval()
+    losses, hits, n_steps, preds = 0.0, 0, 0, []
+    for s in range(0, len(rows), batch_size):
+        logits = step_logits(model, encoded[s : s + batch_size], tokenizer.pad_token_id)
+        for row, z in zip(rows[s : s + batch_size], logits):
+            y = torch.tensor(row.labels, device=z.device)
+            losses += F.binary_cross_entropy_with_logits(z, y, reduction="sum").item()
+            p = torch.sigmoid(z)
+            hits += int(((p >= 0.5) == (y >= 0.5)).sum())
+            n_steps += len(row.labels)
+            preds.append(predict_first_error(p.tolist(), 0.5))
+    model.train(was)
+    fe = first_error_f1(preds, [r.first_error for r in rows])
+    return {"loss": losses / n_steps, "step_accuracy": hits / n_steps, "first_error_f1@0.5": fe["f1"],
+            "error_acc@0.5": fe["error_acc"], "correct_acc@0.5": fe["correct_acc"]}
+
+
+def run_prm_train(cfg, *, show_progress: bool = True) -> dict[str, Any]:
+    """`rewardlab prm train`: fit a PRM on `cfg.data` step-labelled rows; evaluate on `cfg.eval_data`.
+
+    Writes `cfg.out`: config.yaml, metrics.jsonl (`train/loss`, `train/step_accuracy`, `lr`, `time/step_s`,
+    `eval/*`), checkpoints/step-N (HF format with `step_tag` and `step_separator` in config.json; loads with
+    `process_reward_model`), plots/prm_train.png and summary.json.
+
+    Raises:
+        ValueError / FileNotFoundError: bad data (FILE:LINE), a bad step tag, an unknown backbone, or no row that
+            fits `train.max_length`.
+    """
+    t = cfg.train
+    check_step_tag(t.step_tag)
+    train_rows = load_step_rows(cfg.data)
+    eval_rows = load_step_rows(cfg.eval_data) if cfg.eval_data else []
+    model, tokenizer = load_backbone(cfg.model.path, "token", device=cfg.model.device,
+                                     tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    max_length = min(t.max_length, limit) if limit else t.max_length
+    train_rows, train_enc, dropped = encode_rows(tokenizer, train_rows, t.step_tag, max_length)
+    eval_rows, eval_enc, eval_dropped = encode_rows(tokenizer, eval_rows, t.step_tag, max_length)
+    if not train_rows:
+        raise ValueError(f"{cfg.data}: no row fits train.max_length={max_length} tokens")
+    model.config.step_tag = t.step_tag
+    model.config.step_separator = t.separator
+    run = RunDir(cfg.out)
+    run.write_config(dump_config(cfg))
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    steps = t.epochs * math.ceil(len(train_rows) / t.batch_size)
+    optimizer = make_optimizer(model, t.lr, t.weight_decay)
+    scheduler = make_scheduler(optimizer, warmup_steps=t.warmup_steps, total_steps=steps, kind=t.lr_schedule)
+    wall0, step, last, last_eval = time.perf_counter(), 0, {}, {}
+    with stage("PRM train", steps, enabled=show_progress) as bar:
+        for _ in range(t.epochs):
+            order = list(range(len(train_rows)))
+            rng.shuffle(order)
+            for s in range(0, len(order), t.batch_size):
+                t0 = time.perf_counter()
+                idx = order[s : s + t.batch_size]
+                z = torch.cat(step_logits(model, [train_enc[i] for i in idx], tokenizer.pad_token_id))
+                y = torch.tensor([v for i in idx for v in train_rows[i].labels], device=z.device)
+                loss = prm_loss(z, y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                acc = ((z.detach() >= 0) == (y >= 0.5)).float().mean().item()
+                last = {"train/loss": loss.item(), "train/step_accuracy": acc, "lr": scheduler.get_last_lr()[0],
+                        "time/step_s": time.perf_counter() - t0}
+                if eval_rows and ((t.eval_every and step % t.eval_every == 0) or step == steps):
+                    last_eval = {f"eval/{k}": v for k, v in
+                                 evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size).items()}
+                    last.update(last_eval)
+                run.log_metrics(step, last)
+                bar.advance(1, loss=last["train/loss"], acc=acc)
+    final = run.save_checkpoint(step, lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)))
+    run.plot(["train/loss", "train/step_accuracy", "eval/step_accuracy"], "prm_train.png")
+    summary = {"stage": "prm_train", "backbone": cfg.model.path, "steps": step, "train_rows": len(train_rows),
+               "train_rows_too_long": dropped, "eval_rows": len(eval_rows), "eval_rows_too_long": eval_dropped,
+               "step_tag": t.step_tag, "wall_s": time.perf_counter() - wall0,
+               "final_train": {k: v for k, v in last.items() if not k.startswith("eval/")},
+               "final_eval": last_eval, "final_checkpoint": str(final)}
+    run.write_summary(summary)
+    return summary
