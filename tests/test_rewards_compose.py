@@ -272,6 +272,8 @@ def test_docs_examples_build(monkeypatch):
         missing = sorted(set(_leaf_names(block["rewards"])) - set(REWARDS))
         if missing:  # rewards of other modules (math, process_reward_model, ...) not in this checkout
             continue
+        if {"reward_model", "process_reward_model"} & set(_leaf_names(block["rewards"])):
+            continue  # these load trained weights from `path`; tests/test_rewards_model.py builds them on real ones
         assert isinstance(build_reward(block["rewards"]), WeightedSum)
         built += 1
     assert built >= 4
