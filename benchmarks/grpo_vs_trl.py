@@ -179,12 +179,15 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
     rss_start = _rss_mib()
     task, reward = _load_rows_and_reward()
     rows = task.train
+    batch_rewards: list[float] = []
 
     def reasoning_gym(prompts, completions, completion_ids, row_id, **_):
         """rewardlab's own task verifier, on the same rows: 1.0 for an exact match, else 0.0."""
         rollouts = [Rollout(prompt=p, prompt_ids=[], completion=c, completion_ids=list(ids), logprobs=[0.0] * len(ids),
                             row=rows[i]) for p, c, ids, i in zip(prompts, completions, completion_ids, row_id)]
-        return [o.score for o in reward(rollouts)]
+        scores = [o.score for o in reward(rollouts)]
+        batch_rewards.append(sum(scores) / len(scores))
+        return scores
 
     dataset = Dataset.from_dict({"prompt": [r["prompt"] for r in rows], "row_id": list(range(len(rows)))})
     model = AutoModelForCausalLM.from_pretrained(cfg["checkpoint"], dtype=torch.float32)
@@ -248,12 +251,11 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
     final = Path(cfg["run_dir"]) / "final"
     trainer.model.save_pretrained(final)
     tokenizer.save_pretrained(final)
-    rewards = trainer._metrics["train"].get("reward", [])
     return {
         "final_checkpoint": str(final),
         "step_ends_s": [t - step_begins[0] for t in step_ends],
         "step_ends_cpu_s": cpu_ends,
-        "train_reward_mean": list(rewards),
+        "train_reward_mean": batch_rewards,
         "rss_after_imports_mib": rss_start,
     }
 
@@ -412,9 +414,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 rec = run_child(name, cfg)
                 rec.update(trainer=name, repeat=rep, load_avg_start=load_before)
                 rec["held_out_accuracy"] = held_out_accuracy(rec["final_checkpoint"], a.eval_limit)
-                ends = rec["step_ends_s"]
+                ends, rewards = rec["step_ends_s"], rec["train_reward_mean"]
+                k = max(1, min(20, len(rewards) // 2))
                 print(f"{name:9s} run {rep}: {len(ends)} steps in {ends[-1]:.1f} s = {len(ends) / ends[-1]:.2f} "
-                      f"steps/s, peak RSS {rec['peak_rss_mib']:.0f} MiB, held-out accuracy "
+                      f"steps/s, peak RSS {rec['peak_rss_mib']:.0f} MiB, train reward (first/last {k} steps) "
+                      f"{sum(rewards[:k]) / k:.2f}/{sum(rewards[-k:]) / k:.2f}, held-out accuracy "
                       f"{rec['held_out_accuracy']:.1%} (load avg {load_before} -> {rec['load_avg_end']})")
                 records.append(rec)
     finally:
