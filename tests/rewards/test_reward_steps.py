@@ -69,6 +69,14 @@ def test_check_steps(steps, cumulative, expected):
     assert check_steps(steps, "3 + 4 - 2", cumulative) == expected
 
 
+def test_check_steps_one_term_chain():
+    # a one-term chain is worked as the term itself (worked_steps("8") == "8"); anything after it is past the end
+    assert check_steps(["8"], "8") == [1.0]
+    assert check_steps([" 8 \n", "8+0=8"], "8") == [1.0, 0.0]
+    assert check_steps(["9"], "8") == [0.0] and check_steps(["8=8"], "8") == [0.0]
+    assert check_steps(["-3"], "-3") == [1.0]
+
+
 def _rollout(completion, row):
     return Rollout(prompt=row["prompt"], prompt_ids=[], completion=completion, completion_ids=[], logprobs=[], row=row)
 

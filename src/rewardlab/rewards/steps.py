@@ -11,6 +11,7 @@ from rewardlab.tasks.steps import parse_chain
 from rewardlab.types import RewardOutput, split_steps
 
 _STEP = re.compile(r"(-?\d+)([+-])(\d+)=(-?\d+)")
+_INT = re.compile(r"-?\d+")
 
 
 def final_answer(completion: str) -> str:
@@ -41,10 +42,10 @@ def check_steps(steps: list[str], expression: str, cumulative: bool = True) -> l
 
     Step k (0-based) is right when, with whitespace removed, it reads `a<op>b=c` where `a` is the previous step's
     written result (the chain's first term for k = 0: continuity), `<op>b` is term k+1 of the chain, and
-    c = a <op> b (arithmetic). A step past the chain's last term is wrong. With `cumulative` (default) a step is
-    scored 1 only when it and every step before it are right (the first-error convention of PRM800K, Lightman et
-    al. 2023, and Math-Shepherd, Wang et al. 2024: a solution that went wrong stays wrong); otherwise each step is
-    judged on its own.
+    c = a <op> b (arithmetic). A one-term chain has one step, the term itself ("8"). A step past the chain's last
+    term is wrong. With `cumulative` (default) a step is scored 1 only when it and every step before it are right
+    (the first-error convention of PRM800K, Lightman et al. 2023, and Math-Shepherd, Wang et al. 2024: a solution
+    that went wrong stays wrong); otherwise each step is judged on its own.
 
     Example: expression "3 + 4 - 2", steps ["3+4=8\\n", "8-2=6"] -> [0.0, 0.0] (cumulative) or [0.0, 1.0].
 
@@ -56,11 +57,14 @@ def check_steps(steps: list[str], expression: str, cumulative: bool = True) -> l
     previous: int | None = first
     ok_so_far = True
     for k, text in enumerate(steps):
-        m = _STEP.fullmatch(re.sub(r"\s+", "", text))
+        compact = re.sub(r"\s+", "", text)
+        m = _STEP.fullmatch(compact)
         ok = False
         if m is not None and k < len(terms):
             a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
             ok = a == previous and (op, b) == terms[k] and c == (a + b if op == "+" else a - b)
+        elif not terms and k == 0:  # a one-term chain is worked as the term itself ("8", as `worked_steps` writes it)
+            ok = _INT.fullmatch(compact) is not None and int(compact) == first
         previous = int(m.group(4)) if m is not None else None
         ok_so_far = ok_so_far and ok
         scores.append(float(ok_so_far if cumulative else ok))
