@@ -103,6 +103,14 @@ def test_arithmetic_steps_reads_marked_step_texts_and_an_expression_field():
     assert out.score == 1.0 and out.step_scores == [1.0]
 
 
+def test_arithmetic_steps_on_worked_rows_reads_final():
+    # worked:chain_sum rows: answer is the worked solution, final the number
+    row = {"prompt": "3+4-2=", "answer": "3+4=7\n7-2=5", "final": "5", "metadata": {"expression": "3 + 4 - 2"}}
+    right, wrong = build_reward("arithmetic_steps")([_rollout("3+4=7\n7-2=5", row), _rollout("3+4=7\n7-2=6", row)])
+    assert (right.score, right.step_scores) == (1.0, [1.0, 1.0])
+    assert (wrong.score, wrong.step_scores) == (0.0, [1.0, 0.0])
+
+
 def test_arithmetic_steps_without_an_expression_is_an_error():
     (out,) = build_reward("arithmetic_steps")([_rollout("1+1=2", {"prompt": "q", "answer": "2"})])
     assert out.error is not None and out.error.startswith("arithmetic_steps: KeyError")
