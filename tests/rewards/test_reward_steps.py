@@ -42,6 +42,14 @@ def test_reasoning_gym_unknown_target():
         load("reasoning_gym:chain_sum", size=10, test_size=2, target="proof")
 
 
+def test_reasoning_gym_steps_target_needs_a_chain():
+    # checked before the prompt, so the message names the target (not the compact template) whatever the template
+    for template in ("compact", "question"):
+        with pytest.raises(ValueError, match=r"^task reasoning_gym:leg_counting: target 'steps' needs an integer "
+                                             r"\+/- chain in metadata\['expression'\]"):
+            load("reasoning_gym:leg_counting", size=5, test_size=1, template=template, target="steps")
+
+
 # ---------------------------------------------------------------- the step checker
 def test_final_answer():
     assert final_answer("3+4=7\n7-2=5") == "5"
