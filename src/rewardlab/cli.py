@@ -69,7 +69,9 @@ def _add_reward_model_verbs(sub) -> None:
             p.add_argument("--seed", type=int, help="random seed (config key: seed)")
             if action in ("pairs", "label"):
                 p.add_argument("--model", help='the policy: "tiny" or an HF model directory (config key: model.path)')
-                p.add_argument("--task", help='"reasoning_gym:NAME", "worked:NAME" or "jsonl:PATH" (config key: task.spec)')
+                p.add_argument("--task", help='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME with template '
+                               'compact, target steps; answer = the worked solution) or "jsonl:PATH" (config key: '
+                               'task.spec)')
             else:
                 p.add_argument("--model", help='backbone or scorer: "minilm", "tiny" or a model directory '
                                "(config key: model.path)")

@@ -42,11 +42,13 @@ class ModelConfig(_Base):
 
 
 class TaskConfig(_Base):
-    spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME" or "jsonl:PATH"')
+    spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME '
+                      "with template: compact, target: steps, whose rows train on the worked solution) or "
+                      '"jsonl:PATH"')
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="loader options: size, seed, test_size, template and the dataset's own fields (reasoning-gym); "
-        "test_path, test_size, seed, reward (jsonl)",
+        description="loader options: size, seed, test_size, template, target and the dataset's own fields "
+        "(reasoning-gym; worked:NAME fixes template and target); test_path, test_size, seed, reward (jsonl)",
     )
 
 
@@ -58,7 +60,8 @@ class SFTParams(_Base):
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
     target: str = Field("answer", description='row field trained as the completion, e.g. "target" for worked '
-                        "solutions (reasoning-gym task.options.target=steps)")
+                        "solutions (reasoning-gym task.options.target=steps; worked:NAME rows already have them "
+                        "as answer)")
 
 
 class RLConfig(_Base):
@@ -388,7 +391,8 @@ class RmPairsConfig(_Verb):
 class LabelParams(_Base):
     method: Literal["mc", "binary", "reference"] = Field(
         "mc", description="mc: Monte Carlo value of every step (Math-Shepherd); binary: binary search for the first "
-        "error (OmegaPRM); reference: exact labels from the task's reference steps (worked:NAME tasks)"
+        "error (OmegaPRM); reference: exact labels from the step checker on the row's +/- chain (reasoning_gym:"
+        "chain_sum with target: steps, or worked:chain_sum)"
     )
     kind: Literal["soft", "hard"] = Field("soft", description="mc labels: soft = fraction correct, hard = any correct")
     k: int = Field(8, gt=0, description="completions sampled per step prefix")

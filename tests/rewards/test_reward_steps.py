@@ -42,6 +42,14 @@ def test_reasoning_gym_unknown_target():
         load("reasoning_gym:chain_sum", size=10, test_size=2, target="proof")
 
 
+def test_reasoning_gym_steps_target_needs_a_chain():
+    # checked before the prompt, so the message names the target (not the compact template) whatever the template
+    for template in ("compact", "question"):
+        with pytest.raises(ValueError, match=r"^task reasoning_gym:leg_counting: target 'steps' needs an integer "
+                                             r"\+/- chain in metadata\['expression'\]"):
+            load("reasoning_gym:leg_counting", size=5, test_size=1, template=template, target="steps")
+
+
 # ---------------------------------------------------------------- the step checker
 def test_final_answer():
     assert final_answer("3+4=7\n7-2=5") == "5"
@@ -69,6 +77,14 @@ def test_check_steps(steps, cumulative, expected):
     assert check_steps(steps, "3 + 4 - 2", cumulative) == expected
 
 
+def test_check_steps_one_term_chain():
+    # a one-term chain is worked as the term itself (worked_steps("8") == "8"); anything after it is past the end
+    assert check_steps(["8"], "8") == [1.0]
+    assert check_steps([" 8 \n", "8+0=8"], "8") == [1.0, 0.0]
+    assert check_steps(["9"], "8") == [0.0] and check_steps(["8=8"], "8") == [0.0]
+    assert check_steps(["-3"], "-3") == [1.0]
+
+
 def _rollout(completion, row):
     return Rollout(prompt=row["prompt"], prompt_ids=[], completion=completion, completion_ids=[], logprobs=[], row=row)
 
@@ -93,6 +109,14 @@ def test_arithmetic_steps_reads_marked_step_texts_and_an_expression_field():
     r.steps, r.step_text = [(0, 6)], ["2-3=-1"]
     (out,) = build_reward("arithmetic_steps")([r])
     assert out.score == 1.0 and out.step_scores == [1.0]
+
+
+def test_arithmetic_steps_on_worked_rows_reads_final():
+    # worked:chain_sum rows: answer is the worked solution, final the number
+    row = {"prompt": "3+4-2=", "answer": "3+4=7\n7-2=5", "final": "5", "metadata": {"expression": "3 + 4 - 2"}}
+    right, wrong = build_reward("arithmetic_steps")([_rollout("3+4=7\n7-2=5", row), _rollout("3+4=7\n7-2=6", row)])
+    assert (right.score, right.step_scores) == (1.0, [1.0, 1.0])
+    assert (wrong.score, wrong.step_scores) == (0.0, [1.0, 0.0])
 
 
 def test_arithmetic_steps_without_an_expression_is_an_error():

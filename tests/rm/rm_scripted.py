@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from rewardlab.tasks.steps import worked_steps
+from rewardlab.tasks.worked import worked_row
 from rewardlab.types import Rollout
 
 
@@ -13,13 +15,11 @@ def _terms(expression: str) -> list[int]:
 
 
 def chain_row(expression: str) -> dict:
-    """A worked:chain_sum-like row for `expression` ("3+4-2+5"): prompt, final answer, reference steps."""
-    terms = _terms(expression)
-    total, steps = terms[0], []
-    for t in terms[1:]:
-        steps.append(f"{total}{'+' if t >= 0 else '-'}{abs(t)}={total + t}")
-        total += t
-    return {"prompt": expression + "=", "final": str(total), "reference_steps": steps, "answer": "\n".join(steps)}
+    """A worked:chain_sum-like row for `expression` ("3+4-2+5"): prompt, the expression, the worked solution as
+    `answer` (`worked_steps`), the final answer and the reference steps (`tasks.worked.worked_row`)."""
+    target = worked_steps(expression)
+    return worked_row({"prompt": expression + "=", "answer": str(sum(_terms(expression))), "expression": expression,
+                       "target": target})
 
 
 class ScriptedPolicy:

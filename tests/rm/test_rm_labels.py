@@ -11,11 +11,12 @@ from rewardlab.rm.labels import (
     label_solutions,
     labels_from_first_error,
     monte_carlo_labels,
+    reference_first_error,
     search_cost,
     solution_steps,
     worst_case_rollouts,
 )
-from rewardlab.tasks.worked import first_error
+from rewardlab.tasks import load
 from rm_scripted import ScriptedPolicy, chain_row
 
 
@@ -44,7 +45,7 @@ def test_mc_labels_match_the_truth_on_a_hand_built_case():
     # wrong: prefix "3+4=7" continues to 10 (value 1); prefix with "7-2=6" continues to 11 (0); the full text is
     # wrong (0). right: 1, 1, and the full text is right (1).
     assert values == [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
-    assert [first_zero(v) for v in values] == [first_error(row["reference_steps"], s.steps) for s in (wrong, right)]
+    assert [first_zero(v) for v in values] == [reference_first_error(row, s.steps) for s in (wrong, right)]
     assert [first_zero(v) for v in values] == [1, -1]
     # k = 4 continuations for each of the S - 1 = 2 non-final prefixes of each solution: 2 * 2 * 4 = 16
     assert est.rollouts == 16 and est.evaluations == 4
@@ -70,7 +71,7 @@ def test_binary_search_finds_the_full_scans_first_error_with_fewer_rollouts():
     for i, t in enumerate([7, 8], start=6):
         steps[i] = f"{total}+{t}={total + t}"
         total += t
-    assert first_error(row["reference_steps"], steps) == 5
+    assert reference_first_error(row, steps) == 5
     k = 4
 
     scan = _estimator(ScriptedPolicy(), k)
@@ -119,6 +120,38 @@ def test_reference_labels_need_no_rollouts():
     row = chain_row("3+4-2+5")
     out = label_solutions("reference", None, [Solution(row["prompt"], row, ["3+4=7", "7-2=6", "6+5=11"])])[0]
     assert out["labels"] == [1.0, 0.0, 0.0] and out["rollouts"] == 0
+    assert out["first_error"] == out["reference_first_error"] == 1
+
+
+def test_reference_labels_on_both_task_kinds():
+    """worked:chain_sum and reasoning_gym:chain_sum (target: steps) rows get the same labels: the checker reads the
+    expression from metadata and the final answer from `final` (worked) or `answer` (reasoning_gym)."""
+    opts = dict(size=40, test_size=2, seed=0, min_terms=3, max_terms=3, min_digits=1, max_digits=1)
+    worked = load("worked:chain_sum", **opts).train[:10]
+    steps_rows = load("reasoning_gym:chain_sum", template="compact", target="steps", **opts).train[:10]
+    for w, r in zip(worked, steps_rows):
+        right = w["reference_steps"]
+        early, wrong = right[:1], [right[0], right[1] + "1"]  # "7-2=5" -> "7-2=51"
+        sols = [[Solution(row["prompt"], row, list(s)) for s in (right, early, wrong)] for row in (w, r)]
+        out_w, out_r = (label_solutions("reference", None, s) for s in sols)
+        assert [o["first_error"] for o in out_w] == [o["first_error"] for o in out_r] == [-1, 0, 1]
+        assert [o["labels"] for o in out_w] == [[1.0, 1.0], [0.0], [1.0, 0.0]]
+
+
+def test_reference_labels_need_an_expression():
+    row = {"prompt": "3+4=", "answer": "7"}  # a jsonl-like row: no expression
+    with pytest.raises(ValueError, match=r"^label.method=reference: the row has neither 'expression' nor "
+                                         r"'metadata.expression'; .*target: steps"):
+        label_solutions("reference", None, [Solution("3+4=", row, ["3+4=7"])])
+    with pytest.raises(ValueError, match=r"^label.method=reference: expression '3\*4': expected integers"):
+        reference_first_error({"expression": "3*4", "answer": "12"}, ["3*4=12"])
+
+
+def test_mc_labels_add_the_reference_only_for_rows_with_a_chain():
+    plain = {"prompt": "3+4=", "answer": "7"}
+    sol = Solution("3+4=", plain, ["3+4=7"])  # one step: verified directly, no rollouts
+    (out,) = label_solutions("mc", _estimator(ScriptedPolicy()), [sol])
+    assert "reference_first_error" not in out and out["first_error"] == -1
 
 
 def test_labels_from_first_error():

@@ -18,9 +18,9 @@ from rewardlab.rewards import math as _math  # noqa: E402,F401
 from rewardlab.rewards import format as _format  # noqa: E402,F401
 from rewardlab.rewards import sql as _sql  # noqa: E402,F401
 from rewardlab.rewards import code as _code  # noqa: E402,F401
+# Step checker: arithmetic_steps and its outcome half worked_answer (the verifier of worked:NAME tasks).
 from rewardlab.rewards import steps as _steps  # noqa: E402,F401
-# Reward models (issue 5): worked-solution verifier, reward_model and process_reward_model.
-from rewardlab.rewards import worked as _worked  # noqa: E402,F401
+# Reward models (issue 5): reward_model and process_reward_model.
 from rewardlab.rewards import model as _model  # noqa: E402,F401
 
 __all__ = [

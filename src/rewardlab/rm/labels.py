@@ -28,10 +28,11 @@ from rewardlab.evaluation.reward_models import first_error_f1
 from rewardlab.policy import load_policy
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
+from rewardlab.rewards.steps import answer_correct, check_steps, first_error, row_expression, row_final
 from rewardlab.rm.data import json_safe, make_rollout
 from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.tasks.steps import parse_chain
 from rewardlab.tasks import load as load_task
-from rewardlab.tasks.worked import first_error
 from rewardlab.types import split_steps
 
 METHODS = ("mc", "binary", "reference")
@@ -173,6 +174,35 @@ def binary_search_first_errors(estimator: PrefixEstimator, solutions: Sequence[S
     return result
 
 
+def reference_first_error(row: dict[str, Any], steps: Sequence[str]) -> int:
+    """The exact first error of a worked `+`/`-` chain solution to `row` (`rewards.steps.first_error`), -1 if none.
+
+    Step scores are `check_steps(steps, expression, cumulative=True)` on the row's `expression` or
+    `metadata.expression`; the outcome is right when the last step's final answer equals the row's final answer
+    (`row_final`: `final`, else `answer`) and the solution has as many steps as the worked solution (one per term
+    after the first; one for a one-term chain). So a wrong result, term or left operand is the first error, a
+    solution that stops early is wrong at its last step (even when a partial sum equals the answer, as "3+4=7" for
+    3+4-0), and one that goes on past the end is wrong at its first extra step.
+
+    Example: row of "3 + 4 - 2" (final "5"): ["3+4=7", "7-2=5"] -> -1; ["3+4=7", "8-2=6"] -> 1; ["3+4=7"] -> 0.
+
+    Raises:
+        ValueError: (one line, naming label.method=reference) a row without an expression or a final answer, an
+            expression that is not an integer `+`/`-` chain, or no steps.
+    """
+    try:
+        expression, final = row_expression(row), row_final(row)
+    except KeyError as exc:
+        raise ValueError(f"label.method=reference: {exc.args[0]}; it needs rows with an integer +/- chain, e.g. "
+                         "reasoning_gym:chain_sum with target: steps, or worked:chain_sum") from None
+    try:
+        n_worked = max(1, len(parse_chain(expression)[1]))
+        scores = check_steps(list(steps), expression, cumulative=True)
+        return first_error(scores, len(steps) == n_worked and answer_correct(steps[-1], final))
+    except ValueError as exc:
+        raise ValueError(f"label.method=reference: {exc}") from None
+
+
 def labels_from_first_error(n_steps: int, first: int) -> list[float]:
     """Hard labels from a first-error index: 1 before it, 0 from it on; all 1 when first is -1."""
     return [1.0] * n_steps if first < 0 else [1.0] * first + [0.0] * (n_steps - first)
@@ -185,14 +215,17 @@ def label_solutions(method: str, estimator: PrefixEstimator | None, solutions: S
     - "mc": every step gets its Monte Carlo value (`kind` "soft") or 1 if it is > 0 (`kind` "hard").
     - "binary": steps up to the first error (found by binary search) are kept, labelled 1 ... 1, 0; a correct
       solution keeps all its steps, labelled 1 (OmegaPRM labels no step after the first error).
-    - "reference": exact labels from the row's `reference_steps` (`tasks.worked.first_error`); no rollouts.
+    - "reference": exact labels from the step checker (`reference_first_error`: `check_steps` on the row's
+      expression, the outcome from its final answer); no rollouts. Rows of `reasoning_gym:chain_sum` with
+      `target: steps` and of `worked:chain_sum`.
 
     Returns:
         rows {prompt, steps, labels, method, first_error, rollouts, values (the Monte Carlo values computed, by
         step index), row}, plus `reference_first_error` (the exact first error of the whole solution) when the row
-        has `reference_steps`.
+        has an integer `+`/`-` chain as its expression.
     Raises:
-        ValueError: unknown method or kind; "reference" on a row without `reference_steps`.
+        ValueError: unknown method or kind; "reference" on a row without such an expression (see
+            `reference_first_error`).
     """
     if method not in METHODS:
         raise ValueError(f"label.method: expected one of {METHODS}, got {method!r}")
@@ -201,9 +234,7 @@ def label_solutions(method: str, estimator: PrefixEstimator | None, solutions: S
     rows = []
     if method == "reference":
         for sol in solutions:
-            if "reference_steps" not in sol.row:
-                raise ValueError("label.method=reference: the task rows have no 'reference_steps' (use a worked:NAME task)")
-            first = first_error(sol.row["reference_steps"], sol.steps)
+            first = reference_first_error(sol.row, sol.steps)
             rows.append({"steps": sol.steps, "labels": labels_from_first_error(len(sol.steps), first), "first_error": first})
     elif method == "mc":
         assert estimator is not None
@@ -218,8 +249,13 @@ def label_solutions(method: str, estimator: PrefixEstimator | None, solutions: S
     out = []
     for sol, r in zip(solutions, rows):
         extra = {}
-        if "reference_steps" in sol.row:  # the exact first error of the whole solution, for comparison
-            extra["reference_first_error"] = first_error(sol.row["reference_steps"], sol.steps)
+        if method == "reference":
+            extra["reference_first_error"] = r["first_error"]
+        else:  # the exact first error of the whole solution, for comparison, where the row has a +/- chain
+            try:
+                extra["reference_first_error"] = reference_first_error(sol.row, sol.steps)
+            except ValueError:
+                pass
         out.append(dict(prompt=sol.prompt, method=method, rollouts=sol.rollouts,
                         values={str(i): v for i, v in sorted(sol.values.items())}, **r, **extra, row=sol.row))
     return out
@@ -240,11 +276,12 @@ def run_prm_label(cfg, *, show_progress: bool = True) -> dict[str, Any]:
 
     Writes `cfg.out`: config.yaml, labels.jsonl (one row per solution, see `label_solutions`; written atomically at
     the end), metrics.jsonl (one line per batch: rollouts spent so far), summary.json (solutions, rollouts spent,
-    per solution, prefix evaluations, budget, share of correct solutions, and, when the task rows have
-    `reference_steps`, the agreement of the labels' first errors with the exact ones).
+    per solution, prefix evaluations, budget, share of correct solutions, and, when the task rows have an integer
+    `+`/`-` chain, the agreement of the labels' first errors with the exact ones, `reference_first_error`).
 
     Raises:
-        ValueError: an unknown method, a chat-format policy, "reference" on a task without reference steps.
+        ValueError: an unknown method, a chat-format policy, "reference" on a task without an integer +/- chain
+            expression (see `reference_first_error`).
     """
     p = cfg.label
     if p.method not in METHODS:

@@ -58,6 +58,24 @@ def format_prompt(entry: dict[str, Any], template: str, name: str) -> str:
         raise ValueError(f"task reasoning_gym:{name}: template field {exc} not in the entry") from None
 
 
+def _steps_target(entry: dict[str, Any], name: str) -> str:
+    """The `target="steps"` field of a reasoning-gym entry: its `metadata.expression` worked as partial sums
+    (`worked_steps`, e.g. "3+4=7\\n7-2=5").
+
+    Raises:
+        ValueError: (one line, naming the task) when the entry has no `metadata.expression` or it is not an integer
+            `+`/`-` chain.
+    """
+    meta = entry.get("metadata", {})
+    if "expression" not in meta:
+        raise ValueError(f"task reasoning_gym:{name}: target 'steps' needs an integer +/- chain in "
+                         "metadata['expression'] (as chain_sum has), which this dataset does not provide")
+    try:
+        return worked_steps(str(meta["expression"]))
+    except ValueError as exc:
+        raise ValueError(f"task reasoning_gym:{name}: target 'steps' needs an integer +/- chain: {exc}") from None
+
+
 def score_answer(row: Row, answer: str | None) -> float:
     """Score `answer` for a row made by this loader with the dataset's own `score_answer` (0..1).
 
@@ -107,6 +125,7 @@ def load_reasoning_gym(
     scorer_config = {k: v for k, v in ds_config.items() if k not in ("size", "seed")}
     rows = []
     for entry in dataset:
+        worked = _steps_target(entry, name) if target == "steps" else None  # before the prompt: the clearer error
         rows.append(
             {
                 "prompt": format_prompt(entry, template, name),
@@ -117,11 +136,8 @@ def load_reasoning_gym(
                 "dataset_config": scorer_config,
             }
         )
-        if target == "steps":
-            try:
-                rows[-1]["target"] = worked_steps(str(entry.get("metadata", {}).get("expression", "")))
-            except ValueError as exc:
-                raise ValueError(f"task reasoning_gym:{name}: target 'steps' needs metadata.expression: {exc}") from None
+        if worked is not None:
+            rows[-1]["target"] = worked
     train, test = dedup_and_split(rows, key=lambda r: r["question"], test_size=test_size, seed=seed)
     return Task(
         name=f"reasoning_gym:{name}",
