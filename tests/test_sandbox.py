@@ -120,7 +120,9 @@ def test_run_many_keeps_input_order_and_runs_at_most_workers_at_once():
 
 
 def test_cpu_time_limit_kills_the_program():
-    result = Sandbox(SandboxLimits(timeout=8, cpu_seconds=1)).run("while True:\n    pass")
+    # The wall timeout is far above the 1 CPU-second limit so that a loaded machine cannot turn the CPU kill into a
+    # wall-clock timeout (the loop only gets a share of a core there).
+    result = Sandbox(SandboxLimits(timeout=30, cpu_seconds=1)).run("while True:\n    pass")
     assert result.signal == signal.SIGKILL and not result.timed_out
     assert result.reason == "killed by SIGKILL (CPU time limit)" and result.cpu_seconds >= 0.95
 
