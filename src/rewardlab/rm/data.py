@@ -277,26 +277,53 @@ def generate_pairs(
     from rewardlab.evaluation.policy import is_correct
 
     rng = random.Random(seed)
-    pairs: list[dict[str, Any]] = []
-    stats = {"questions": 0, "samples": 0, "correct_samples": 0, "mixed_questions": 0, "verifier_errors": 0}
-    for start in range(0, len(rows), batch_size):
-        chunk = list(rows[start : start + batch_size])
+
+    def judge(chunk: list[dict[str, Any]]) -> list[tuple[list[tuple[str, str]], dict[str, int]]]:
         rollouts = policy.generate([r["prompt"] for r in chunk], n=n, temperature=temperature, top_p=top_p,
                                    max_new_tokens=max_new_tokens, rows=chunk)
         outputs = verifier(rollouts)
-        for q, row in enumerate(chunk):
+        out = []
+        for q in range(len(chunk)):
             outs = outputs[q * n : (q + 1) * n]
-            texts = [r.completion for r in rollouts[q * n : (q + 1) * n]]
             ok = [is_correct(o) for o in outs]
+            made = pairs_from_samples([r.completion for r in rollouts[q * n : (q + 1) * n]], ok, k=pairs_per_question,
+                                      rng=rng)
+            out.append((made, {"samples": n, "correct_samples": sum(ok), "mixed_questions": int(bool(made)),
+                               "verifier_errors": sum(o.error is not None for o in outs)}))
+        return out
+
+    pairs, stats = _pairs_in_batches(
+        rows, judge, {"samples": 0, "correct_samples": 0, "mixed_questions": 0, "verifier_errors": 0},
+        subset=subset, batch_size=batch_size, max_pairs=max_pairs, on_batch=on_batch,
+    )
+    stats["sample_accuracy"] = stats["correct_samples"] / max(1, stats["samples"])
+    return pairs, stats
+
+
+def _pairs_in_batches(
+    rows: Sequence[dict[str, Any]],
+    judge: Callable[[list[dict[str, Any]]], list[tuple[list[tuple[str, str]], dict[str, int]]]],
+    counts: dict[str, int],
+    *,
+    subset: str,
+    batch_size: int,
+    max_pairs: int | None,
+    on_batch: Callable[[int, dict[str, float]], None] | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The loop of `generate_pairs` and `mutant_pairs`: `judge(chunk)` gives each row of a batch of `batch_size`
+    rows its (chosen, rejected) texts and its counts (keys of `counts`). Rows are taken in order until `max_pairs`
+    pairs are made; each count is summed over the rows taken, from its value in `counts`. Returns (pair rows,
+    {"questions", **summed counts, "pairs"})."""
+    pairs: list[dict[str, Any]] = []
+    stats: dict[str, Any] = {"questions": 0, **counts}
+    for start in range(0, len(rows), batch_size):
+        chunk = list(rows[start : start + batch_size])
+        for row, (made, row_counts) in zip(chunk, judge(chunk)):
             stats["questions"] += 1
-            stats["samples"] += n
-            stats["correct_samples"] += sum(ok)
-            stats["verifier_errors"] += sum(o.error is not None for o in outs)
-            made = pairs_from_samples(texts, ok, k=pairs_per_question, rng=rng)
-            stats["mixed_questions"] += bool(made)
-            for chosen, rejected in made:
-                pairs.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected, "subset": subset,
-                              "row": row})
+            for key, value in row_counts.items():
+                stats[key] += value
+            pairs.extend({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected, "subset": subset,
+                          "row": row} for chosen, rejected in made)
             if max_pairs is not None and len(pairs) >= max_pairs:
                 break
         if on_batch is not None:
@@ -305,7 +332,6 @@ def generate_pairs(
             pairs = pairs[:max_pairs]
             break
     stats["pairs"] = len(pairs)
-    stats["sample_accuracy"] = stats["correct_samples"] / max(1, stats["samples"])
     return pairs, stats
 
 
@@ -369,39 +395,28 @@ def mutant_pairs(
 
     check_code_rows(rows)
     canonical_reward = CodeReward()
-    pairs: list[dict[str, Any]] = []
-    counts: dict[str, int] = {}
-    stats = {"questions": 0, "questions_no_failing_mutant": 0, "questions_fewer_mutants": 0,
-             "canonical_failures": 0, "sandbox_runs": 0}
-    for start in range(0, len(rows), batch_size):
-        chunk = list(rows[start : start + batch_size])
+    sandbox: dict[str, int] = {"canonical": 0}
+
+    def judge(chunk: list[dict[str, Any]]) -> list[tuple[list[tuple[str, str]], dict[str, int]]]:
         canonical = [r.get("canonical_solution", r.get("answer")) for r in chunk]
         checked = canonical_reward.evaluate(chunk, canonical)
-        stats["sandbox_runs"] += len(chunk)
+        sandbox["canonical"] += len(chunk)
         passing = [i for i, res in enumerate(checked) if not isinstance(res, str) and res.score == 1.0]
-        found = failing_variants([chunk[i] for i in passing], seed=seed, limit=pairs_per_question, stats=counts)
+        found = failing_variants([chunk[i] for i in passing], seed=seed, limit=pairs_per_question, stats=sandbox)
         mutants = dict(zip(passing, found))
-        for i, row in enumerate(chunk):
-            stats["questions"] += 1
-            if i not in mutants:
-                stats["canonical_failures"] += 1
-                continue
-            stats["questions_no_failing_mutant"] += not mutants[i]
-            stats["questions_fewer_mutants"] += 0 < len(mutants[i]) < pairs_per_question
-            for rejected in mutants[i]:
-                pairs.append({"prompt": row["prompt"], "chosen": canonical[i], "rejected": rejected,
-                              "subset": subset, "row": row})
-            if max_pairs is not None and len(pairs) >= max_pairs:
-                break
-        if on_batch is not None:
-            on_batch(len(chunk), {"pairs": float(len(pairs))})
-        if max_pairs is not None and len(pairs) >= max_pairs:
-            pairs = pairs[:max_pairs]
-            break
-    stats["pairs"] = len(pairs)
-    stats["sandbox_runs"] += counts.get("tried", 0)
+        return [([(canonical[i], m) for m in mutants.get(i, [])],
+                 {"questions_no_failing_mutant": int(i in mutants and not mutants[i]),
+                  "questions_fewer_mutants": int(0 < len(mutants.get(i, [])) < pairs_per_question),
+                  "canonical_failures": int(i not in mutants)})
+                for i in range(len(chunk))]
+
+    pairs, stats = _pairs_in_batches(
+        rows, judge, {"questions_no_failing_mutant": 0, "questions_fewer_mutants": 0, "canonical_failures": 0},
+        subset=subset, batch_size=batch_size, max_pairs=max_pairs, on_batch=on_batch,
+    )
+    stats["sandbox_runs"] = sandbox["canonical"] + sandbox.get("tried", 0)
     for key in ("tried", "failing", "passing", "unconfirmed", "errors"):
-        stats[f"mutants_{key}"] = counts.get(key, 0)
+        stats[f"mutants_{key}"] = sandbox.get(key, 0)
     return pairs, stats
 
 
