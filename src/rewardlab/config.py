@@ -43,8 +43,8 @@ class ModelConfig(_Base):
 
 class TaskConfig(_Base):
     spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME '
-                      "with template: compact, target: steps, whose rows train on the worked solution) or "
-                      '"jsonl:PATH"')
+                      "with template: compact, target: steps, whose rows train on the worked solution), "
+                      '"humaneval[:FILE]" (HumanEval, scored by the code reward) or "jsonl:PATH"')
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="loader options: size, seed, test_size, template, target and the dataset's own fields "
