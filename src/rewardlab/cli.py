@@ -48,7 +48,8 @@ GROUPED_VERBS = {
     "rm": {
         "train": "train a Bradley-Terry reward model on preference pairs (JSONL)",
         "eval": "evaluate any scorer: pairwise / best-of-k accuracy, first-error F1, length and master-key probes",
-        "pairs": "preference pairs from a policy: a correct vs an incorrect completion of the same question",
+        "pairs": "preference pairs: a policy's correct vs incorrect completion of the same question, or (--source "
+                 "mutants, no model) a canonical solution vs a sandbox-confirmed failing mutant of it",
     },
     "prm": {
         "label": "step labels for a policy's solutions: Monte Carlo (Math-Shepherd) or binary search (OmegaPRM)",
@@ -69,13 +70,18 @@ def _add_reward_model_verbs(sub) -> None:
             p.add_argument("--seed", type=int, help="random seed (config key: seed)")
             if action in ("pairs", "label"):
                 p.add_argument("--model", help='the policy: "tiny" or an HF model directory (config key: model.path)')
+                humaneval = '"humaneval" (canonical solutions, for --source mutants), ' if action == "pairs" else ""
                 p.add_argument("--task", help='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME with template '
-                               'compact, target steps; answer = the worked solution) or "jsonl:PATH" (config key: '
-                               'task.spec)')
+                               'compact, target steps; answer = the worked solution), ' + humaneval +
+                               'or "jsonl:PATH" (config key: task.spec)')
             else:
                 p.add_argument("--model", help='backbone or scorer: "minilm", "tiny" or a model directory '
                                "(config key: model.path)")
                 p.add_argument("--data", help="JSONL data file (config key: data)")
+            if action == "pairs":
+                p.add_argument("--source", choices=("policy", "mutants"),
+                               help="policy (default): sample --model, judge with the task's verifier; mutants: "
+                               "canonical solution vs failing mutants, no model (config key: pairs.source)")
             p.add_argument("--no-progress", action="store_true", help="no progress bars")
             p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
@@ -121,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"{key}={value}")
+    if getattr(args, "source", None) is not None:
+        overrides.append(f"pairs.source={args.source}")
     if getattr(args, "scorer", None) is not None:
         overrides.append(f"scorer={args.scorer}")
     if getattr(args, "n", None) is not None:

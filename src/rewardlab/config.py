@@ -43,8 +43,8 @@ class ModelConfig(_Base):
 
 class TaskConfig(_Base):
     spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME '
-                      "with template: compact, target: steps, whose rows train on the worked solution) or "
-                      '"jsonl:PATH"')
+                      "with template: compact, target: steps, whose rows train on the worked solution), "
+                      '"humaneval[:FILE]" (HumanEval, scored by the code reward) or "jsonl:PATH"')
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="loader options: size, seed, test_size, template, target and the dataset's own fields "
@@ -370,18 +370,26 @@ class PrmTrainConfig(_Base):
 
 
 class PairsParams(_Base):
-    n: int = Field(8, gt=1, description="completions sampled per question")
-    pairs_per_question: int = Field(2, gt=0, description="most (correct, incorrect) pairs kept per question")
+    source: Literal["policy", "mutants"] = Field(
+        "policy", description="policy: the model's samples judged by the task's verifier, a correct vs an incorrect "
+        "completion; mutants: no model, the row's canonical solution vs a single-point mutant of it that the sandbox "
+        "confirms fails the row's tests (tasks whose rows carry a canonical solution and tests, e.g. humaneval)"
+    )
+    n: int = Field(8, gt=1, description="completions sampled per question (policy)")
+    pairs_per_question: int = Field(2, gt=0, description="most pairs kept per question: (correct, incorrect) "
+                                    "samples, or failing mutants")
     max_pairs: int | None = Field(None, gt=0, description="stop after this many pairs (None: all questions)")
     limit: int | None = Field(None, gt=0, description="use only the first N questions of the split")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(32, gt=0, description="completion token limit")
-    batch_size: int = Field(64, gt=0, description="questions per generate call")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (policy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (policy)")
+    max_new_tokens: int = Field(32, gt=0, description="completion token limit (policy)")
+    batch_size: int = Field(64, gt=0, description="questions per generate call (policy) or per sandbox round "
+                            "(mutants)")
 
 
 class RmPairsConfig(_Verb):
-    """`rewardlab rm pairs`: preference pairs (correct vs incorrect completion of one question) from a policy."""
+    """`rewardlab rm pairs`: preference pairs from a policy (correct vs incorrect completion of one question) or, with
+    pairs.source=mutants, from a task's canonical solutions (canonical vs failing mutant; `model` is not used)."""
 
     out: str = "runs/pairs"
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")

@@ -241,6 +241,7 @@ def failing_variants(
     limit: int | None = 1,
     batch: int = 1,
     reward: Any = None,
+    stats: dict[str, int] | None = None,
 ) -> list[list[str]]:
     """For each HumanEval row, mutants of its canonical solution that the sandbox confirms fail its tests.
 
@@ -258,6 +259,10 @@ def failing_variants(
         batch: mutants tried per row per round.
         reward: a `CodeReward` to run them (default: timeout 3 s, test_timeout 1 s, which bound the cost of
             mutants that loop forever).
+        stats: if given, sandbox counts are added to it: `tried` (mutants run), `failing` (confirmed failing,
+            including any found past `limit` in the last round), `passing` (passed every test: equivalent to the
+            canonical solution, or the tests miss the change), `unconfirmed` (failed only by timeout or crash),
+            `errors` (the reward could not run them).
     Returns:
         One list per row, in mutation order (possibly shorter than `limit`, empty when no mutant fails).
     Raises:
@@ -284,9 +289,21 @@ def failing_variants(
                 cursor[i] += take
         if not jobs:
             return found
+        if stats is not None:
+            stats["tried"] = stats.get("tried", 0) + len(jobs)
         results = reward.evaluate([rows[i] for i, _ in jobs], [text for _, text in jobs])
         for (i, text), result in zip(jobs, results):
-            if isinstance(result, str) or (limit is not None and len(found[i]) >= limit):
-                continue
-            if any(not t.passed and t.kind in CONFIRMING for t in result.tests):
+            outcome = _outcome(result)
+            if stats is not None:
+                stats[outcome] = stats.get(outcome, 0) + 1
+            if outcome == "failing" and (limit is None or len(found[i]) < limit):
                 found[i].append(text)
+
+
+def _outcome(result: Any) -> str:
+    """`failing_variants`' verdict on one mutant's CodeResult (or error text); see its `stats`."""
+    if isinstance(result, str):
+        return "errors"
+    if any(not t.passed and t.kind in CONFIRMING for t in result.tests):
+        return "failing"
+    return "passing" if all(t.passed for t in result.tests) else "unconfirmed"
