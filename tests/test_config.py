@@ -6,6 +6,8 @@ from rewardlab.config import (
     VERB_CONFIGS,
     ConfigError,
     EvaluateConfig,
+    QuickstartConfig,
+    RLConfig,
     TrainConfig,
     apply_override,
     dump_config,
@@ -142,3 +144,36 @@ def test_dump_config_round_trips(tmp_path, verb):
     path = tmp_path / "c.yaml"
     path.write_text(dump_config(cfg))
     assert load_config(cls, path) == cfg
+
+
+# ---------------------------------------------------------------- partly given sections keep the verb's defaults
+def test_dotted_override_keeps_the_verbs_other_section_defaults():
+    # QuickstartConfig.rl is an RLConfig with non-class defaults; overriding one key must not reset the others
+    # (rl.steps=450 once silently turned 128 prompts per step at lr 3e-4, T=0.7 into 16 at 1e-4, T=1.0).
+    base = load_config(QuickstartConfig)
+    cfg = load_config(QuickstartConfig, overrides=["rl.steps=450", "task.options.size=5000"])
+    assert cfg.rl.steps == 450
+    assert cfg.rl.model_dump(exclude={"steps"}) == base.rl.model_dump(exclude={"steps"})
+    assert cfg.rl.prompts_per_step == 128 != RLConfig().prompts_per_step
+    assert cfg.task.options == dict(base.task.options, size=5000)
+    assert cfg.sft == base.sft and cfg.eval == base.eval
+
+
+def test_whole_value_override_replaces_a_mapping():
+    cfg = load_config(QuickstartConfig, overrides=["task.options={size: 7}"])
+    assert cfg.task.options == {"size": 7}
+
+
+def test_yaml_section_keeps_the_verbs_other_defaults(tmp_path):
+    path = tmp_path / "q.yaml"
+    path.write_text("rl:\n  lr: 1.0e-3\nsft:\n  steps: 10\n")
+    base = load_config(QuickstartConfig)
+    cfg = load_config(QuickstartConfig, path)
+    assert (cfg.rl.lr, cfg.sft.steps) == (1e-3, 10)
+    assert cfg.rl.model_dump(exclude={"lr"}) == base.rl.model_dump(exclude={"lr"})
+    assert cfg.sft.model_dump(exclude={"steps"}) == base.sft.model_dump(exclude={"steps"})
+
+
+def test_unknown_key_in_a_defaulted_section_is_still_named():
+    with pytest.raises(ConfigError, match="rl.bogus: unknown key"):
+        load_config(QuickstartConfig, overrides=["rl.bogus=1"])

@@ -266,10 +266,55 @@ def _describe(err: dict[str, Any], cls: type[BaseModel]) -> str:
     return f"{loc}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"
 
 
+def _section_default(cls: type[BaseModel], name: str) -> dict[str, Any] | None:
+    """The default of section `name` of `cls` as a dict, when that field is a section with a default."""
+    field = cls.model_fields.get(name)
+    if field is None or field.is_required():
+        return None
+    default = field.get_default(call_default_factory=True)
+    return default.model_dump() if isinstance(default, BaseModel) else None
+
+
+def _merge_section(cls: type[BaseModel], base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` written over `base` for model `cls`: sub-sections are merged key by key, any other value (a plain
+    mapping such as `task.options` included) replaced."""
+    out = dict(base)
+    for key, value in given.items():
+        field = cls.model_fields.get(key)
+        annotation = field.annotation if field is not None else None
+        if (isinstance(value, dict) and isinstance(out.get(key), dict) and isinstance(annotation, type)
+                and issubclass(annotation, BaseModel)):
+            out[key] = _merge_section(annotation, out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def with_section_defaults(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """Fill each partly given section of `data` from that section's default in `cls`, not from its class defaults.
+
+    A verb's config may give a section non-class defaults (`QuickstartConfig.rl` is a `RLConfig` with 150 steps,
+    128 prompts per step, lr 3e-4, ...). Without this, `rl: {steps: 450}` would build the section from its class
+    defaults and silently drop the verb's other settings; with it, only the keys given change (as in Hydra).
+    Sections without a default are filled recursively from their own fields' defaults.
+    """
+    out = dict(data)
+    for name, value in data.items():
+        field = cls.model_fields.get(name)
+        annotation = field.annotation if field is not None else None
+        if not isinstance(value, dict) or not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            continue
+        default = _section_default(cls, name)
+        out[name] = (_merge_section(annotation, default, value) if default is not None
+                     else with_section_defaults(annotation, value))
+    return out
+
+
 def validate(cls: type[_Base], data: dict[str, Any]) -> Any:
-    """Validate a nested dict as config `cls`. Raises ConfigError naming the first bad key."""
+    """Validate a nested dict as config `cls`; partly given sections keep the verb's other defaults
+    (`with_section_defaults`). Raises ConfigError naming the first bad key."""
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(with_section_defaults(cls, data))
     except ValidationError as exc:
         raise ConfigError("config error: " + _describe(exc.errors()[0], cls)) from None
 
@@ -297,7 +342,15 @@ def load_config(cls: type[_Base], path: str | Path | None = None, overrides: lis
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping of keys")
         data = loaded
+    data = with_section_defaults(cls, data)
     for item in overrides or []:
+        # A dotted override edits the section's resolved default (e.g. quickstart's `task.options`), so
+        # `task.options.size=5000` keeps the other options while `task.options={...}` replaces them all.
+        top = item.partition("=")[0].split(".")[0]
+        if "." in item.partition("=")[0] and top not in data:
+            default = _section_default(cls, top)
+            if default is not None:
+                data[top] = default
         apply_override(data, item)
     return validate(cls, data)
 
