@@ -70,7 +70,7 @@ stage fe_bt_minilm $RL rm eval --model "$(last_ckpt bt_minilm)" --data "$OUT/lab
 stage fe_verifier  $RL rm eval "scorer=[{name: worked_answer}]" --data "$OUT/labels_test/labels.jsonl"
 
 # 7. The table.
-python - "$OUT" <<'EOF'
+"${PYTHON:-python3}" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 

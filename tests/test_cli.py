@@ -42,6 +42,16 @@ def test_unknown_override_key(tmp_path, capsys):
     assert line.startswith("rewardlab train: error:") and "rl.lrr" in line and "unknown key" in line
 
 
+def test_overrides_after_a_flag_that_follows_overrides_are_applied(tmp_path, capsys):
+    # argparse alone stops collecting `key=value` once a flag follows them; main() picks up the rest.
+    assert main(["evaluate", "eval.n=2", "--out", str(tmp_path / "run"), "eval.n=many"]) == 2
+    line = _stderr_line(capsys)
+    assert "eval.n" in line and "many" in line
+    with pytest.raises(SystemExit) as info:
+        main(["evaluate", "eval.n=2", "--out", str(tmp_path / "run"), "--bogus"])
+    assert info.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
 def test_bad_override_value(tmp_path, capsys):
     assert main(["evaluate", "--out", str(tmp_path / "run"), "eval.n=many"]) == 2
     line = _stderr_line(capsys)

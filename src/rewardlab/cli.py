@@ -110,7 +110,14 @@ def _run_reward_model_verb(key: str, cfg, show: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may come before, between or after the flags: argparse leaves those after a flag unparsed.
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = list(getattr(args, "overrides", None) or []) + extra
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers.utils import logging as hf_logging
 
