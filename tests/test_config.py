@@ -149,10 +149,10 @@ def test_dump_config_round_trips(tmp_path, verb):
 # ---------------------------------------------------------------- partly given sections keep the verb's defaults
 def test_dotted_override_keeps_the_verbs_other_section_defaults():
     # QuickstartConfig.rl is an RLConfig with non-class defaults; overriding one key must not reset the others
-    # (rl.steps=450 once silently turned 128 prompts per step at lr 3e-4, T=0.7 into 16 at 1e-4, T=1.0).
+    # (rl.steps=N once silently turned 128 prompts per step at lr 3e-4, T=0.7 into 16 at 1e-4, T=1.0).
     base = load_config(QuickstartConfig)
-    cfg = load_config(QuickstartConfig, overrides=["rl.steps=450", "task.options.size=5000"])
-    assert cfg.rl.steps == 450
+    cfg = load_config(QuickstartConfig, overrides=["rl.steps=123", "task.options.size=5000"])
+    assert cfg.rl.steps == 123
     assert cfg.rl.model_dump(exclude={"steps"}) == base.rl.model_dump(exclude={"steps"})
     assert cfg.rl.prompts_per_step == 128 != RLConfig().prompts_per_step
     assert cfg.task.options == dict(base.task.options, size=5000)

@@ -179,7 +179,7 @@ class QuickstartConfig(_Base):
     sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=650, batch_size=64, lr=3e-3))
     rl: RLConfig = Field(
         default_factory=lambda: RLConfig(
-            steps=150, prompts_per_step=128, group_size=8, lr=3e-4, temperature=0.7, max_new_tokens=4
+            steps=450, prompts_per_step=128, group_size=8, lr=3e-4, temperature=0.7, max_new_tokens=4
         )
     )
     eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=4))
@@ -293,7 +293,7 @@ def _merge_section(cls: type[BaseModel], base: dict[str, Any], given: dict[str, 
 def with_section_defaults(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
     """Fill each partly given section of `data` from that section's default in `cls`, not from its class defaults.
 
-    A verb's config may give a section non-class defaults (`QuickstartConfig.rl` is a `RLConfig` with 150 steps,
+    A verb's config may give a section non-class defaults (`QuickstartConfig.rl` is a `RLConfig` with 450 steps,
     128 prompts per step, lr 3e-4, ...). Without this, `rl: {steps: 450}` would build the section from its class
     defaults and silently drop the verb's other settings; with it, only the keys given change (as in Hydra).
     Sections without a default are filled recursively from their own fields' defaults.
