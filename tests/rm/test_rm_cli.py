@@ -139,12 +139,20 @@ def test_prm_scores_steps_in_eval_and_as_a_reward(pipeline):
     assert report["scorer"] == f"process_reward_model:{ckpt}" and report["first_error"]["scorer_kind"] == "process"
 
 
-@pytest.mark.parametrize("name", ["reward_model", "process_reward_model"])
-def test_trained_models_plug_into_rl_training(pipeline, tmp_path, name):
+@pytest.mark.parametrize("name, estimator", [("reward_model", "grpo"), ("process_reward_model", "grpo"),
+                                             ("process_reward_model", "pure")])
+def test_trained_models_plug_into_rl_training(pipeline, tmp_path, name, estimator):
     ckpt = _summary(pipeline / ("bt" if name == "reward_model" else "prm"))["final_checkpoint"]
     out = tmp_path / "rl"
+    process = ["rl.estimator=pure", "rl.step_separator='\n'"] if estimator == "pure" else []
     assert main(["train", "--no-progress", "--model", "tiny", "--task", "worked:chain_sum", "--out", str(out), WORKED,
                  f"rewards=[{{name: {name}, path: {ckpt}}}]", "rl.steps=1", "rl.prompts_per_step=2",
-                 "rl.group_size=2", "rl.max_new_tokens=6", *TINY_OVERRIDES]) == 0
+                 "rl.group_size=2", "rl.max_new_tokens=12", *process, *TINY_OVERRIDES]) == 0
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert f"reward/{name}/mean" in metrics[0]  # the model reward is logged as a component
+    if estimator == "pure":  # the PRM's per-step scores reached the trainer as step rewards, one per marked step
+        samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+        with_steps = [r for r in samples if r.get("step_scores")]
+        assert with_steps, "no rollout carried PRM step scores"
+        for r in with_steps:
+            assert all(0.0 < v < 1.0 for v in r["step_scores"])
