@@ -2,19 +2,21 @@
 # Issue 5's figures, end to end: a policy with written-out steps, preference pairs and step labels it generates,
 # a MiniLM Bradley-Terry model, outcome and process reward models on the same tiny backbone, and their evaluation.
 #
-#     bash benchmarks/reward_models.sh [OUT]        # default OUT=runs/rm_bench; ~45 min on 2 quiet cores
+#     bash benchmarks/reward_models.sh [OUT]        # default OUT=runs/rm_bench; 44 min measured on 2 partly shared cores
 #
 # Every stage is a plain `rewardlab` command (shown below with its settings) writing its own run directory under
 # OUT; a stage whose summary.json exists is skipped, so a stopped run resumes where it stopped. Threads are pinned
-# to 1 (OMP_NUM_THREADS=1) so that a re-run reproduces the same numbers on the same machine. The last step prints
-# the table that the README and docs/reward-models.md quote.
+# to 1 (OMP_NUM_THREADS=1) for repeatability. Run it from the repository root after `make install` (or with
+# `rewardlab` on PATH). The last step prints the table that the README and docs/reward-models.md quote.
 #
 # Task: reasoning-gym chain_sum with 3-5 one-digit terms, worked as partial sums one per line (`worked:chain_sum`,
 # the preset of `reasoning_gym:chain_sum` with `target: steps`); 20,000 draws, 500 held-out questions.
 set -euo pipefail
 
 OUT=${1:-runs/rm_bench}
-RL=${RL:-rewardlab}
+VENV_BIN=$( [[ -x .venv/bin/rewardlab ]] && echo .venv/bin/ || true )   # the repo's venv (make install), else PATH
+RL=${RL:-${VENV_BIN}rewardlab}
+PYTHON=${PYTHON:-$( [[ -n $VENV_BIN ]] && echo ${VENV_BIN}python || echo python3 )}
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 TASK=(--task worked:chain_sum
       "task.options={min_terms: 3, max_terms: 5, min_digits: 1, max_digits: 1, size: 20000, test_size: 500}")
@@ -70,7 +72,7 @@ stage fe_bt_minilm $RL rm eval --model "$(last_ckpt bt_minilm)" --data "$OUT/lab
 stage fe_verifier  $RL rm eval "scorer=[{name: worked_answer}]" --data "$OUT/labels_test/labels.jsonl"
 
 # 7. The table.
-"${PYTHON:-python3}" - "$OUT" <<'EOF'
+"$PYTHON" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 
@@ -91,12 +93,12 @@ print(f"  length rule, ties wrong   {lb['longer_wins_accuracy']:.1%}  (longer ch
 print(f"  length rule, ties halved  {(chosen_longer + ties / 2) / n:.1%}")
 print(f"  master-key rate           {pairs['master_keys']['rate']:.1%}")
 print("\nfirst-error identification on held-out exact labels (threshold from the dev split):")
-print(f"  {'scorer':<44} {'kind':<8} {'F1':>6} {'err acc':>8} {'ok acc':>7}")
+print(f"  {'scorer':<46} {'kind':<8} {'F1':>6} {'err acc':>8} {'ok acc':>7}")
 for name, label in (("fe_prm_tiny", "PRM, tiny backbone, MC (binary search) labels"),
                     ("fe_bt_tiny", "ORM (Bradley-Terry), same tiny backbone"),
                     ("fe_bt_minilm", "ORM (Bradley-Terry), MiniLM"),
                     ("fe_verifier", "exact final-answer check (outcome ceiling)")):
     fe = load(name)["first_error"]
-    print(f"  {label:<44} {fe['scorer_kind']:<8} {fe['f1']:>6.3f} {fe['error_acc']:>8.3f} {fe['correct_acc']:>7.3f}"
+    print(f"  {label:<46} {fe['scorer_kind']:<8} {fe['f1']:>6.3f} {fe['error_acc']:>8.3f} {fe['correct_acc']:>7.3f}"
           f"   (n={fe['n']})")
 EOF
