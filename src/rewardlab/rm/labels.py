@@ -140,8 +140,9 @@ def monte_carlo_labels(estimator: PrefixEstimator, solutions: Sequence[Solution]
 
 
 def first_zero(values: Sequence[float]) -> int:
-    """The first step whose value is 0 (the full scan's first error), -1 when none is."""
-    return next((i for i, v in enumerate(values) if v <= 0.0), -1)
+    """The first step whose value is 0 (the full scan's first error), -1 when none is: `rewards.steps.first_error`
+    with the outcome taken as right (an MC value of 0 is the only sign of an error here)."""
+    return first_error(values, True) if values else -1
 
 
 def search_cost(n_steps: int) -> int:
