@@ -15,11 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from rewardlab.config import dump_config
-from rewardlab.optim import make_optimizer, make_scheduler
-from rewardlab.progress import stage
 from rewardlab.rewards.model import encode_outcome
 from rewardlab.rm.backbone import load_backbone
 from rewardlab.rm.data import Pair, load_pairs
+from rewardlab.rm.fit import fit
 from rewardlab.runs import RunDir
 
 
@@ -117,40 +116,21 @@ def run_rm_train(cfg, *, show_progress: bool = True) -> dict[str, Any]:
     run.write_config(dump_config(cfg))
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    per_epoch = math.ceil(len(train_pairs) / t.batch_size)
-    steps = t.epochs * per_epoch
-    optimizer = make_optimizer(model, t.lr, t.weight_decay)
-    scheduler = make_scheduler(optimizer, warmup_steps=t.warmup_steps, total_steps=steps, kind=t.lr_schedule)
-
     def evaluate() -> dict[str, float]:
         res = evaluate_pairs(model, tokenizer, eval_pairs, batch_size=t.batch_size, max_length=t.max_length)
         return {f"eval/{k}": v for k, v in res.items()}
 
-    wall0, step, last, last_eval = time.perf_counter(), 0, {}, {}
-    with stage("RM train", steps, enabled=show_progress) as bar:
-        for _ in range(t.epochs):
-            order = list(range(len(train_pairs)))
-            rng.shuffle(order)
-            for s in range(0, len(order), t.batch_size):
-                t0 = time.perf_counter()
-                batch = [train_pairs[i] for i in order[s : s + t.batch_size]]
-                chosen, rejected = pair_rewards(model, tokenizer, batch, t.max_length)
-                margin = torch.tensor([p.margin for p in batch], device=chosen.device) if t.use_margin else None
-                loss = bradley_terry_loss(chosen, rejected, margin, t.center_coef)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                stats = pair_stats(chosen.detach().tolist(), rejected.detach().tolist())
-                last = {"train/loss": loss.item(), **{f"train/{k}": v for k, v in stats.items()},
-                        "lr": scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - t0}
-                if eval_pairs and ((t.eval_every and step % t.eval_every == 0) or step == steps):
-                    last_eval = evaluate()
-                    last.update(last_eval)
-                run.log_metrics(step, last)
-                bar.advance(1, loss=last["train/loss"], acc=last["train/accuracy"])
+    def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = [train_pairs[i] for i in idx]
+        chosen, rejected = pair_rewards(model, tokenizer, batch, t.max_length)
+        margin = torch.tensor([p.margin for p in batch], device=chosen.device) if t.use_margin else None
+        stats = pair_stats(chosen.detach().tolist(), rejected.detach().tolist())
+        return bradley_terry_loss(chosen, rejected, margin, t.center_coef), {f"train/{k}": v for k, v in stats.items()}
+
+    wall0 = time.perf_counter()
+    step, last, last_eval = fit(model, t, len(train_pairs), batch_loss, rng=rng, run=run, name="RM train",
+                                progress_key="train/accuracy", evaluate=evaluate if eval_pairs else None,
+                                show_progress=show_progress)
     final = run.save_checkpoint(step, lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)))
     run.plot(["train/loss", "train/accuracy", "eval/accuracy"], "rm_train.png")
     summary = {"stage": "rm_train", "loss": "bradley_terry", "backbone": cfg.model.path, "steps": step,

@@ -10,7 +10,6 @@ Wang et al. 2024; Lightman et al. 2023):
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -20,11 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from rewardlab.config import dump_config
-from rewardlab.optim import make_optimizer, make_scheduler
-from rewardlab.progress import stage
 from rewardlab.rewards.model import check_step_tag, encode_process, pad_batch
 from rewardlab.rm.backbone import load_backbone
 from rewardlab.rm.data import StepRow, load_step_rows
+from rewardlab.rm.fit import fit
 from rewardlab.runs import RunDir
 
 
@@ -109,35 +107,21 @@ def run_prm_train(cfg, *, show_progress: bool = True) -> dict[str, Any]:
     run.write_config(dump_config(cfg))
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    steps = t.epochs * math.ceil(len(train_rows) / t.batch_size)
-    optimizer = make_optimizer(model, t.lr, t.weight_decay)
-    scheduler = make_scheduler(optimizer, warmup_steps=t.warmup_steps, total_steps=steps, kind=t.lr_schedule)
-    wall0, step, last, last_eval = time.perf_counter(), 0, {}, {}
-    with stage("PRM train", steps, enabled=show_progress) as bar:
-        for _ in range(t.epochs):
-            order = list(range(len(train_rows)))
-            rng.shuffle(order)
-            for s in range(0, len(order), t.batch_size):
-                t0 = time.perf_counter()
-                idx = order[s : s + t.batch_size]
-                z = torch.cat(step_logits(model, [train_enc[i] for i in idx], tokenizer.pad_token_id))
-                y = torch.tensor([v for i in idx for v in train_rows[i].labels], device=z.device)
-                loss = prm_loss(z, y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                acc = ((z.detach() >= 0) == (y >= 0.5)).float().mean().item()
-                last = {"train/loss": loss.item(), "train/step_accuracy": acc, "lr": scheduler.get_last_lr()[0],
-                        "time/step_s": time.perf_counter() - t0}
-                if eval_rows and ((t.eval_every and step % t.eval_every == 0) or step == steps):
-                    last_eval = {f"eval/{k}": v for k, v in
-                                 evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size).items()}
-                    last.update(last_eval)
-                run.log_metrics(step, last)
-                bar.advance(1, loss=last["train/loss"], acc=acc)
+
+    def evaluate() -> dict[str, float]:
+        res = evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size)
+        return {f"eval/{k}": v for k, v in res.items()}
+
+    def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        z = torch.cat(step_logits(model, [train_enc[i] for i in idx], tokenizer.pad_token_id))
+        y = torch.tensor([v for i in idx for v in train_rows[i].labels], device=z.device)
+        acc = ((z.detach() >= 0) == (y >= 0.5)).float().mean().item()
+        return prm_loss(z, y), {"train/step_accuracy": acc}
+
+    wall0 = time.perf_counter()
+    step, last, last_eval = fit(model, t, len(train_rows), batch_loss, rng=rng, run=run, name="PRM train",
+                                progress_key="train/step_accuracy", evaluate=evaluate if eval_rows else None,
+                                show_progress=show_progress)
     final = run.save_checkpoint(step, lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)))
     run.plot(["train/loss", "train/step_accuracy", "eval/step_accuracy"], "prm_train.png")
     summary = {"stage": "prm_train", "backbone": cfg.model.path, "steps": step, "train_rows": len(train_rows),
