@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -263,6 +263,8 @@ def _describe(err: dict[str, Any], cls: type[BaseModel]) -> str:
         valid = sorted(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
         hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
         return f"{loc}: unknown key{hint}"
+    if err["type"] == "value_error" and not loc:  # a cross-field check of a whole config: its own message
+        return str(err.get("ctx", {}).get("error", err["msg"]))
     return f"{loc}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"
 
 
@@ -447,6 +449,13 @@ class RmPairsConfig(_Verb):
     out: str = "runs/pairs"
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
     pairs: PairsParams = Field(default_factory=PairsParams)
+
+    @model_validator(mode="after")
+    def _mutants_take_no_model(self):
+        # pairs.source=mutants samples nothing, so a model given with it would be silently unused
+        if self.pairs.source == "mutants" and "path" in self.model.model_fields_set:
+            raise ValueError("pairs.source=mutants uses no model; drop --model / model.path, or use pairs.source=policy")
+        return self
 
 
 class LabelParams(_Base):
