@@ -444,7 +444,8 @@ class PairsParams(_Base):
 
 class RmPairsConfig(_Verb):
     """`rewardlab rm pairs`: preference pairs from a policy (correct vs incorrect completion of one question) or, with
-    pairs.source=mutants, from a task's canonical solutions (canonical vs failing mutant; `model` is not used)."""
+    pairs.source=mutants, from a task's canonical solutions (canonical vs failing mutant; a `model` setting is
+    refused)."""
 
     out: str = "runs/pairs"
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
@@ -452,9 +453,12 @@ class RmPairsConfig(_Verb):
 
     @model_validator(mode="after")
     def _mutants_take_no_model(self):
-        # pairs.source=mutants samples nothing, so a model given with it would be silently unused
-        if self.pairs.source == "mutants" and "path" in self.model.model_fields_set:
-            raise ValueError("pairs.source=mutants uses no model; drop --model / model.path, or use pairs.source=policy")
+        # pairs.source=mutants samples nothing, so any model setting given with it would be silently unused. This
+        # checks the top level's fields_set: a partly given section is filled from its defaults before validation,
+        # so the section's own fields_set names every field, not the ones given.
+        if self.pairs.source == "mutants" and "model" in self.model_fields_set:
+            raise ValueError("pairs.source=mutants uses no model; drop --model and the model.* settings, or use "
+                             "pairs.source=policy")
         return self
 
 

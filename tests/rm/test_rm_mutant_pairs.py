@@ -153,8 +153,9 @@ def test_policy_that_is_never_right_on_code_rows_points_to_mutants(tmp_path, cap
 
 def test_model_with_mutants_is_refused_not_ignored(tmp_path, capsys):
     # the mutant source samples nothing, so a model given with it would be silently unused
-    for args in (["--source", "mutants", "--model", "tiny"], ["pairs.source=mutants", "model.path=tiny"]):
+    for args in (["--source", "mutants", "--model", "tiny"], ["pairs.source=mutants", "model.path=tiny"],
+                 ["--source", "mutants", "model.device=cpu"]):
         assert main(["rm", "pairs", "--task", "humaneval", "--out", str(tmp_path / "p"), *args]) == 2
         assert _err(capsys) == ("rewardlab rm pairs: error: config error: pairs.source=mutants uses no model; "
-                                "drop --model / model.path, or use pairs.source=policy")
+                                "drop --model and the model.* settings, or use pairs.source=policy")
     assert not (tmp_path / "p").exists()
