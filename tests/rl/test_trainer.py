@@ -305,9 +305,11 @@ def test_kl_in_reward_and_reference_refresh(tmp_path):
     train(_config(tmp_path, "r", *common, "rl.kl_in=reward"), show_progress=False)
     m = _metrics(tmp_path / "r")
     assert "policy/kl" not in m[0] and m[0]["policy/kl_reward"] == pytest.approx(0.0, abs=1e-6)  # policy == ref
+    assert m[0]["policy/kl_clamped"] == 0.0  # no token's log-ratio near the +-20 bound, nor k3 near 10
     assert m[1]["policy/kl_reward"] > 0  # one update later the sampling policy has moved away from the reference
     train(_config(tmp_path, "l", *common), show_progress=False)
     assert _metrics(tmp_path / "l")[1]["policy/kl"] > 0
+    assert _metrics(tmp_path / "l")[1]["policy/kl_clamped"] == 0.0
     # refreshing the reference every step: at each (single) update the policy equals the reference -> KL 0
     train(_config(tmp_path, "f", *common, "rl.ref_refresh_every=1"), show_progress=False)
     assert all(x["policy/kl"] == pytest.approx(0.0, abs=1e-6) for x in _metrics(tmp_path / "f"))

@@ -27,7 +27,15 @@ from rewardlab.rewards.compose import error_sources
 from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
-from rewardlab.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss, kl_penalty
+from rewardlab.rl.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    aggregate,
+    compute_policy_loss,
+    kl_clamped,
+    kl_penalty,
+)
 from rewardlab.runs import RunDir
 from rewardlab.tasks import load as load_task
 from rewardlab.types import Rollout, RewardOutput
@@ -346,6 +354,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                         kl_tokens = kl_penalty(rl.kl_estimator, old_logprobs, ref_logprobs) * mask
                         token_rewards = token_rewards - rl.beta * kl_tokens
                         metrics["policy/kl_reward"] = (kl_tokens.sum() / mask.sum().clamp(min=1)).item()
+                        metrics["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, old_logprobs, ref_logprobs,
+                                                                        mask))
                 ctx = {"policy": policy, "reward": reward, "rollouts": rollouts, "outputs": outputs, "mask": mask,
                        "rl": rl, "batch": batch, "critic": critic}
                 options = {**estimator_inputs(rl.estimator, ctx, rl.estimator_options), **rl.estimator_options}
@@ -376,6 +386,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                                            **loss_options)
                             loss = loss + rl.beta * kl
                             stats["policy/kl"] = kl.item()
+                            stats["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, logprobs,
+                                                                          ref_logprobs[idx], m))
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)
