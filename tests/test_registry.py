@@ -86,6 +86,19 @@ def test_check_names_the_unknown_options_and_lists_the_valid_ones():
         r.check("a", {"width": 1})
 
 
+def test_complete_check_requires_the_options_without_default():
+    r = Registry("node", reserved=("path",))
+    r.register("gated")(lambda path, *, gate, reward, threshold=1.0: None)
+    assert r.check("gated", {"gate": 1}) == ("gate", "reward", "threshold")  # not complete: a subset is fine
+    with pytest.raises(ValueError) as err:
+        r.check("gated", {"gate": 1}, complete=True, field="rewards[0]")
+    assert str(err.value) == "rewards[0]: missing option 'reward' for node 'gated'"
+    with pytest.raises(ValueError, match="^missing options 'gate', 'reward' for node 'gated'$"):
+        r.check("gated", {"threshold": 0.5}, complete=True)
+    with pytest.raises(ValueError, match="unknown option 'treshold'"):  # an unknown key is reported first
+        r.check("gated", {"treshold": 0.5}, complete=True)
+
+
 def test_positional_only_parameters_are_not_options():
     r = Registry("thing")
     r.register("p")(lambda rows, /, k=1: None)

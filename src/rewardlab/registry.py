@@ -142,7 +142,7 @@ class Registry(Mapping[str, T], Generic[T]):
         return tuple(p.name for p in params if p.kind in keyword and p.name not in skip)
 
     def check(self, name: str, options: Mapping[str, Any], *, reserved: Iterable[str] = (),
-              field: str | None = None) -> tuple[str, ...] | None:
+              field: str | None = None, complete: bool = False) -> tuple[str, ...] | None:
         """Check that entry ``name`` declares every key of ``options``; return its option names (see ``options``).
 
         Args:
@@ -150,11 +150,13 @@ class Registry(Mapping[str, T], Generic[T]):
             options: the options a caller means to pass (only the keys are looked at).
             reserved: more input names to exclude from the options, on top of the registry's own.
             field: a config key to start the message with, e.g. "rl.loss_options".
+            complete: also require every option the entry has no default for (for entries built from a spec).
         Returns:
             The declared option names, or None for an entry with ``**kwargs`` (which checks its options itself).
         Raises:
-            ValueError: ``name`` is not registered, or an option is not declared, in one line:
-                "[field: ]unknown option 'foo' for policy loss 'gspo'; valid: clip, clip_high, clip_low".
+            ValueError: ``name`` is not registered, an option is not declared, or (``complete``) a required option
+                is missing, in one line: "[field: ]unknown option 'foo' for policy loss 'gspo'; valid: clip,
+                clip_high, clip_low" or "[field: ]missing option 'gate' for composition 'gated'".
         """
         declared = self.options(name, reserved=reserved)
         if declared is None:
@@ -162,6 +164,13 @@ class Registry(Mapping[str, T], Generic[T]):
         unknown = [key for key in options if key not in declared]
         if unknown:
             raise ValueError(unknown_options(unknown, f"{self.kind} {name!r}", declared, field))
+        if complete:
+            params = inspect.signature(self._entries[name]).parameters
+            missing = [k for k in declared if params[k].default is inspect.Parameter.empty and k not in options]
+            if missing:
+                head = f"{field}: " if field else ""
+                raise ValueError(f"{head}missing option{'s' if len(missing) > 1 else ''} "
+                                 f"{', '.join(repr(k) for k in missing)} for {self.kind} {name!r}")
         return declared
 
     def _unknown(self, name: object) -> str:
