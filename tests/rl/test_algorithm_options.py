@@ -155,3 +155,9 @@ def test_cli_unknown_loss_option_exits_2_before_any_run_directory(tmp_path, caps
     assert err == ["rewardlab train: error: rl.loss_options: unknown option 'bogus' for policy loss 'gspo'; "
                    "valid: clip, clip_high, clip_low"]
     assert not out.exists()
+
+
+def test_reward_specs_are_checked_with_the_algorithm_options(tmp_path):
+    cfg = _cfg(tmp_path, "rewards=[{name: exact_match}, {name: numeric, tolerence: 0.1}]")
+    with pytest.raises(ValueError, match="^rewards\\[1\\]: unknown option 'tolerence' for reward 'numeric'; valid: "):
+        check_names(cfg)

@@ -23,7 +23,7 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
-from rewardlab.rewards.compose import error_sources
+from rewardlab.rewards.compose import check_specs, error_sources
 from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, filter_groups, make_curriculum
@@ -78,7 +78,8 @@ def check_options(cfg: TrainConfig) -> None:
     goes to: `rl.estimator_options` by the estimator, `rl.loss_options` (with `rl.clip_eps` and the trainer's
     `max_len`, see `resolve_loss_options`) by the policy loss or the aggregation, `rl.curriculum_options` by the
     curriculum, `rl.group_filter_options` by the group filter. The loss options' values are checked too, by
-    evaluating the loss once on a one-token batch.
+    evaluating the loss once on a one-token batch; and `cfg.rewards`, when given, by `rewards.compose.check_specs`
+    (names, keys and options of the whole tree, before the task loads; nothing is constructed).
 
     Raises:
         ValueError: one line naming the config key and the option and listing the valid ones, e.g.
@@ -99,6 +100,8 @@ def check_options(cfg: TrainConfig) -> None:
                             agg=rl.agg, **options)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"rl.loss_options: {exc}".splitlines()[0]) from None
+    if cfg.rewards is not None:
+        check_specs(cfg.rewards, on_error=cfg.on_error)
 
 
 def resolve_loss_options(rl) -> dict[str, Any]:
