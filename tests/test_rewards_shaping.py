@@ -177,7 +177,8 @@ def test_errors_pass_through_shaping_unchanged():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ({"shape": "overlong", "reward": "field", "max_len": 20}, "rewards[0]: missing option 'buffer' for shaping 'overlong'"),
+        ({"shape": "overlong", "reward": "field", "max_len": 20},
+         "rewards[0]: missing option 'buffer' for shaping 'overlong'"),
         ({"shape": "overlong", "reward": "field", "max_len": 20, "buffer": 40},
          "rewards[0] (shape: overlong): overlong penalty: need max_len > 0"),
         ({"shape": "overlong", "max_len": 20, "buffer": 4}, "rewards[0]: missing 'reward' (shape: overlong)"),
