@@ -153,7 +153,8 @@ def test_build_reward_unknown_name_lists_names():
 
 
 def test_build_reward_unknown_option():
-    with pytest.raises(ValueError, match=r"rewards\[1\] \(exact_match\): .*unknown option"):
+    with pytest.raises(ValueError, match=r"^rewards\[1\]: unknown option 'casee' for reward 'exact_match'; valid: "
+                       r"answer, case, completion, .*workers$"):
         build_reward([{"name": "exact_match"}, {"name": "exact_match", "casee": False}])
 
 

@@ -81,8 +81,8 @@ class RLConfig(_Base):
     loss: str = Field("ppo_clip", description="policy loss, a key of rl.losses.POLICY_LOSSES")
     loss_options: dict[str, Any] = Field(default_factory=dict, description="e.g. clip_high for DAPO clip-higher")
     clip_eps: float | None = Field(
-        None, gt=0, description="PPO clip epsilon: sets clip_low = clip_high (None: the loss's own defaults, 0.2 for "
-        "ppo_clip; loss_options take precedence)"
+        None, gt=0, description="PPO clip epsilon: sets the loss's clip_low = clip_high (None: the loss's own "
+        "defaults, 0.2 for ppo_clip; loss_options take precedence; an error for a loss without one, e.g. reinforce)"
     )
     agg: str = Field("token-mean", description="loss aggregation, a key of rl.losses.AGGREGATIONS")
     beta: float = Field(0.0, ge=0, description="KL coefficient to the frozen reference model (0: no reference)")
@@ -109,6 +109,8 @@ class RLConfig(_Base):
         "unshaped", description="per-rollout value the group filter looks at: 'unshaped' (the reward before "
         "shaping, else the score), 'score', or a reward component name such as 'correct'"
     )
+    group_filter_options: dict[str, Any] = Field(default_factory=dict, description="options of the group filter "
+                                                 "(dapo takes none)")
     max_rounds: int = Field(3, gt=0, description="generation rounds per step at most when a group filter drops groups")
     curriculum: str = Field("uniform", description="prompt sampler, a key of rl.filters.CURRICULA: 'uniform' or "
                             "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")

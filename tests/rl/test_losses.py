@@ -354,8 +354,8 @@ def test_losses_zero_outside_mask(batch):
     adv = torch.where(mask, adv, torch.full_like(adv, float("nan")))
     for name in POLICY_LOSSES:
         lp.grad = None
-        per_token, stats = POLICY_LOSSES[name](logprobs=lp, old_logprobs=old, advantages=adv, mask=mask,
-                                               dual_clip=3.0, unused_option=1)
+        options = {"dual_clip": 3.0} if name == "ppo_clip" else {}
+        per_token, stats = POLICY_LOSSES[name](logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, **options)
         assert per_token.shape == mask.shape, name
         assert torch.all(per_token[~mask] == 0), name
         assert torch.isfinite(per_token).all(), name

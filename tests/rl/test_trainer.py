@@ -232,7 +232,7 @@ if "test_step_digits" not in REWARDS:
         return sum(c.isdigit() for c in completion) / max(1, len(completion))
 
 
-from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATORS  # noqa: E402
+from rewardlab.rl.advantages import ESTIMATORS  # noqa: E402
 from rewardlab.rl.losses import POLICY_LOSSES  # noqa: E402
 from rewardlab.rl.trainer import trainable_estimators  # noqa: E402
 

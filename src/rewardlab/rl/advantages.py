@@ -14,7 +14,8 @@ Conventions shared by all estimators:
 - Sequence-level advantages are broadcast to every response token; outputs are 0 wherever ``mask`` is 0.
 - Process rewards arrive as options ``step_rewards`` [N, T] (a step's reward on its last token) and ``step_mask``
   [N, T] (1 on each step's last token).
-- Every estimator accepts and ignores options it does not use, so a trainer can pass one common set.
+- Every estimator declares its options by name; ``compute_advantages`` refuses an option the estimator does not
+  declare (a ValueError naming it and listing the valid ones), so nothing is silently ignored.
 - Inputs are upcast to float64 and every statistic (sums, means, stds, whitening) is computed in float64; the
   result is cast to float32. Means are taken after subtracting the group's (or batch's) minimum, so a group whose
   rewards are all equal gets exactly 0 from every group-centered estimator, and whitening equal values gives
@@ -22,9 +23,9 @@ Conventions shared by all estimators:
 - A NaN or inf in ``token_rewards``, ``values``, ``step_rewards``, ``baseline``, ``components`` or ``weights`` at a
   position the estimator reads (inside the mask) is a ValueError naming the input and index; values outside the
   mask are ignored.
-- ``ESTIMATOR_MIN_GROUP_SIZE[name]`` is the fewest rollouts a group needs (2 for the leave-one-out estimators,
-  which raise on a smaller group; 1 for the others, which give a group of size 1 an advantage of 0 or treat it
-  like any other).
+- ``ESTIMATORS.meta(name)["min_group_size"]`` is the fewest rollouts a group needs (2 for the leave-one-out
+  estimators, which raise on a smaller group; 1 for the others, which give a group of size 1 an advantage of 0 or
+  treat it like any other).
 
 Group statistics are computed with ``torch.unique(return_inverse=True)``, ``index_add_`` and ``scatter_reduce_``:
 no Python loop over rollouts. Reverse discounted sums loop over the T time steps only when gamma != 1.
@@ -32,49 +33,44 @@ no Python loop over rollouts. Reverse discounted sums loop over the T time steps
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-__all__ = ["ESTIMATORS", "ESTIMATOR_INPUTS", "ESTIMATOR_MIN_GROUP_SIZE", "register_estimator", "compute_advantages"]
+from rewardlab.registry import Registry
 
-ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
-#: name -> the options an estimator needs beyond token_rewards/mask/group (a trainer supplies them by these names).
-ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {}
-#: name -> the fewest rollouts a prompt group needs; a trainer drops smaller groups (e.g. after skipping errors).
-ESTIMATOR_MIN_GROUP_SIZE: dict[str, int] = {}
+__all__ = ["ESTIMATORS", "INPUTS", "register_estimator", "compute_advantages"]
+
+#: The inputs every estimator takes; everything else it declares is an option.
+INPUTS = ("token_rewards", "mask", "group")
+#: name -> estimator. ``ESTIMATORS.meta(name)["needs"]``: the options it needs beyond token_rewards/mask/group that
+#: only a trainer can compute (a trainer supplies them by these names); ``["min_group_size"]``: the fewest rollouts
+#: a prompt group needs (a trainer drops smaller groups, e.g. after skipping errored rollouts).
+ESTIMATORS: Registry[Callable[..., Tensor]] = Registry("advantage estimator", reserved=INPUTS)
 
 DEFAULT_EPS = 1e-6
 
 
-def register_estimator(name: str, needs: tuple[str, ...] = (), *,
-                       min_group_size: int = 1) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+def register_estimator(name: str, needs: tuple[str, ...] = (), *, min_group_size: int = 1,
+                       **meta: Any) -> Callable[[Callable], Callable]:
     """Register an advantage estimator in ``ESTIMATORS`` under ``name``.
 
-    The decorated function must have the signature ``fn(*, token_rewards, mask, group, **options) -> Tensor``.
-    ``needs`` names the options it requires that only a trainer can compute (e.g. ``baseline``, ``values``,
-    ``step_rewards``); they are recorded in ``ESTIMATOR_INPUTS``. ``min_group_size`` (int >= 1, default 1) is the
-    fewest rollouts per prompt group the estimator accepts, recorded in ``ESTIMATOR_MIN_GROUP_SIZE``.
+    The decorated function must have the signature ``fn(*, token_rewards, mask, group, <options>) -> Tensor`` with
+    every option declared by name (no ``**kwargs``). ``needs`` names the options it requires that only a trainer
+    can compute (e.g. ``baseline``, ``values``, ``step_rewards``); they are recorded as ``meta(name)["needs"]``.
+    ``min_group_size`` (int >= 1, default 1) is the fewest rollouts per prompt group the estimator accepts,
+    recorded as ``meta(name)["min_group_size"]``; any further ``meta`` is recorded too.
 
     Raises:
         ValueError: if ``name`` is already registered or ``min_group_size`` < 1.
     """
     if isinstance(min_group_size, bool) or not isinstance(min_group_size, int) or min_group_size < 1:
         raise ValueError(f"advantage estimator {name!r}: min_group_size must be an int >= 1, got {min_group_size!r}")
-
-    def decorator(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = fn
-        ESTIMATOR_INPUTS[name] = tuple(needs)
-        ESTIMATOR_MIN_GROUP_SIZE[name] = min_group_size
-        return fn
-
-    return decorator
+    return ESTIMATORS.register(name, needs=tuple(needs), min_group_size=min_group_size, **meta)
 
 
-def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group: Tensor, **options) -> Tensor:
+def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group: Tensor, **options: Any) -> Tensor:
     """Look up the estimator ``name`` in ``ESTIMATORS`` and apply it.
 
     Args:
@@ -82,16 +78,16 @@ def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group:
         token_rewards: [N, T] float, rewards on response tokens.
         mask: [N, T] bool/0-1, response tokens.
         group: [N] int64, prompt-group id of each rollout.
-        **options: estimator options; options an estimator does not use are ignored.
+        **options: estimator options; each must be declared by the estimator.
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: if ``name`` is not registered (the message lists the valid names), or whatever the estimator
-            raises for invalid inputs.
+        ValueError: if ``name`` is not registered (the message lists the valid names), an option is not one the
+            estimator declares (the message names it and lists the valid ones), or whatever the estimator raises
+            for invalid inputs.
     """
     fn = ESTIMATORS.get(name)
-    if fn is None:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}")
+    ESTIMATORS.check(name, options)
     return fn(token_rewards=token_rewards, mask=mask, group=group, **options)
 
 
@@ -295,7 +291,7 @@ def _step_rewards(options: dict, m: Tensor, estimator: str) -> tuple[Tensor, Ten
 
 @register_estimator("grpo")
 def grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEFAULT_EPS,
-         scale: str = "group", **_) -> Tensor:
+         scale: str = "group") -> Tensor:
     """Group Relative Policy Optimization advantage (Shao et al., 2024, DeepSeekMath).
 
     A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps), R_i = sum_t token_rewards[i, t],
@@ -332,7 +328,7 @@ def grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEF
 
 
 @register_estimator("dr_grpo")
-def dr_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
+def dr_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     """GRPO Done Right (Liu et al., 2025, "Understanding R1-Zero-Like Training").
 
     A_i = R_i - mean_{j in g(i)} R_j, broadcast over response tokens (no std division). A group of size 1, or one
@@ -354,7 +350,7 @@ def dr_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tenso
 
 
 @register_estimator("rloo", min_group_size=2)
-def rloo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
+def rloo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     """REINFORCE leave-one-out (Ahmadian et al., 2024, "Back to Basics").
 
     A_i = R_i - mean_{j in g(i), j != i} R_j, with R_i = sum_t token_rewards[i, t], broadcast over response tokens.
@@ -378,7 +374,7 @@ def rloo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
 
 @register_estimator("reinforce_pp")
 def reinforce_pp(*, token_rewards: Tensor, mask: Tensor, group: Tensor, gamma: float = 1.0,
-                 eps: float = DEFAULT_EPS, **_) -> Tensor:
+                 eps: float = DEFAULT_EPS) -> Tensor:
     """REINFORCE++ (Hu, 2025): discounted reward-to-go, whitened over the batch.
 
     G_{i,t} = sum_{k >= t} gamma^(k - t) r_{i,k}; A = (G - mean) / (std + eps), where mean and the unbiased std
@@ -401,8 +397,7 @@ def reinforce_pp(*, token_rewards: Tensor, mask: Tensor, group: Tensor, gamma: f
 
 
 @register_estimator("reinforce_pp_baseline")
-def reinforce_pp_baseline(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEFAULT_EPS,
-                          **_) -> Tensor:
+def reinforce_pp_baseline(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     """REINFORCE++ with a group-mean baseline (Hu, 2025).
 
     A_i = R_i - mean_{j in g(i)} R_j broadcast over response tokens, then whitened over all response tokens of
@@ -426,7 +421,7 @@ def reinforce_pp_baseline(*, token_rewards: Tensor, mask: Tensor, group: Tensor,
 
 
 @register_estimator("remax", needs=("baseline",))
-def remax(*, token_rewards: Tensor, mask: Tensor, group: Tensor, baseline: Tensor | None = None, **_) -> Tensor:
+def remax(*, token_rewards: Tensor, mask: Tensor, group: Tensor, baseline: Tensor | None = None) -> Tensor:
     """ReMax (Li et al., 2023): REINFORCE with the greedy rollout's reward as baseline.
 
     A_i = R_i - b_i, b_i = reward of the greedy (argmax) completion of rollout i's prompt; broadcast over tokens.
@@ -450,7 +445,7 @@ def remax(*, token_rewards: Tensor, mask: Tensor, group: Tensor, baseline: Tenso
 
 
 @register_estimator("opo")
-def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
+def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     """On-Policy RL with Optimal reward Baseline (Hao et al., 2025).
 
     A_i = R_i - sum_{j in g(i)} L_j R_j / sum_{j in g(i)} L_j, L_j = number of response tokens of rollout j
@@ -478,7 +473,7 @@ def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
 
 @register_estimator("gdpo", needs=("components", "weights"))
 def gdpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, components: Tensor | None = None,
-         weights: Tensor | None = None, batch_whiten: bool = True, eps: float = DEFAULT_EPS, **_) -> Tensor:
+         weights: Tensor | None = None, batch_whiten: bool = True, eps: float = DEFAULT_EPS) -> Tensor:
     """Group reward-Decoupled normalization Policy Optimization (NVIDIA, 2025, GDPO).
 
     Each reward component is group-normalized on its own, then the normalized components are summed:
@@ -529,7 +524,7 @@ def gdpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, components: Tens
 
 @register_estimator("pure", needs=("step_rewards", "step_mask"), min_group_size=2)
 def pure(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Tensor | None = None,
-         step_mask: Tensor | None = None, temperature: float = 0.1, **_) -> Tensor:
+         step_mask: Tensor | None = None, temperature: float = 0.1) -> Tensor:
     """PURE min-form credit assignment (Cheng et al., 2025, "Stop Summation").
 
     Per response i with step rewards p_s (step_rewards where step_mask = 1):
@@ -567,7 +562,7 @@ def pure(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Te
 
 @register_estimator("process_sum", needs=("step_rewards", "step_mask"), min_group_size=2)
 def process_sum(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Tensor | None = None,
-                step_mask: Tensor | None = None, gamma: float = 1.0, **_) -> Tensor:
+                step_mask: Tensor | None = None, gamma: float = 1.0) -> Tensor:
     """Summation-form process credit, the canonical baseline that PURE (Cheng et al., 2025) compares against.
 
     G_{i,t} = sum_{k >= t} gamma^(k - t) (p_{i,k} + r_{i,k}), p = step_rewards on steps' last tokens, r =
@@ -601,7 +596,7 @@ def process_sum(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewa
 
 @register_estimator("gae", needs=("values",))
 def gae(*, token_rewards: Tensor, mask: Tensor, group: Tensor, values: Tensor | None = None, gamma: float = 1.0,
-        lam: float = 1.0, whiten: bool = True, eps: float = DEFAULT_EPS, **_) -> Tensor:
+        lam: float = 1.0, whiten: bool = True, eps: float = DEFAULT_EPS) -> Tensor:
     """Generalized Advantage Estimation (Schulman et al., 2016).
 
     delta_t = r_t + gamma * V_{t+1} - V_t, with V after the last response token = 0;

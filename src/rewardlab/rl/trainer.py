@@ -24,19 +24,12 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
-from rewardlab.rewards.compose import error_sources
-from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATOR_MIN_GROUP_SIZE, ESTIMATORS, compute_advantages
+from rewardlab.rewards.compose import check_specs, error_sources
+from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
-from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
-from rewardlab.rl.losses import (
-    AGGREGATIONS,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    aggregate,
-    compute_policy_loss,
-    kl_clamped,
-    kl_penalty,
-)
+from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, filter_groups, make_curriculum
+from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
+                                 kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir
 from rewardlab.tasks import load as load_task
 from rewardlab.types import Rollout, RewardOutput
@@ -44,9 +37,26 @@ from rewardlab.types import Rollout, RewardOutput
 STATE_FILE = "trainer_state.pt"
 
 
+def estimator_needs(name: str) -> tuple[str, ...]:
+    """The inputs estimator `name` needs beyond token_rewards/mask/group that only a trainer can compute
+    (`ESTIMATORS.meta(name)["needs"]`, e.g. ("values",) for gae)."""
+    return tuple(ESTIMATORS.meta(name).get("needs", ()))
+
+
+def estimator_min_group_size(name: str) -> int:
+    """The fewest rollouts a prompt group needs for estimator `name` (`ESTIMATORS.meta(name)["min_group_size"]`,
+    e.g. 2 for rloo; 1 when the estimator declares none)."""
+    return int(ESTIMATORS.meta(name).get("min_group_size", 1))
+
+
 def check_names(cfg: TrainConfig) -> None:
     """Fail fast, with the valid names, when an algorithm name in `cfg.rl` is not registered, an estimator needs
-    an input the trainer cannot supply, or `rl.group_size` is below the estimator's minimum group size."""
+    an input the trainer cannot supply, or `rl.group_size` is below the estimator's minimum group size; then check
+    every algorithm option (`check_options`).
+
+    Raises:
+        ValueError: one line naming the config key, e.g. "rl.loss: unknown name 'x'; valid: ...".
+    """
     rl = cfg.rl
     checks = [
         ("rl.estimator", rl.estimator, ESTIMATORS),
@@ -60,18 +70,73 @@ def check_names(cfg: TrainConfig) -> None:
     for field, name, registry in checks:
         if name not in registry:
             raise ValueError(f"{field}: unknown name {name!r}; valid: {', '.join(sorted(registry))}")
-    needs = [k for k in ESTIMATOR_INPUTS.get(rl.estimator, ()) if k not in rl.estimator_options]
+    needs = [k for k in estimator_needs(rl.estimator) if k not in rl.estimator_options]
     missing = [k for k in needs if k not in INPUT_PROVIDERS]
     if missing:
         raise ValueError(f"rl.estimator: {rl.estimator!r} needs {missing}, which the trainer cannot compute; "
                          f"estimators it can run: {', '.join(sorted(trainable_estimators()))}")
-    least = ESTIMATOR_MIN_GROUP_SIZE.get(rl.estimator, 1)
+    least = estimator_min_group_size(rl.estimator)
     if rl.group_size < least:
         raise ValueError(f"rl.group_size: estimator {rl.estimator!r} needs at least {least} rollouts per prompt "
                          f"group, got {rl.group_size}")
     if any(k in ("step_rewards", "step_mask") for k in needs) and rl.step_separator is None:
         raise ValueError(f"rl.step_separator: estimator {rl.estimator!r} needs process rewards on steps; set the "
                          "step separator (e.g. '\\n') and use a reward that returns step_scores")
+    check_options(cfg)
+
+
+def check_options(cfg: TrainConfig) -> None:
+    """Check, before anything is loaded or written, that every option in `cfg.rl` is declared by the function it
+    goes to: `rl.estimator_options` by the estimator, `rl.loss_options` (with `rl.clip_eps` and the trainer's
+    `max_len`, see `resolve_loss_options`) by the policy loss or the aggregation, `rl.curriculum_options` by the
+    curriculum, `rl.group_filter_options` by the group filter. The loss options' values are checked too, by
+    evaluating the loss once on a one-token batch; and `cfg.rewards`, when given, by `rewards.compose.check_specs`
+    (names, keys and options of the whole tree, before the task loads; nothing is constructed).
+
+    Raises:
+        ValueError: one line naming the config key and the option and listing the valid ones, e.g.
+            "rl.loss_options: unknown option 'foo' for policy loss 'gspo'; valid: clip, clip_high, clip_low".
+    """
+    rl = cfg.rl
+    ESTIMATORS.check(rl.estimator, rl.estimator_options, field="rl.estimator_options")
+    CURRICULA.check(rl.curriculum, rl.curriculum_options, field="rl.curriculum_options")
+    if rl.group_filter is not None:
+        GROUP_FILTERS.check(rl.group_filter, rl.group_filter_options, field="rl.group_filter_options")
+    elif rl.group_filter_options:
+        raise ValueError(f"rl.group_filter_options: {sorted(rl.group_filter_options)} given without rl.group_filter")
+    options = resolve_loss_options(rl)
+    split_loss_options(rl.loss, rl.agg, options, field="rl.loss_options")
+    one = torch.zeros(1, 1)
+    try:
+        compute_policy_loss(rl.loss, logprobs=one, old_logprobs=one, advantages=one, mask=torch.ones(1, 1),
+                            agg=rl.agg, **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"rl.loss_options: {exc}".splitlines()[0]) from None
+    if cfg.rewards is not None:
+        check_specs(cfg.rewards, on_error=cfg.on_error)
+
+
+def resolve_loss_options(rl) -> dict[str, Any]:
+    """The options the trainer passes to `compute_policy_loss`: `rl.loss_options`, plus
+    - `rl.clip_eps` as each of `clip_low`, `clip_high` that the loss declares and `rl.loss_options` does not set
+      (skipped when `rl.loss_options` sets the symmetric `clip`, which takes precedence);
+    - `max_len = rl.max_new_tokens` when the aggregation declares `max_len` and `rl.loss_options` does not set it.
+
+    Raises:
+        ValueError: `rl.clip_eps` with a loss that declares neither `clip_low` nor `clip_high` (e.g. reinforce).
+    """
+    options = dict(rl.loss_options)
+    if rl.clip_eps is not None:
+        declared = POLICY_LOSSES.options(rl.loss)
+        targets = [k for k in ("clip_low", "clip_high") if declared is None or k in declared]
+        if not targets:
+            raise ValueError(f"rl.clip_eps: policy loss {rl.loss!r} has no clip range (its options: "
+                             f"{', '.join(declared) or '(none)'}); unset rl.clip_eps")
+        if "clip" not in options:
+            options = {**{k: rl.clip_eps for k in targets}, **options}
+    if "max_len" in (AGGREGATIONS.options(rl.agg) or ()):
+        options.setdefault("max_len", rl.max_new_tokens)
+    return options
 
 
 def training_rollouts(rollouts: list[Rollout], outputs: list[RewardOutput], *, skip_errors: bool,
@@ -80,7 +145,7 @@ def training_rollouts(rollouts: list[Rollout], outputs: list[RewardOutput], *, s
 
     With `skip_errors` (on_error=skip) a rollout whose reward errored leaves the batch: it has no reward, so it must
     count in no group statistic and no loss denominator. A prompt group then left with fewer than `min_group_size`
-    rollouts (the estimator's `ESTIMATOR_MIN_GROUP_SIZE`, e.g. 2 for rloo) leaves too: it contributes no gradient
+    rollouts (`estimator_min_group_size`, e.g. 2 for rloo) leaves too: it contributes no gradient
     this step instead of failing the estimator.
 
     Returns:
@@ -181,14 +246,14 @@ INPUT_PROVIDERS: dict[str, Any] = {
 
 def trainable_estimators() -> list[str]:
     """Estimators whose every extra input the trainer can compute."""
-    return [n for n in ESTIMATORS if all(k in INPUT_PROVIDERS for k in ESTIMATOR_INPUTS.get(n, ()))]
+    return [n for n in ESTIMATORS if all(k in INPUT_PROVIDERS for k in estimator_needs(n))]
 
 
 def estimator_inputs(name: str, ctx: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """The extra options estimator `name` needs (ESTIMATOR_INPUTS), computed by their providers unless `given`."""
+    """The extra options estimator `name` needs (`estimator_needs`), computed by their providers unless `given`."""
     options: dict[str, Any] = {}
     done = set()
-    for key in ESTIMATOR_INPUTS.get(name, ()):
+    for key in estimator_needs(name):
         provider = INPUT_PROVIDERS.get(key)
         if key in given or key in options or provider is None or provider in done:
             continue
@@ -277,12 +342,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
         reference.model.eval().requires_grad_(False)
 
     critic = None  # a value model, only for estimators that need values (gae)
-    if "values" in ESTIMATOR_INPUTS.get(rl.estimator, ()) and "values" not in rl.estimator_options:
+    if "values" in estimator_needs(rl.estimator) and "values" not in rl.estimator_options:
         critic = ValueModel(policy, lr=rl.critic_lr, value_clip=rl.value_clip, weight_decay=rl.weight_decay,
                             path=latest[1] / CRITIC_DIR if latest else None)
     optimizer = make_optimizer(policy.model, rl.lr, rl.weight_decay)
     scheduler = make_scheduler(optimizer, warmup_steps=rl.warmup_steps, total_steps=rl.steps, kind=rl.lr_schedule)
-    sampler = CURRICULA[rl.curriculum](task.train, seed=cfg.seed, **rl.curriculum_options)
+    sampler = make_curriculum(rl.curriculum, task.train, seed=cfg.seed, **rl.curriculum_options)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     if latest is not None:
@@ -299,11 +364,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
     else:
         run.write_config(dump_config(cfg))
 
-    loss_options = dict(rl.loss_options)
-    if rl.clip_eps is not None:
-        loss_options = {"clip_low": rl.clip_eps, "clip_high": rl.clip_eps, **loss_options}
-    loss_options.setdefault("max_len", rl.max_new_tokens)
-    group_filter = GROUP_FILTERS[rl.group_filter] if rl.group_filter is not None else None
+    loss_options = resolve_loss_options(rl)
+    _, agg_options = split_loss_options(rl.loss, rl.agg, loss_options)  # the entropy bonus and KL are aggregated too
 
     def save(step: int) -> Path:
         def write(tmp: Path) -> None:
@@ -348,23 +410,24 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                 all_outputs += scored
                 correct = torch.tensor([float(is_correct(o)) for o in scored]).view(need, rl.group_size)
                 sampler.update(indices, correct.mean(dim=1).tolist())
-                if group_filter is None:
+                if rl.group_filter is None:
                     rollouts, outputs = new, scored
                     break
-                keep = group_filter(metric=torch.tensor([filter_metric(o, rl.filter_metric) for o in scored]),
-                                    group=torch.tensor([r.group for r in new]))
+                keep = filter_groups(rl.group_filter,
+                                     metric=torch.tensor([filter_metric(o, rl.filter_metric) for o in scored]),
+                                     group=torch.tensor([r.group for r in new]), **rl.group_filter_options)
                 dropped += int((~keep).sum()) // rl.group_size
                 rollouts += [r for r, k in zip(new, keep) if k]
                 outputs += [o for o, k in zip(scored, keep) if k]
             rollouts = rollouts[: rl.prompts_per_step * rl.group_size]
             outputs = outputs[: len(rollouts)]
             metrics = step_metrics(all_rollouts, all_outputs, rl.group_size)
-            if group_filter is not None:
+            if rl.group_filter is not None:
                 metrics.update({"filter/rounds": float(rounds), "filter/dropped_groups": float(dropped),
                                 "filter/kept_groups": float(len(rollouts) // rl.group_size)})
             rollouts, outputs, skipped, dropped_groups = training_rollouts(
                 rollouts, outputs, skip_errors=cfg.on_error == "skip",
-                min_group_size=ESTIMATOR_MIN_GROUP_SIZE.get(rl.estimator, 1))
+                min_group_size=estimator_min_group_size(rl.estimator))
             metrics.update({"reward/skipped": float(skipped), "rollout/dropped_groups": float(dropped_groups)})
             sums: dict[str, float] = {}
             updates = 0
@@ -408,10 +471,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                                                           **loss_options)
                         stats["policy/entropy"] = ((entropy * m).sum() / m.sum().clamp(min=1)).item()
                         if rl.entropy_coef > 0:
-                            loss = loss - rl.entropy_coef * aggregate(entropy, m, rl.agg, **loss_options)
+                            loss = loss - rl.entropy_coef * aggregate(entropy, m, rl.agg, **agg_options)
                         if ref_logprobs is not None and rl.kl_in == "loss":
                             kl = aggregate(kl_penalty(rl.kl_estimator, logprobs, ref_logprobs[idx]), m, rl.agg,
-                                           **loss_options)
+                                           **agg_options)
                             loss = loss + rl.beta * kl
                             stats["policy/kl"] = kl.item()
                             stats["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, logprobs,
