@@ -325,6 +325,9 @@ def test_weighted_sum_overflow_is_an_error():
     big = _Fixed("big", [RewardOutput(score=1e308)])
     (out,) = WeightedSum([(big, 10.0)], name="reward")([_rollout("a")])
     assert out.error == "reward: weighted score is inf" and out.score == 0.0
+    # 1e309 - 1e309 = inf - inf = nan: an error too, not a RewardOutput that refuses a NaN score
+    (out,) = WeightedSum([(big, 10.0), (big, -10.0)], name="reward")([_rollout("a")])
+    assert out.error == "reward: weighted score is nan" and out.score == 0.0
 
 
 def test_non_finite_inside_a_composition_is_caught_at_the_top():

@@ -70,15 +70,16 @@ def _failed(components: dict[str, float], errors: Sequence[str]) -> RewardOutput
     return RewardOutput(score=0.0, components=components, error="; ".join(errors))
 
 
-def non_finite(out: RewardOutput) -> str | None:
-    """The first NaN or +-inf in an output's score, components or step_scores, as a cause ("score is inf",
+def non_finite(score: float, components: Mapping[str, float] | None = None,
+               step_scores: Sequence[float] | None = None) -> str | None:
+    """The first NaN or +-inf among a score, its components and step scores, as a cause ("score is inf",
     "component 'judge' is nan", "step_scores[2] is nan"); None when all are finite."""
-    if not math.isfinite(out.score):
-        return f"score is {out.score}"
-    for key, value in out.components.items():
+    if not math.isfinite(score):
+        return f"score is {score}"
+    for key, value in (components or {}).items():
         if not math.isfinite(value):
             return f"component {key!r} is {value}"
-    for j, value in enumerate(out.step_scores or ()):
+    for j, value in enumerate(step_scores or ()):
         if not math.isfinite(value):
             return f"step_scores[{j}] is {value}"
     return None
@@ -88,7 +89,7 @@ def finite_or_error(out: RewardOutput, name: str) -> RewardOutput:
     """`out` if its score, components and step scores are all finite; else an error output "<name>: <cause>" with
     score 0, the finite components kept and no step scores (an output that already has an error keeps it, minus its
     non-finite values)."""
-    cause = non_finite(out)
+    cause = non_finite(out.score, out.components, out.step_scores)
     if cause is None:
         return out
     components = {k: v for k, v in out.components.items() if math.isfinite(v)}
@@ -162,8 +163,8 @@ class WeightedSum:
                     steps = [s + weight * x for s, x in zip(steps, o.step_scores)]
             if shaped:
                 comps["unshaped"] = unshaped
-            if not errors:  # finite members can still overflow: 1e308 * 10
-                cause = non_finite(RewardOutput(score=score, components=comps, step_scores=steps))
+            if not errors:  # finite members can still overflow (1e308 * 10) or cancel (inf - inf)
+                cause = non_finite(score, comps, steps)
                 if cause is not None:
                     errors.append(f"{self.name}: weighted {cause}")
             error = "; ".join(errors) or None
