@@ -299,3 +299,15 @@ def test_resume_without_a_valid_checkpoint_is_one_line(tmp_path):
     (tmp_path / "checkpoints" / "step-1" / "manifest.json").unlink()
     with pytest.raises(RunDirError, match=r"^--resume: cannot resume .*: none of its 1 checkpoint\(s\) is valid$"):
         run.resume_checkpoint()
+
+
+def test_resume_deletes_the_temp_dirs_of_checkpoint_writes_cut_short(tmp_path):
+    run = RunDir(tmp_path)
+    run.save_checkpoint(2, _write_file("w2"))
+    partial = tmp_path / "checkpoints" / ".step-4.x1y2"  # what a SIGKILL inside save_checkpoint leaves
+    partial.mkdir()
+    (partial / "weights.txt").write_text("half")
+    assert RunDir(tmp_path).resume_checkpoint()[0] == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2"]
+    events = [(e["event"], e.get("path")) for e in run.read_jsonl("events.jsonl")]
+    assert events[0] == ("partial_checkpoint_removed", "checkpoints/.step-4.x1y2")

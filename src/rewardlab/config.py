@@ -134,6 +134,14 @@ class EvalParams(_Base):
     limit: int | None = Field(None, gt=0, description="evaluate only the first N held-out rows")
 
 
+class _Checkpoints(_Base):
+    """Periodic checkpoints of a verb that trains (`train`, `sft`, `rm train`, `prm train`): each holds the weights
+    and the optimizer, schedule, data-order and RNG state, so `--resume` continues exactly where it left off."""
+
+    save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end)")
+    keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
+
+
 class _Verb(_Base):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
@@ -141,20 +149,18 @@ class _Verb(_Base):
     seed: int = 0
 
 
-class SFTConfig(_Verb):
+class SFTConfig(_Checkpoints, _Verb):
     out: str = "runs/sft"
     sft: SFTParams = Field(default_factory=SFTParams)
 
 
-class TrainConfig(_Verb):
+class TrainConfig(_Checkpoints, _Verb):
     out: str = "runs/train"
     rl: RLConfig = Field(default_factory=RLConfig)
     rewards: list[dict[str, Any]] | None = Field(
         None, description="reward specs [{name, weight, ...options}]; default: the task's own verifier"
     )
     on_error: Literal["zero", "skip", "raise"] = "zero"
-    save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end)")
-    keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
 
 
 class EvaluateConfig(_Verb):
@@ -398,7 +404,7 @@ class RMTrainParams(_FitParams):
                                "2023 use 0.01); 0: off")
 
 
-class RmTrainConfig(_Base):
+class RmTrainConfig(_Checkpoints):
     """`rewardlab rm train`: a Bradley–Terry reward model from preference pairs (RewardBench-format JSONL)."""
 
     out: str = "runs/rm"
@@ -415,7 +421,7 @@ class PRMTrainParams(_FitParams):
     separator: str = Field("\n", description="step separator of completions when scoring, stored in config.json")
 
 
-class PrmTrainConfig(_Base):
+class PrmTrainConfig(_Checkpoints):
     """`rewardlab prm train`: a process reward model from step-labelled JSONL rows {prompt, steps, labels}."""
 
     out: str = "runs/prm"
@@ -483,10 +489,12 @@ class LabelParams(_Base):
     batch_size: int = Field(64, gt=0, description="step prefixes per generate call (x k continuations)")
 
 
-class PrmLabelConfig(_Verb):
+class PrmLabelConfig(_Checkpoints, _Verb):
     """`rewardlab prm label`: step labels for a policy's own solutions, written as PRM-training JSONL."""
 
     out: str = "runs/labels"
+    save_every: int = Field(1, gt=0, description="checkpoint the labelled solutions every N question batches "
+                            "(label.question_batch questions each; and at the end): a resume starts after the last one")
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
     label: LabelParams = Field(default_factory=LabelParams)
 

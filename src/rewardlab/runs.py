@@ -466,9 +466,16 @@ class RunDir:
     def resume_checkpoint(self) -> tuple[int, Path]:
         """For a resume: the newest valid checkpoint, with every log rolled back to what it held at that step.
 
+        The hidden temp dirs of checkpoint writes that a crash cut short (`.step-K.*`, never a checkpoint) are
+        deleted first, each logged as a `partial_checkpoint_removed` event.
+
         Raises:
             RunDirError: no checkpoint verifies (one line naming the directory).
         """
+        if self.checkpoints.is_dir():
+            for tmp in sorted(self.checkpoints.glob(f".{CHECKPOINT_PREFIX}*")):
+                shutil.rmtree(tmp, ignore_errors=True)
+                self.log_event("partial_checkpoint_removed", path=f"checkpoints/{tmp.name}")
         found = self.latest_valid_checkpoint()
         if found is None:
             n = len(self.list_checkpoints())
