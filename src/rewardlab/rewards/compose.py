@@ -70,6 +70,32 @@ def _failed(components: dict[str, float], errors: Sequence[str]) -> RewardOutput
     return RewardOutput(score=0.0, components=components, error="; ".join(errors))
 
 
+def non_finite(score: float, components: Mapping[str, float] | None = None,
+               step_scores: Sequence[float] | None = None) -> str | None:
+    """The first NaN or +-inf among a score, its components and step scores, as a cause ("score is inf",
+    "component 'judge' is nan", "step_scores[2] is nan"); None when all are finite."""
+    if not math.isfinite(score):
+        return f"score is {score}"
+    for key, value in (components or {}).items():
+        if not math.isfinite(value):
+            return f"component {key!r} is {value}"
+    for j, value in enumerate(step_scores or ()):
+        if not math.isfinite(value):
+            return f"step_scores[{j}] is {value}"
+    return None
+
+
+def finite_or_error(out: RewardOutput, name: str) -> RewardOutput:
+    """`out` if its score, components and step scores are all finite; else an error output "<name>: <cause>" with
+    score 0, the finite components kept and no step scores (an output that already has an error keeps it, minus its
+    non-finite values)."""
+    cause = non_finite(out.score, out.components, out.step_scores)
+    if cause is None:
+        return out
+    components = {k: v for k, v in out.components.items() if math.isfinite(v)}
+    return RewardOutput(score=0.0, components=components, error=out.error or f"{name}: {cause}")
+
+
 # ---------------------------------------------------------------------------------------------- weighted sum
 class WeightedSum:
     """Several rewards combined as score = sum_k w_k * score_k.
@@ -82,9 +108,14 @@ class WeightedSum:
     step_scores = sum_k w_k * step_scores_k over the members with a non-zero weight that give step scores (one
     per `Rollout.steps` entry); None when none does. Step lists of different lengths are an error.
 
+    A member output with a NaN or inf score, component or step score is an error of that member ("<member>: score is
+    nan", "<member>: component 'x' is inf", ...), so no non-finite value reaches an estimator: it is counted in
+    `reward/errors` and handled by `on_error` like any other reward error; so is a weighted sum that overflows. This
+    is the one place every reward's output passes before the trainer sees it.
+
     A rollout with an error in any member gets those errors (joined with "; "), and its score follows `on_error`:
-    "zero" sets it to 0, "skip" also 0 (the trainer drops the rollout from the loss), "raise" raises `RewardError`
-    naming the reward and cause.
+    "zero" sets it to 0, "skip" also 0 (the trainer drops the rollout from the batch), "raise" raises
+    `RewardError` naming the reward and cause.
 
     Raises:
         ValueError: an unknown `on_error`, or `labels` of the wrong length.
@@ -108,14 +139,14 @@ class WeightedSum:
         self.name = name
 
     def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
-        per_member = [(label, w, m(rollouts)) for label, (m, w) in zip(self.labels, self.members)]
+        per_member = [(label, m.name, w, m(rollouts)) for label, (m, w) in zip(self.labels, self.members)]
         outputs = []
         for i in range(len(rollouts)):
             score, comps, errors, steps = 0.0, {}, [], None
             shaped = False
             unshaped = 0.0
-            for label, weight, outs in per_member:
-                o = outs[i]
+            for label, member, weight, outs in per_member:
+                o = finite_or_error(outs[i], member)
                 add_child(comps, label, o, bare=len(self.members) == 1)
                 if o.error is not None:
                     errors.append(o.error)
@@ -132,11 +163,17 @@ class WeightedSum:
                     steps = [s + weight * x for s, x in zip(steps, o.step_scores)]
             if shaped:
                 comps["unshaped"] = unshaped
+            if not errors:  # finite members can still overflow (1e308 * 10) or cancel (inf - inf)
+                cause = non_finite(score, comps, steps)
+                if cause is not None:
+                    errors.append(f"{self.name}: weighted {cause}")
             error = "; ".join(errors) or None
             if error is not None:
                 if self.on_error == "raise":
                     raise RewardError(error)
                 score = 0.0
+                comps = {k: v for k, v in comps.items() if math.isfinite(v)}
+                steps = steps if steps is None or all(math.isfinite(x) for x in steps) else None
             outputs.append(RewardOutput(score=score, components=comps, step_scores=steps, error=error))
         return outputs
 

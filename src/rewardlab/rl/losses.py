@@ -15,7 +15,13 @@ Stats (python floats, computed without gradient, over masked tokens):
 ``policy/clip_frac_low``, ``policy/clip_frac_high``, ``policy/clip_frac_dual`` (fraction of response tokens where
 that clip decides the loss), ``policy/clip_frac`` (any of them), ``policy/approx_kl`` (k3 estimate of
 KL(old || new) from tokens sampled by the old policy: mean of exp(d) - 1 - d, d = logprobs - old_logprobs),
-``policy/ratio_mean``, ``policy/ratio_min``, ``policy/ratio_max`` (of the importance ratio the loss uses).
+``policy/ratio_mean``, ``policy/ratio_min``, ``policy/ratio_max`` (of the importance ratio the loss uses),
+``policy/log_ratio_clamped`` (number of response tokens whose log-ratio reached the bound, see below).
+
+Extreme log-ratios are clamped, following verl: the policy losses use d = clamp(logprobs - old_logprobs, -20, 20)
+(so an old log-prob of -inf on a response token gives a ratio of e^20, a finite loss and a zero gradient on that
+token instead of inf/NaN), and the KL estimators use d = clamp(logprobs - ref_logprobs, -20, 20), with k3's value
+further clamped to [-10, 10]. ``kl_clamped`` counts the response tokens where a KL estimator's clamp is active.
 """
 
 from __future__ import annotations
@@ -38,13 +44,23 @@ __all__ = [
     "compute_policy_loss",
     "split_loss_options",
     "kl_penalty",
+    "kl_clamped",
     "aggregate",
+    "LOG_RATIO_BOUND",
+    "K3_BOUND",
 ]
 
 POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, dict[str, float]]]] = Registry(
     "policy loss", reserved=("logprobs", "old_logprobs", "advantages", "mask"))
 KL_ESTIMATORS: Registry[Callable[..., Tensor]] = Registry("KL estimator", reserved=("logprobs", "ref_logprobs"))
 AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("aggregation mode", reserved=("per_token_loss", "mask"))
+
+#: |log-ratio| bound (nats) of the policy losses and the KL estimators: exp(20) = 4.9e8 stays finite in float32.
+LOG_RATIO_BOUND = 20.0
+#: Bound of the k3 KL estimate (verl's convention).
+K3_BOUND = 10.0
+#: KL estimator name -> the bound its value is clamped to (those not listed clamp only d).
+KL_VALUE_BOUNDS: dict[str, float] = {"k3": K3_BOUND}
 
 
 def register_policy_loss(name: str) -> Callable:
@@ -153,6 +169,30 @@ def kl_penalty(name: str, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return KL_ESTIMATORS.get(name)(logprobs=logprobs, ref_logprobs=ref_logprobs)
 
 
+@torch.no_grad()
+def kl_clamped(name: str, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> int:
+    """Number of response tokens where ``kl_penalty(name, ...)`` is clamped, for logging (``policy/kl_clamped``).
+
+    A token counts when |logprobs - ref_logprobs| > LOG_RATIO_BOUND (20), or when the estimator has a value bound
+    (``KL_VALUE_BOUNDS``: k3 -> 10) and its value reached it.
+
+    Args:
+        name: registered KL estimator.
+        logprobs, ref_logprobs: [N, T] float, as for ``kl_penalty``.
+        mask: [N, T] bool/0-1, response tokens.
+    Returns:
+        int count of masked tokens.
+    Raises:
+        ValueError: as ``kl_penalty``.
+    """
+    value = kl_penalty(name, logprobs, ref_logprobs)
+    hit = (logprobs - ref_logprobs).abs() > LOG_RATIO_BOUND
+    bound = KL_VALUE_BOUNDS.get(name)
+    if bound is not None:
+        hit = hit | (value.abs() >= bound)
+    return int((hit & (mask > 0)).sum())
+
+
 def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options: Any) -> Tensor:
     """Reduce a per-token loss [N, T] to a scalar with ``AGGREGATIONS[mode]``.
 
@@ -180,7 +220,9 @@ def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options: Any) -
 def _prepare(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor):
     """Check shapes; return (m, lp, log_ratio, adv) as float32 with off-mask entries set to 0.
 
-    Zeroing before exp() keeps padding values (e.g. -inf) from producing inf/NaN in values or gradients.
+    log_ratio = clamp(logprobs - old_logprobs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND) = clamp(d, -20, 20), so exp() of
+    it is finite even for an old log-prob of -inf on a response token (such a token gets no gradient through the
+    ratio). Zeroing before exp() keeps padding values (e.g. -inf) from producing inf/NaN in values or gradients.
     """
     shape = logprobs.shape
     if logprobs.dim() != 2:
@@ -194,7 +236,7 @@ def _prepare(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
     lp = torch.where(on, logprobs.to(torch.float32), zero)
     old = torch.where(on, old_logprobs.detach().to(torch.float32), zero)
     adv = torch.where(on, advantages.detach().to(torch.float32), zero)
-    return m, lp, lp - old, adv
+    return m, lp, torch.clamp(lp - old, -LOG_RATIO_BOUND, LOG_RATIO_BOUND), adv
 
 
 def _masked_mean(x: Tensor, m: Tensor) -> float:
@@ -203,7 +245,11 @@ def _masked_mean(x: Tensor, m: Tensor) -> float:
 
 @torch.no_grad()
 def _stats(ratio: Tensor, log_ratio: Tensor, m: Tensor, low: Tensor, high: Tensor, dual: Tensor) -> dict[str, float]:
-    """Stats over masked tokens; ``low``/``high``/``dual`` are [N, T] bool masks of where each clip is active."""
+    """Stats over masked tokens; ``low``/``high``/``dual`` are [N, T] bool masks of where each clip is active.
+
+    ``log_ratio`` is the clamped one from ``_prepare``: a token at the bound +-20 counts in
+    ``policy/log_ratio_clamped``.
+    """
     on = m > 0
     ratios = ratio.detach()[on]
     has = ratios.numel() > 0
@@ -219,6 +265,7 @@ def _stats(ratio: Tensor, log_ratio: Tensor, m: Tensor, low: Tensor, high: Tenso
         "policy/ratio_mean": float(ratios.mean()) if has else 1.0,
         "policy/ratio_min": float(ratios.min()) if has else 1.0,
         "policy/ratio_max": float(ratios.max()) if has else 1.0,
+        "policy/log_ratio_clamped": float(((d.abs() >= LOG_RATIO_BOUND) & on).sum()),
     }
 
 
@@ -236,7 +283,7 @@ def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     """Clipped surrogate objective (Schulman et al., 2017, PPO), with asymmetric "clip-higher" bounds
     (Yu et al., 2025, DAPO) and optional dual clip (Ye et al., 2020).
 
-    rho = exp(logprobs - old_logprobs);
+    rho = exp(clamp(logprobs - old_logprobs, -20, 20));
     l = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A);
     with ``dual_clip = c`` (c > 1): where A < 0, l = min(l, -c * A).
 
@@ -286,7 +333,8 @@ def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Te
          clip_low: float | None = None, clip_high: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Group Sequence Policy Optimization (Zheng et al., 2025, GSPO).
 
-    Sequence-level, length-normalized ratio s_i = exp(mean_{t in mask_i}(logprobs - old_logprobs)) and sequence
+    Sequence-level, length-normalized ratio s_i = exp(mean_{t in mask_i} d_t), d = clamp(logprobs - old_logprobs,
+    -20, 20), and sequence
     advantage A_i = masked mean over t of advantages[i, t] (equal to the value at any token when A is broadcast);
     l_{i,t} = -min(s_i * A_i, clip(s_i, 1 - clip_low, 1 + clip_high) * A_i) on every response token of i.
     ``clip = eps`` is the symmetric form of the paper's formula, clip(s_i, 1 - eps, 1 + eps): clip_low = clip_high
@@ -335,7 +383,8 @@ def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
           clip_low: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Clipped IS-weight Policy Optimization (MiniMax, 2025, MiniMax-M1).
 
-    rho = exp(logprobs - old_logprobs); l = -sg(min(rho, 1 + clip_high)) * A * logprobs, sg = stop-gradient.
+    rho = exp(clamp(logprobs - old_logprobs, -20, 20)); l = -sg(min(rho, 1 + clip_high)) * A * logprobs,
+    sg = stop-gradient.
     Every token keeps its gradient; only the importance weight is bounded. The paper sets no lower bound; pass
     ``clip_low`` to also bound the weight below by 1 - clip_low. The default clip_high = 0.2 is ours (the paper
     tunes it and reports no single value).
@@ -400,14 +449,16 @@ def reinforce(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
 
 
 def _kl_inputs(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """d = clamp(logprobs - ref_logprobs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND) = clamp(d, -20, 20), [N, T]."""
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"ref_logprobs shape {tuple(ref_logprobs.shape)} != logprobs shape {tuple(logprobs.shape)}")
-    return logprobs - ref_logprobs
+    return torch.clamp(logprobs - ref_logprobs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 @register_kl_estimator("k1")
 def kl_k1(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """k1 = d, d = logprobs - ref_logprobs (Schulman, 2020). Unbiased for KL(pi || pi_ref), high variance.
+    """k1 = d, d = clamp(logprobs - ref_logprobs, -20, 20) (Schulman, 2020). Unbiased for KL(pi || pi_ref) (up to
+    the clamp), high variance.
 
     Args: logprobs, ref_logprobs: [N, T] float. Returns: [N, T]. Raises: ValueError if shapes differ.
     """
@@ -416,7 +467,8 @@ def kl_k1(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 @register_kl_estimator("k2")
 def kl_k2(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """k2 = d^2 / 2, d = logprobs - ref_logprobs (Schulman, 2020). Biased, low variance, >= 0.
+    """k2 = d^2 / 2, d = clamp(logprobs - ref_logprobs, -20, 20) (Schulman, 2020). Biased, low variance, in
+    [0, 200].
 
     Args: logprobs, ref_logprobs: [N, T] float. Returns: [N, T]. Raises: ValueError if shapes differ.
     """
@@ -426,12 +478,14 @@ def kl_k2(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 @register_kl_estimator("k3")
 def kl_k3(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """k3 = exp(-d) + d - 1, d = logprobs - ref_logprobs (Schulman, 2020). Unbiased for KL(pi || pi_ref), >= 0.
+    """k3 = clamp(exp(-d) + d - 1, -10, 10), d = clamp(logprobs - ref_logprobs, -20, 20) (Schulman, 2020; the
+    clamps are verl's). Unbiased for KL(pi || pi_ref) up to the clamps, in [0, 10]. The value clamp is active for
+    d > ~11.0 and d < ~-2.6; there the gradient is 0.
 
     Args: logprobs, ref_logprobs: [N, T] float. Returns: [N, T]. Raises: ValueError if shapes differ.
     """
     d = _kl_inputs(logprobs, ref_logprobs)
-    return torch.expm1(-d) + d
+    return torch.clamp(torch.expm1(-d) + d, -K3_BOUND, K3_BOUND)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,17 +1,18 @@
 """The RL training loop (GRPO family), top to bottom in one function.
 
 Per step: draw prompts (curriculum looked up by name) -> generate G rollouts each -> score -> keep groups (group
-filter looked up by name, generating more rounds when it drops some) -> token rewards (optionally minus beta * KL)
--> advantages (estimator looked up by name; its extra inputs such as a greedy baseline or step rewards computed by
-the providers below, looked up by input name) -> mu epochs of policy-loss minimization (loss, aggregation and KL
-estimator looked up by name; optional entropy bonus) -> log, checkpoint. The loop never branches on an algorithm
-name.
+filter looked up by name, generating more rounds when it drops some) -> leave out errored rollouts (on_error=skip)
+and groups left below the estimator's minimum size -> token rewards (optionally minus beta * KL) -> advantages
+(estimator looked up by name; its extra inputs such as a greedy baseline or step rewards computed by the providers
+below, looked up by input name) -> mu epochs of policy-loss minimization (loss, aggregation and KL estimator looked
+up by name; optional entropy bonus) -> log, checkpoint. The loop never branches on an algorithm name.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, filter_groups, make_curriculum
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
-                                 kl_penalty, split_loss_options)
+                                 kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir
 from rewardlab.tasks import load as load_task
 from rewardlab.types import Rollout, RewardOutput
@@ -42,9 +43,16 @@ def estimator_needs(name: str) -> tuple[str, ...]:
     return tuple(ESTIMATORS.meta(name).get("needs", ()))
 
 
+def estimator_min_group_size(name: str) -> int:
+    """The fewest rollouts a prompt group needs for estimator `name` (`ESTIMATORS.meta(name)["min_group_size"]`,
+    e.g. 2 for rloo; 1 when the estimator declares none)."""
+    return int(ESTIMATORS.meta(name).get("min_group_size", 1))
+
+
 def check_names(cfg: TrainConfig) -> None:
-    """Fail fast, with the valid names, when an algorithm name in `cfg.rl` is not registered or an estimator needs
-    an input the trainer cannot supply; then check every algorithm option (`check_options`).
+    """Fail fast, with the valid names, when an algorithm name in `cfg.rl` is not registered, an estimator needs
+    an input the trainer cannot supply, or `rl.group_size` is below the estimator's minimum group size; then check
+    every algorithm option (`check_options`).
 
     Raises:
         ValueError: one line naming the config key, e.g. "rl.loss: unknown name 'x'; valid: ...".
@@ -67,6 +75,10 @@ def check_names(cfg: TrainConfig) -> None:
     if missing:
         raise ValueError(f"rl.estimator: {rl.estimator!r} needs {missing}, which the trainer cannot compute; "
                          f"estimators it can run: {', '.join(sorted(trainable_estimators()))}")
+    least = estimator_min_group_size(rl.estimator)
+    if rl.group_size < least:
+        raise ValueError(f"rl.group_size: estimator {rl.estimator!r} needs at least {least} rollouts per prompt "
+                         f"group, got {rl.group_size}")
     if any(k in ("step_rewards", "step_mask") for k in needs) and rl.step_separator is None:
         raise ValueError(f"rl.step_separator: estimator {rl.estimator!r} needs process rewards on steps; set the "
                          "step separator (e.g. '\\n') and use a reward that returns step_scores")
@@ -127,22 +139,40 @@ def resolve_loss_options(rl) -> dict[str, Any]:
     return options
 
 
-def reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], mask: torch.Tensor, skip_errors: bool):
+def training_rollouts(rollouts: list[Rollout], outputs: list[RewardOutput], *, skip_errors: bool,
+                      min_group_size: int) -> tuple[list[Rollout], list[RewardOutput], int, int]:
+    """The rollouts the estimator and the loss see.
+
+    With `skip_errors` (on_error=skip) a rollout whose reward errored leaves the batch: it has no reward, so it must
+    count in no group statistic and no loss denominator. A prompt group then left with fewer than `min_group_size`
+    rollouts (`estimator_min_group_size`, e.g. 2 for rloo) leaves too: it contributes no gradient
+    this step instead of failing the estimator.
+
+    Returns:
+        (rollouts, outputs, skipped, dropped_groups): the kept rollouts and outputs in their order, the number of
+        errored rollouts left out, and the number of prompt groups with no rollout left.
+    """
+    groups = {r.group for r in rollouts}
+    kept = [(r, o) for r, o in zip(rollouts, outputs) if not (skip_errors and o.error is not None)]
+    skipped = len(rollouts) - len(kept)
+    size = Counter(r.group for r, _ in kept)
+    kept = [(r, o) for r, o in kept if size[r.group] >= min_group_size]
+    dropped_groups = len(groups) - len({r.group for r, _ in kept})
+    return [r for r, _ in kept], [o for _, o in kept], skipped, dropped_groups
+
+
+def reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput],
+                   mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Outcome rewards on the last response token, and the prompt-group ids.
 
     Returns:
-        token_rewards [N, T] float32 (score_i at t = len_i - 1, else 0), mask [N, T] float32 (rows of errored
-        rollouts zeroed when `skip_errors`), group [N] int64 (an errored, skipped rollout gets a group of its own).
+        token_rewards [N, T] float32 (score_i at t = len_i - 1, else 0; 0 where `mask` is 0), group [N] int64.
     """
     token_rewards = torch.zeros_like(mask)
     group = torch.tensor([r.group for r in rollouts], dtype=torch.long)
-    mask = mask.clone()
     for i, (r, o) in enumerate(zip(rollouts, outputs)):
         token_rewards[i, len(r.completion_ids) - 1] = o.score
-        if skip_errors and o.error is not None:
-            mask[i] = 0
-            group[i] = -1 - i
-    return token_rewards * mask, mask, group
+    return token_rewards * mask, group
 
 
 def step_reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], mask: torch.Tensor):
@@ -395,13 +425,18 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
             if rl.group_filter is not None:
                 metrics.update({"filter/rounds": float(rounds), "filter/dropped_groups": float(dropped),
                                 "filter/kept_groups": float(len(rollouts) // rl.group_size)})
+            rollouts, outputs, skipped, dropped_groups = training_rollouts(
+                rollouts, outputs, skip_errors=cfg.on_error == "skip",
+                min_group_size=estimator_min_group_size(rl.estimator))
+            metrics.update({"reward/skipped": float(skipped), "rollout/dropped_groups": float(dropped_groups)})
             sums: dict[str, float] = {}
             updates = 0
             advantages = torch.zeros(0, 1)
             if rollouts:
                 # 2. rewards -> token rewards (- beta * KL) -> advantages
                 batch, old_logprobs = rollout_batch(policy, rollouts)
-                token_rewards, mask, group = reward_tensors(rollouts, outputs, batch.mask, cfg.on_error == "skip")
+                mask = batch.mask
+                token_rewards, group = reward_tensors(rollouts, outputs, mask)
                 ref_logprobs = None
                 if reference is not None:
                     with torch.no_grad():
@@ -410,6 +445,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                         kl_tokens = kl_penalty(rl.kl_estimator, old_logprobs, ref_logprobs) * mask
                         token_rewards = token_rewards - rl.beta * kl_tokens
                         metrics["policy/kl_reward"] = (kl_tokens.sum() / mask.sum().clamp(min=1)).item()
+                        metrics["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, old_logprobs, ref_logprobs,
+                                                                        mask))
                 ctx = {"policy": policy, "reward": reward, "rollouts": rollouts, "outputs": outputs, "mask": mask,
                        "rl": rl, "batch": batch, "critic": critic}
                 options = {**estimator_inputs(rl.estimator, ctx, rl.estimator_options), **rl.estimator_options}
@@ -440,6 +477,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                                            **agg_options)
                             loss = loss + rl.beta * kl
                             stats["policy/kl"] = kl.item()
+                            stats["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, logprobs,
+                                                                          ref_logprobs[idx], m))
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)
