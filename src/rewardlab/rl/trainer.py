@@ -194,8 +194,8 @@ def step_reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], ma
     return step_rewards * mask, step_mask * mask
 
 
-# Estimator inputs the trainer can compute, by input name (see the `needs` of `rl.advantages.ESTIMATORS.meta(name)`). Each provider
-# gets the step's context and returns a dict of options.
+# Estimator inputs the trainer can compute, by input name (see the `needs` of `ESTIMATORS.meta(name)`). Each
+# provider gets the step's context and returns a dict of options.
 def _greedy_baseline(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
     """ReMax's baseline: the reward of one greedy completion of each prompt, broadcast to its group's rollouts."""
     first: dict[int, Rollout] = {}
