@@ -31,7 +31,8 @@ Process tree of one sandbox, "namespaces" isolation:
 
 "process" isolation (the kernel refused namespaces):
     launcher ─ S  child subreaper: enforces the wall timeout, then kills every process it has adopted
-                 └─ P  own session; seccomp filter refusing socket(2); dies with S
+                 └─ P  own session; Landlock domain (writes only in its work dir, signals only inside); dies with S
+Both: P installs a seccomp filter refusing socket(2) and io_uring before the program runs.
 """
 
 from __future__ import annotations
