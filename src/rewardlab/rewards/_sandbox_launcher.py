@@ -796,7 +796,12 @@ def _finish(job: dict) -> dict:
     elif job["namespaced"] and reply["error"] is None:
         reply["status"] = status  # P is the launcher's own child
     if reply["status"] is None and not reply["timed_out"] and reply["error"] is None:
-        reply["error"] = "sandbox: the program's status was lost (its set-up process died)"
+        if os.WIFSIGNALED(status):  # S (process isolation) was killed before it could report the program's status
+            sig = os.WTERMSIG(status)
+            how = f"was killed by {signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else sig}"
+        else:
+            how = f"exited with code {os.WEXITSTATUS(status)}"
+        reply["error"] = f"sandbox: the program's status was lost (its supervisor {how})"
     reply["wall_seconds"] = wall
     return reply
 

@@ -233,6 +233,18 @@ class _Launcher:
             return "no log"
         return lines[-1] if lines else "no output"
 
+    def _exit_cause(self) -> str:
+        """How the launcher ended ("killed by SIGKILL", "exit code 1: <its last log line>"), for error messages."""
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return self._log_tail()
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            return f"killed by {name}"
+        tail = self._log_tail()
+        return f"exit code {code}" + (f": {tail}" if tail not in ("no output", "no log") else "")
+
     def _read(self) -> None:
         while True:
             reply, fds = self._recv()
@@ -247,7 +259,7 @@ class _Launcher:
                 for fd in fds:
                     os.close(fd)
         with self.lock:
-            self.dead = f"sandbox: the launcher exited ({self._log_tail()})"
+            self.dead = f"sandbox: the launcher exited ({self._exit_cause()})"
             pending, self.pending = self.pending, {}
         for future in pending.values():
             future.set_exception(SandboxError(self.dead))
