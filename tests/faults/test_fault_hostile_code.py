@@ -137,7 +137,8 @@ def wait_gone(marker: str, seconds: float = 2.0) -> list[int]:
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_fork_bomb(isolation):
     marker = new_marker()
-    bomb = name_self(marker) + "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    bomb = name_self(marker) + (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
     out, launcher = score_hostile(reward_for(isolation), bomb)
     # The program's own definition is cut at 1 s (a load failure for every test) or, on a starved machine, by the
     # 2 s wall limit (a timeout for every test): either way no test passes.
@@ -428,7 +429,8 @@ FAKES = {
         "try:\n    forge(re.findall(r\"'(?:nonce|key)': '([0-9a-f]+)'\", open(os.path.join(os.getcwd(), 'main.py'))"
         ".read()))\nexcept OSError:\n    pass\n") + EXIT, {"crash": 3.0}),
     "the secret read from __main__": (_FORGE + (
-        "import __main__\nrl = getattr(__main__, '_RL', {})\nforge([str(rl.get('nonce', '')), str(rl.get('key', ''))])\n"
+        "import __main__\nrl = getattr(__main__, '_RL', {})\n"
+        "forge([str(rl.get('nonce', '')), str(rl.get('key', ''))])\n"
     ) + EXIT, {"crash": 3.0}),
     # In every call: read what the harness wrote so far, rewrite it with every failure turned into a pass, and add
     # a pass line for every test under each tag seen (the last line for a test wins, so the rewrite matters). The
