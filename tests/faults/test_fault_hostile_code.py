@@ -227,8 +227,8 @@ def test_writes_outside_the_sandbox(isolation, tmp_path, shared_dir):
 @pytest.fixture
 def listeners(shared_dir):
     """A TCP listener and a UDP socket (a stand-in DNS server) on 127.0.0.1, and a Unix socket any uid may connect
-    to, all owned by the test; yields (source of a program that tries all three and then defines a wrong add,
-    a function that says which of them received something)."""
+    to, all owned by the test. Yields (a program that tries all three, then a name lookup, then defines a wrong add;
+    the same without the lookup, which can be slow uncontained; a function that says which listeners received)."""
     tcp = socket.socket()
     tcp.bind(("127.0.0.1", 0))
     tcp.listen(8)
@@ -250,7 +250,7 @@ def listeners(shared_dir):
         f"('127.0.0.1', {udp.getsockname()[1]}))\n"
         f"def unix():\n    s = socket.socket(socket.AF_UNIX)\n    s.connect({unix_path!r})\n    s.sendall(b'hi')\n"
         "def resolve():\n    socket.getaddrinfo('rewardlab.example', 80)\n"
-        "for attempt in (tcp, dns, unix, resolve):\n    try:\n        attempt()\n    except OSError:\n        pass\n"
+        "for attempt in ATTEMPTS:\n    try:\n        attempt()\n    except OSError:\n        pass\n"
     ) + WRONG
 
     def received() -> list[str]:
@@ -265,16 +265,17 @@ def listeners(shared_dir):
                 result[0].close()
         return got
 
-    yield source, received
+    yield (source.replace("ATTEMPTS", "(tcp, dns, unix, resolve)"), source.replace("ATTEMPTS", "(tcp, dns, unix)"),
+           received)
     for s in (tcp, udp, unix):
         s.close()
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_network(isolation, listeners):
-    source, received = listeners
+    source, without_lookup, received = listeners
     # The probe sees an escape: the same program, uncontained, reaches all three listeners.
-    subprocess.run([sys.executable, "-c", source], check=True, timeout=30)
+    subprocess.run([sys.executable, "-c", without_lookup], check=True, timeout=30)
     time.sleep(0.05)
     assert sorted(received()) == ["tcp", "udp", "unix"]
     out, launcher = score_hostile(reward_for(isolation), source)
