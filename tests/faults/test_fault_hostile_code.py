@@ -285,6 +285,20 @@ def test_network(isolation, listeners):
     assert_unharmed(reward_for(isolation), launcher)
 
 
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_io_uring_is_refused(isolation):
+    """io_uring can open and connect sockets without socket(2). The program defines a correct add only if it gets
+    an io_uring, so it would score 1.0 where that route is open."""
+    source = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nparams = ctypes.create_string_buffer(120)\n"
+        "if libc.syscall(425, 4, params) >= 0:  # io_uring_setup(4 entries, params)\n"
+        "    def add(a, b):\n        return a + b\n"
+    )
+    out, launcher = score_hostile(reward_for(isolation), source)
+    assert failed(out) == {"error": 3.0}  # NameError: add was never defined
+    assert_unharmed(reward_for(isolation), launcher)
+
+
 # ------------------------------------------------------------------------------------------- killing others
 def killers(targets: list[int]) -> dict[str, str]:
     """Programs that keep trying to kill processes outside their sandbox for ~0.6 s, then define a wrong add.
