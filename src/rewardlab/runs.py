@@ -155,6 +155,38 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return json.loads((path / MANIFEST).read_text(encoding="utf-8"))
 
 
+def _config_diffs(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in list(old) + [k for k in new if k not in old]:
+            out += _config_diffs(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [(prefix.rstrip("."), old, new)]
+
+
+def check_resume_config(run: RunDir, config_text: str) -> None:
+    """For a resume that continues the same job (evaluate, search, quickstart, rm pairs/eval): the run's
+    config.yaml must hold the same settings as `config_text` (the YAML of the resolved config; `out` may be spelt
+    differently). A run killed before it wrote config.yaml gets `config_text` written.
+
+    Raises:
+        RunDirError: one line naming the first differing keys with the run's and the new values.
+    """
+    import yaml
+
+    path = run.path / "config.yaml"
+    if not path.is_file():
+        run.write_config(config_text)
+        return
+    old, new = yaml.safe_load(path.read_text(encoding="utf-8")) or {}, yaml.safe_load(config_text) or {}
+    diffs = [d for d in _config_diffs(old, new) if d[0] != "out"]
+    if diffs:
+        shown = ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, a, b in diffs[:3])
+        more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+        raise RunDirError(f"--resume: {run.path} was started with other settings: {shown}{more}; resume with its "
+                          f"settings ({path}) or pass --overwrite")
+
+
 def warn(message: str) -> None:
     """A one-line warning on stderr."""
     print(f"rewardlab: warning: {message}", file=sys.stderr, flush=True)
