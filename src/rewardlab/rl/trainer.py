@@ -214,33 +214,53 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
+def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True,
           time_budget_s: float | None = None) -> dict[str, Any]:
     """Optimize `cfg.model` on `cfg.task` with the configured estimator and policy loss.
 
-    Writes the run directory `cfg.out` (see `rewardlab.runs`). With `resume`, continues from the latest
-    checkpoint there (weights, optimizer, schedule, prompt sampler and RNG state), so step k+1 after a resume logs
-    what an uninterrupted run logs. With `time_budget_s` (seconds of wall clock since the first step began), the run
-    stops after the first step that ends past the budget (or at `cfg.rl.steps`) and saves its final checkpoint there:
-    for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
+    Writes the run directory `cfg.out` (see `rewardlab.runs`), opened with `RunDir.start` once the config, task,
+    rewards and model are known to be good: a directory that already holds a run is refused unless `overwrite`
+    (the old run is deleted first) or `resume`. With `resume`, continues from the newest checkpoint there that
+    verifies against its manifest (an invalid newer one is skipped with a warning), after rolling the logs back to
+    that checkpoint: weights, optimizer, schedule, prompt sampler and RNG state are restored, so step k+1 after a
+    resume logs what an uninterrupted run logs, each step once; config.yaml is kept. With `time_budget_s` (seconds
+    of wall clock since the first step began), the run stops after the first step that ends past the budget (or at
+    `cfg.rl.steps`) and saves its final checkpoint there: for equal-wall-time comparisons
+    (benchmarks/grpo_vs_trl.py).
 
     Returns:
-        the summary (also written to summary.json).
+        the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or
+        resumed from).
     Raises:
-        ValueError: unknown algorithm or reward names, or `resume` without a checkpoint.
+        ValueError: unknown algorithm or reward names; RunDirError (a ValueError): `cfg.out` holds a run and neither
+            flag is given, is in use by another process, or `resume` finds no valid checkpoint.
+        OSError: a checkpoint could not be written (the message names it and the intact previous one).
     """
+    opened: list[RunDir] = []
+    try:
+        return _train(cfg, resume, overwrite, show_progress, time_budget_s, opened)
+    finally:
+        for run in opened:
+            run.close()  # release the run directory's lock
+
+
+def _train(cfg: TrainConfig, resume: bool, overwrite: bool, show_progress: bool, time_budget_s: float | None,
+           opened: list[RunDir]) -> dict[str, Any]:
     check_names(cfg)
     rl = cfg.rl
     task = load_task(cfg.task.spec, **cfg.task.options)
     reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
-    run = RunDir(cfg.out)  # created only once the config, task and rewards are known to be good
     model_kw = dict(prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
                     tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
 
-    start_step, latest = 0, run.latest_checkpoint() if resume else None
-    if resume and latest is None:
-        raise ValueError(f"--resume: no checkpoint in {run.checkpoints}")
-    policy: Policy = load_policy(str(latest[1]) if latest else cfg.model.path, **model_kw)
+    start_step, latest = 0, None
+    if not resume:  # load the model before the directory is touched (an overwrite deletes the old run)
+        policy: Policy = load_policy(cfg.model.path, **model_kw)
+    run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
+    opened.append(run)
+    if resume:
+        latest = run.resume_checkpoint()  # newest valid checkpoint; logs rolled back to it
+        policy = load_policy(str(latest[1]), **model_kw)
     reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
     if reference is not None:
         reference.model.eval().requires_grad_(False)
@@ -411,10 +431,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
             bar.advance(1, reward=metrics["reward/mean"], acc=metrics["accuracy"])
             out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
             if step % cfg.save_every == 0 or step == rl.steps or out_of_time:
-                save(step)
+                latest = (step, save(step))
             if out_of_time:
                 break
-    latest = run.latest_checkpoint()
     run.plot(["reward/mean", "accuracy", "policy/entropy", "rollout/len_mean"], "train.png")
     summary = {
         "stage": "train",
