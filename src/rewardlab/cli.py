@@ -194,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
 
             run_search(cfg, **run_kw)
     except (ValueError, OSError, RewardError) as exc:
-        print(f"rewardlab {verb}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-              file=sys.stderr)
+        text = str(exc)
+        if isinstance(exc, OSError) and exc.strerror and exc.filename is None:
+            text = exc.strerror  # our own I/O messages name the file already: no "[Errno 28]" prefix
+        print(f"rewardlab {verb}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
     return 0
 

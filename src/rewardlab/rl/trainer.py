@@ -298,10 +298,11 @@ def _train(cfg: TrainConfig, resume: bool, overwrite: bool, show_progress: bool,
         def write(tmp: Path) -> None:
             policy.save(tmp)
             refreshed = reference is not None and rl.ref_refresh_every is not None
-            torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "sampler": sampler.state_dict(), "rng": _rng_state(),
-                        "reference": reference.model.state_dict() if refreshed else None,
-                        "critic_optimizer": critic.optimizer.state_dict() if critic else None}, tmp / STATE_FILE)
+            with (tmp / STATE_FILE).open("wb") as fh:  # a Python file: a failed write surfaces as an OSError
+                torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                            "sampler": sampler.state_dict(), "rng": _rng_state(),
+                            "reference": reference.model.state_dict() if refreshed else None,
+                            "critic_optimizer": critic.optimizer.state_dict() if critic else None}, fh)
             if critic is not None:
                 critic.save(tmp / CRITIC_DIR)
 
