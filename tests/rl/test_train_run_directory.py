@@ -148,7 +148,9 @@ def test_a_second_writer_is_refused(tmp_path, capsys):
             assert main([*_args(tmp_path, out, "rl.steps=2"), flag]) == 2
             assert _err_lines(capsys) == [f"rewardlab train: error: out: {out} is in use by another process (pid "
                                           f"{proc.pid}; lock {out / '.lock'})"]
-        assert (out / "checkpoints" / "step-1").is_dir()  # --overwrite deleted nothing
+        # --overwrite deleted nothing (the child goes on writing its run) and neither attempt logged an event
+        assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+        assert [e["event"] for e in _lines(out / "events.jsonl")] == ["start"]
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
