@@ -190,10 +190,10 @@ def _config_diffs(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, 
     return [] if old == new else [(prefix.rstrip("."), old, new)]
 
 
-def check_resume_config(run: RunDir, config_text: str) -> None:
-    """For a resume that continues the same job (evaluate, search, quickstart, rm pairs/eval): the run's
-    config.yaml must hold the same settings as `config_text` (the YAML of the resolved config; `out` may be spelt
-    differently). A run killed before it wrote config.yaml gets `config_text` written.
+def check_resume_config(run: RunDir, config_text: str, may_change: Iterable[str] = ()) -> None:
+    """For a resume that continues the same job: the run's config.yaml must hold the same settings as `config_text`
+    (the YAML of the resolved config), but for `out` (which may be spelt differently) and the dotted keys in
+    `may_change` (train: rl.steps, to train on). A run killed before it wrote config.yaml gets `config_text` written.
 
     Raises:
         RunDirError: one line naming the first differing keys with the run's and the new values.
@@ -205,7 +205,7 @@ def check_resume_config(run: RunDir, config_text: str) -> None:
         run.write_config(config_text)
         return
     old, new = yaml.safe_load(path.read_text(encoding="utf-8")) or {}, yaml.safe_load(config_text) or {}
-    diffs = [d for d in _config_diffs(old, new) if d[0] != "out"]
+    diffs = [d for d in _config_diffs(old, new) if d[0] != "out" and d[0] not in set(may_change)]
     if diffs:
         shown = ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, a, b in diffs[:3])
         more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""

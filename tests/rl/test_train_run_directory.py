@@ -114,6 +114,10 @@ def test_resume_skips_a_damaged_checkpoint_and_refuses_when_none_is_valid(uninte
     (d / "checkpoints" / "step-4" / "model.safetensors").write_bytes(b"")  # an empty weights file
     args = _args(uninterrupted, d, "rl.steps=4", "save_every=2", "rl.epochs=2", "rl.minibatch_size=2")
     capsys.readouterr()
+    assert main([*args, "--resume", "rl.lr=1e-3"]) == 2  # train on, but with another learning rate: refused
+    assert _err_lines(capsys) == [f"rewardlab train: error: --resume: {d} was started with other settings: rl.lr (run: "
+                                  f"0.01, now: 0.001); resume with its settings ({d / 'config.yaml'}) or pass "
+                                  "--overwrite"]
     assert main([*args, "--resume"]) == 0
     warnings = [line for line in _err_lines(capsys) if "step-4" in line]
     assert len(warnings) == 1 and warnings[0].startswith("rewardlab: warning: checkpoint ")

@@ -28,11 +28,13 @@ from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATORS, compute_advant
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
 from rewardlab.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss, kl_penalty
-from rewardlab.runs import RunDir
+from rewardlab.runs import RunDir, check_resume_config
 from rewardlab.tasks import load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
 STATE_FILE = "trainer_state.pt"
+#: Settings a resumed run may change (train longer, checkpoint differently); any other change is refused.
+RESUME_MAY_CHANGE = ("rl.steps", "save_every", "keep_checkpoints")
 
 
 def check_names(cfg: TrainConfig) -> None:
@@ -219,21 +221,22 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     """Optimize `cfg.model` on `cfg.task` with the configured estimator and policy loss.
 
     Writes the run directory `cfg.out` (see `rewardlab.runs`), opened with `RunDir.start` once the config, task,
-    rewards and model are known to be good: a directory that already holds a run is refused unless `overwrite`
-    (the old run is deleted first) or `resume`. With `resume`, continues from the newest checkpoint there that
-    verifies against its manifest (an invalid newer one is skipped with a warning), after rolling the logs back to
-    that checkpoint: weights, optimizer, schedule, prompt sampler and RNG state are restored, so step k+1 after a
-    resume logs what an uninterrupted run logs, each step once; config.yaml is kept. With `time_budget_s` (seconds
-    of wall clock since the first step began), the run stops after the first step that ends past the budget (or at
-    `cfg.rl.steps`) and saves its final checkpoint there: for equal-wall-time comparisons
-    (benchmarks/grpo_vs_trl.py).
+    rewards and model are known to be good: a directory that already holds a run is refused unless `overwrite` (the
+    old run is deleted first) or `resume`. With `resume`, continues from the newest checkpoint there that verifies
+    against its manifest (an invalid newer one is skipped with a warning), after rolling the logs back to that
+    checkpoint: weights, optimizer, schedule, prompt sampler and RNG state are restored, so step k+1 after a resume
+    logs what an uninterrupted run logs, each step once; config.yaml is kept, and a resume whose settings differ
+    from it in more than RESUME_MAY_CHANGE is refused. With `time_budget_s` (seconds of wall clock since the first
+    step began), the run stops after the first step that ends past the budget (or at `cfg.rl.steps`) and saves its
+    final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
 
     Returns:
         the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or
         resumed from).
     Raises:
         ValueError: unknown algorithm or reward names; RunDirError (a ValueError): `cfg.out` holds a run and neither
-            flag is given, is in use by another process, or `resume` finds no valid checkpoint.
+            flag is given, is in use by another process, `resume` with other settings, or `resume` finds no valid
+            checkpoint.
         OSError: a checkpoint could not be written (the message names it and the intact previous one).
     """
     opened: list[RunDir] = []
@@ -259,6 +262,7 @@ def _train(cfg: TrainConfig, resume: bool, overwrite: bool, show_progress: bool,
     run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
     opened.append(run)
     if resume:
+        check_resume_config(run, dump_config(cfg), may_change=RESUME_MAY_CHANGE)
         latest = run.resume_checkpoint()  # newest valid checkpoint; logs rolled back to it
         policy = load_policy(str(latest[1]), **model_kw)
     reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
