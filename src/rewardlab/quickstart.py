@@ -16,10 +16,7 @@ from rewardlab.rl.trainer import train
 from rewardlab.runs import RunDir, check_resume_config, warn
 from rewardlab.sft import run_sft
 
-STAGES = ("sft", "eval_sft", "grpo", "eval_grpo")
-
-
-def _stage_mode(path: Path, resume: bool) -> dict[str, bool] | dict[str, Any]:
+def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
     """How to run a stage in `path`: its summary when it finished (resume), else the runner's resume/overwrite."""
     if not resume:
         return {"resume": False, "overwrite": False}  # a new or just emptied quickstart directory
