@@ -17,8 +17,9 @@ $(STAMP): $(PY) pyproject.toml
 
 install: $(STAMP)
 
+# --overwrite: the demo replaces runs/quickstart, so `make demo` can be run again.
 demo: $(STAMP)
-	$(VENV)/bin/rewardlab quickstart
+	$(VENV)/bin/rewardlab quickstart --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -151,12 +151,16 @@ def child_rewardlab(cfg: dict[str, Any]) -> dict[str, Any]:
         lr=cfg["lr"], temperature=cfg["temperature"], max_new_tokens=cfg["max_new_tokens"], beta=0.0,
         lr_schedule="constant", estimator="grpo", loss="ppo_clip", agg="token-mean",
     )
+    # A run directory of its own: run_dir also holds this benchmark's files, and train refuses a directory that
+    # holds anything but a run; each benchmark run replaces the previous one.
+    out = Path(cfg["run_dir"]) / "rewardlab"
     train_cfg = TrainConfig(
-        model=q.model.model_copy(update={"path": cfg["checkpoint"]}), task=q.task, rl=rl, out=cfg["run_dir"],
+        model=q.model.model_copy(update={"path": cfg["checkpoint"]}), task=q.task, rl=rl, out=str(out),
         seed=cfg["seed"], save_every=10**9, keep_checkpoints=1,
     )
-    summary = train(train_cfg, show_progress=False, time_budget_s=None if cfg["steps"] else cfg["budget_s"])
-    metrics = [json.loads(line) for line in (Path(cfg["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    summary = train(train_cfg, overwrite=True, show_progress=False,
+                    time_budget_s=None if cfg["steps"] else cfg["budget_s"])
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {
         "final_checkpoint": summary["final_checkpoint"],
         "step_ends_s": [m["time/elapsed_s"] for m in metrics],

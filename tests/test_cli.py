@@ -6,6 +6,7 @@ import pytest
 
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.cli import main
+from rewardlab.runs import RunDir
 
 
 def _stderr_line(capsys) -> str:
@@ -71,10 +72,31 @@ def test_missing_config_file(tmp_path, capsys):
 
 def test_resume_without_checkpoint(tmp_path, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"{i}=", "answer": str(i)} for i in range(4)])
-    rc = main(["train", "--no-progress", "--out", str(tmp_path / "run"), "--task", f"jsonl:{data}",
-               "--resume", "task.options={test_size: 1}", *TINY_OVERRIDES])
-    assert rc == 2
-    assert "--resume: no checkpoint" in _stderr_line(capsys)
+    args = ["train", "--no-progress", "--out", str(tmp_path / "run"), "--task", f"jsonl:{data}", "--resume",
+            "task.options={test_size: 1}", *TINY_OVERRIDES]
+    assert main(args) == 2
+    assert _stderr_line(capsys) == f"rewardlab train: error: --resume: {tmp_path / 'run'} holds no run to resume"
+    assert not (tmp_path / "run").exists()
+    RunDir.start(tmp_path / "run").close()  # a run that died before its first checkpoint
+    assert main(args) == 2
+    assert _stderr_line(capsys) == (f"rewardlab train: error: --resume: cannot resume {tmp_path / 'run'}: it has no "
+                                    "checkpoint")
+
+
+def test_resume_and_overwrite_exclude_each_other(tmp_path, capsys):
+    assert main(["evaluate", "--out", str(tmp_path / "run"), "--resume", "--overwrite"]) == 2
+    assert _stderr_line(capsys) == "rewardlab evaluate: error: --resume and --overwrite exclude each other"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv", [["quickstart"], ["sft"], ["train"], ["evaluate"], ["search"], ["rm", "train"],
+                                  ["rm", "eval"], ["rm", "pairs"], ["prm", "label"], ["prm", "train"]])
+def test_every_verb_takes_resume_and_overwrite(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--resume" in out and "--overwrite" in out
 
 
 def test_evaluate_writes_summary(tmp_path, capsys):

@@ -2,7 +2,8 @@
 
 Verbs: quickstart, sft, train, evaluate, search, rm (train|eval|pairs), prm (label|train). Overrides are dotted
 config keys (`rl.lr=1e-4`); `--model`, `--task` and `--data` are shortcuts for `model.path=`, `task.spec=` and
-`data=`. Errors print one line and exit with status 2.
+`data=`. Every verb writes a run directory (`--out`) and refuses one that already holds a run unless given
+`--resume` (continue it) or `--overwrite` (delete it first). Errors print one line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -21,6 +22,28 @@ VERBS = {
 }
 
 
+#: What `--resume` continues from, per verb (the help text).
+RESUME_HELP = {
+    "quickstart": "continue the run in --out: finished stages are reused, an unfinished one resumed",
+    "sft": "continue from the run directory's last valid checkpoint",
+    "train": "continue from the run directory's last valid checkpoint",
+    "evaluate": "continue the run in --out after its last finished batch",
+    "search": "continue the run in --out after its last finished unit (greedy, sample pool, method x N)",
+    "rm train": "continue from the run directory's last valid checkpoint",
+    "rm eval": "rerun the evaluation in --out whole (same settings, same report)",
+    "rm pairs": "rerun the pair generation in --out whole (same settings, same pairs)",
+    "prm label": "continue the run in --out after its last labelled item",
+    "prm train": "continue from the run directory's last valid checkpoint",
+}
+
+
+def _add_run_flags(p: argparse.ArgumentParser, resume_help: str) -> None:
+    p.add_argument("--resume", action="store_true", help=resume_help + " (same settings)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete the run already in --out and start afresh (without --resume or --overwrite, a "
+                        "directory that holds a run is refused)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rewardlab", description="Reward-guided policy optimization of LMs.")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -32,11 +55,10 @@ def _parser() -> argparse.ArgumentParser:
         if verb != "quickstart":
             p.add_argument("--model", help='"tiny" or an HF model directory / hub id (config key: model.path)')
             p.add_argument("--task", help='"reasoning_gym:NAME" or "jsonl:PATH" (config key: task.spec)')
-        if verb == "train":
-            p.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
         if verb == "search":
             p.add_argument("--scorer", help="reward that ranks candidates, e.g. arithmetic_steps (config key: scorer)")
             p.add_argument("--n", help="budgets N, comma-separated, e.g. 1,2,4,8 (config key: search.n)")
+        _add_run_flags(p, RESUME_HELP[verb])
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. rl.lr=1e-4")
     _add_reward_model_verbs(sub)
@@ -82,31 +104,32 @@ def _add_reward_model_verbs(sub) -> None:
                 p.add_argument("--source", choices=("policy", "mutants"),
                                help="policy (default): sample --model, judge with the task's verifier; mutants: "
                                "canonical solution vs failing mutants, no model (config key: pairs.source)")
+            _add_run_flags(p, RESUME_HELP[f"{verb} {action}"])
             p.add_argument("--no-progress", action="store_true", help="no progress bars")
             p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
 
 
-def _run_reward_model_verb(key: str, cfg, show: bool) -> None:
+def _run_reward_model_verb(key: str, cfg, run_kw: dict) -> None:
     if key == "rm train":
         from rewardlab.rm.bradley_terry import run_rm_train
 
-        print(json.dumps(run_rm_train(cfg, show_progress=show), indent=2))
+        print(json.dumps(run_rm_train(cfg, **run_kw), indent=2))
     elif key == "rm eval":
         from rewardlab.rm.evaluate import run_rm_eval
 
-        run_rm_eval(cfg, show_progress=show)
+        run_rm_eval(cfg, **run_kw)
     elif key == "rm pairs":
         from rewardlab.rm.data import run_rm_pairs
 
-        print(json.dumps(run_rm_pairs(cfg, show_progress=show), indent=2))
+        print(json.dumps(run_rm_pairs(cfg, **run_kw), indent=2))
     elif key == "prm label":
         from rewardlab.rm.labels import run_prm_label
 
-        print(json.dumps(run_prm_label(cfg, show_progress=show), indent=2))
+        print(json.dumps(run_prm_label(cfg, **run_kw), indent=2))
     elif key == "prm train":
         from rewardlab.rm.prm import run_prm_train
 
-        print(json.dumps(run_prm_train(cfg, show_progress=show), indent=2))
+        print(json.dumps(run_prm_train(cfg, **run_kw), indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,36 +163,41 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"scorer={args.scorer}")
     if getattr(args, "n", None) is not None:
         overrides.append(f"search.n=[{args.n}]")
-    show = not args.no_progress
+    if args.resume and args.overwrite:
+        print(f"rewardlab {verb}: error: --resume and --overwrite exclude each other", file=sys.stderr)
+        return 2
+    run_kw = {"resume": args.resume, "overwrite": args.overwrite, "show_progress": not args.no_progress}
     try:
         cfg = load_config(VERB_CONFIGS[verb], args.config, overrides)
         if " " in verb:
-            _run_reward_model_verb(verb, cfg, show)
+            _run_reward_model_verb(verb, cfg, run_kw)
         elif args.verb == "quickstart":
             from rewardlab.quickstart import run_quickstart
 
-            run_quickstart(cfg, show_progress=show)
+            run_quickstart(cfg, **run_kw)
         elif args.verb == "sft":
             from rewardlab.sft import run_sft
 
-            print(json.dumps(run_sft(cfg, show_progress=show), indent=2))
+            print(json.dumps(run_sft(cfg, **run_kw), indent=2))
         elif args.verb == "train":
             from rewardlab.rl.trainer import train
 
-            print(json.dumps(train(cfg, resume=args.resume, show_progress=show), indent=2))
+            print(json.dumps(train(cfg, **run_kw), indent=2))
         elif args.verb == "evaluate":
             from rewardlab.evaluation.policy import run_evaluate
 
-            result = run_evaluate(cfg, show_progress=show)
+            result = run_evaluate(cfg, **run_kw)
             result.pop("examples", None)
             print(json.dumps(result, indent=2))
         elif args.verb == "search":
             from rewardlab.search.report import run_search
 
-            run_search(cfg, show_progress=show)
+            run_search(cfg, **run_kw)
     except (ValueError, OSError, RewardError) as exc:
-        print(f"rewardlab {verb}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-              file=sys.stderr)
+        text = str(exc)
+        if isinstance(exc, OSError) and exc.strerror and exc.filename is None:
+            text = exc.strerror  # our own I/O messages name the file already: no "[Errno 28]" prefix
+        print(f"rewardlab {verb}: error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
         return 2
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -9,40 +10,73 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rewardlab.config import EvaluateConfig, QuickstartConfig, SFTConfig, TrainConfig
+from rewardlab.config import EvaluateConfig, QuickstartConfig, SFTConfig, TrainConfig, dump_config
 from rewardlab.evaluation.policy import run_evaluate
 from rewardlab.rl.trainer import train
-from rewardlab.runs import RunDir
+from rewardlab.runs import RunDir, check_resume_config, warn
 from rewardlab.sft import run_sft
 
+def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
+    """How to run a stage in `path`: its summary when it finished (resume), else the runner's resume/overwrite."""
+    if not resume:
+        return {"resume": False, "overwrite": False}  # a new or just emptied quickstart directory
+    stage_run = RunDir(path)
+    if (path / "summary.json").is_file():
+        return {"summary": json.loads((path / "summary.json").read_text(encoding="utf-8"))}
+    if not stage_run.holds_run():
+        return {"resume": False, "overwrite": False}
+    if path.name in ("sft", "grpo") and not stage_run.list_checkpoints():
+        warn(f"--resume: {path} was interrupted before its first checkpoint; starting that stage again")
+        return {"resume": False, "overwrite": True}
+    return {"resume": True, "overwrite": False}
 
-def run_quickstart(cfg: QuickstartConfig, *, show_progress: bool = True) -> dict[str, Any]:
+
+def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, overwrite: bool = False,
+                   show_progress: bool = True) -> dict[str, Any]:
     """Run the four stages under `cfg.out` (sft/, eval_sft/, grpo/, eval_grpo/) and write summary.json.
+
+    `cfg.out` is opened with `RunDir.start` (config.yaml at its top): a directory that already holds a run is
+    refused unless `overwrite` (the whole quickstart directory is replaced) or `resume`, which reuses each finished
+    stage (summary.json present), resumes an unfinished one (from its last checkpoint; an evaluation from its last
+    finished batch) and starts the missing ones. GRPO checkpoints every 25 steps so that it can be resumed.
 
     Returns:
         {"sft": {...}, "grpo": {...}} with held-out accuracy, pass@k and wall seconds per stage.
+    Raises:
+        RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, `resume` with other
+            settings; and what the stages raise.
     """
-    out = Path(cfg.out)
+    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as top:
+        if resume:
+            check_resume_config(top, dump_config(cfg))
+        else:
+            top.write_config(dump_config(cfg))
+        return _quickstart(cfg, top, resume, show_progress)
+
+
+def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
+    out = top.path
     common = {"task": cfg.task, "seed": cfg.seed}
     times: dict[str, float] = {}
 
-    t = time.perf_counter()
-    sft = run_sft(SFTConfig(model=cfg.model, sft=cfg.sft, out=str(out / "sft"), **common), show_progress=show_progress)
-    times["sft"] = time.perf_counter() - t
-    sft_model = cfg.model.model_copy(update={"path": sft["final_checkpoint"]})
-
-    def evaluate(model, name: str) -> dict[str, Any]:
+    def stage(name: str, runner, stage_cfg) -> dict[str, Any]:
+        mode = _stage_mode(out / name, resume)
+        if "summary" in mode:  # finished before the interruption
+            times[name] = mode["summary"].get("wall_s", 0.0)
+            return mode["summary"]
         t = time.perf_counter()
-        res = run_evaluate(EvaluateConfig(model=model, eval=cfg.eval, out=str(out / name), **common),
-                           show_progress=show_progress)
+        res = runner(stage_cfg, **mode, show_progress=show_progress)
         times[name] = time.perf_counter() - t
         return res
 
+    sft = stage("sft", run_sft, SFTConfig(model=cfg.model, sft=cfg.sft, out=str(out / "sft"), **common))
+    sft_model = cfg.model.model_copy(update={"path": sft["final_checkpoint"]})
+
+    def evaluate(model, name: str) -> dict[str, Any]:
+        return stage(name, run_evaluate, EvaluateConfig(model=model, eval=cfg.eval, out=str(out / name), **common))
+
     eval_sft = evaluate(sft_model, "eval_sft")
-    t = time.perf_counter()
-    grpo = train(TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"), save_every=max(1, cfg.rl.steps),
-                             **common), show_progress=show_progress)
-    times["grpo"] = time.perf_counter() - t
+    grpo = stage("grpo", train, TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"), **common))
     grpo_model = cfg.model.model_copy(update={"path": grpo["final_checkpoint"]})
     eval_grpo = evaluate(grpo_model, "eval_grpo")
 
@@ -57,7 +91,7 @@ def run_quickstart(cfg: QuickstartConfig, *, show_progress: bool = True) -> dict
         "stage_seconds": times,
         "total_seconds": sum(times.values()),
     }
-    RunDir(out).write_summary(summary)
+    top.write_summary(summary)
 
     table = Table(title=f"held-out {cfg.task.spec} ({eval_sft['n_questions']} questions)")
     table.add_column("stage")

@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -77,9 +78,34 @@ def atomic_write_text(path: Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(exc.errno, f"could not write {path} ({exc.strerror or exc}); its previous content is "
+                      "intact") from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def as_os_error(exc: BaseException) -> OSError | None:
+    """The operating-system error behind `exc`, or None when it is not an I/O failure.
+
+    Libraries report a failed write (no space left, file too large) in their own types: an OSError anywhere in the
+    exception chain (torch.save to a Python file object), or Rust's "... (os error 28)" in the message (safetensors,
+    used by `save_pretrained`).
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            return e
+        stack += [e.__cause__, e.__context__]
+    m = re.search(r"\(os error (\d+)\)", str(exc))
+    return OSError(int(m.group(1)), os.strerror(int(m.group(1)))) if m else None
 
 
 def repair_torn_tail(path: Path) -> int:
@@ -153,6 +179,38 @@ def verify_checkpoint(path: Path) -> str | None:
 def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest.json of a checkpoint directory (call `verify_checkpoint` first)."""
     return json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+
+
+def _config_diffs(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in list(old) + [k for k in new if k not in old]:
+            out += _config_diffs(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [(prefix.rstrip("."), old, new)]
+
+
+def check_resume_config(run: RunDir, config_text: str, may_change: Iterable[str] = ()) -> None:
+    """For a resume that continues the same job: the run's config.yaml must hold the same settings as `config_text`
+    (the YAML of the resolved config), but for `out` (which may be spelt differently) and the dotted keys in
+    `may_change` (train: rl.steps, to train on). A run killed before it wrote config.yaml gets `config_text` written.
+
+    Raises:
+        RunDirError: one line naming the first differing keys with the run's and the new values.
+    """
+    import yaml
+
+    path = run.path / "config.yaml"
+    if not path.is_file():
+        run.write_config(config_text)
+        return
+    old, new = yaml.safe_load(path.read_text(encoding="utf-8")) or {}, yaml.safe_load(config_text) or {}
+    diffs = [d for d in _config_diffs(old, new) if d[0] != "out" and d[0] not in set(may_change)]
+    if diffs:
+        shown = ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, a, b in diffs[:3])
+        more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+        raise RunDirError(f"--resume: {run.path} was started with other settings: {shown}{more}; resume with its "
+                          f"settings ({path}) or pass --overwrite")
 
 
 def warn(message: str) -> None:
@@ -308,10 +366,14 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         if name not in self._checked_tails:  # first append of this process: never glue onto a torn line
             self._repair_tail(name)
-        with (self.path / name).open("a", encoding="utf-8") as fh:
-            fh.write(lines)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with (self.path / name).open("a", encoding="utf-8") as fh:
+                fh.write(lines)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise OSError(exc.errno, f"could not append to {self.path / name} ({exc.strerror or exc}); a torn last "
+                          "line is cut on --resume") from exc
 
     def append_jsonl(self, name: str, records: Iterable[Mapping[str, Any]]) -> None:
         """Append records to the run's log `name` (e.g. "labels.jsonl"), one JSON line each, flushed to disk.
@@ -412,12 +474,15 @@ class RunDir:
                     files[str(f.relative_to(tmp))] = {"size": f.stat().st_size, "sha256": file_digest(f)}
             manifest = {"step": step, "time": round(time.time(), 3), "files": files, "logs": self._log_sizes()}
             atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-        except OSError as exc:
+        except Exception as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            io_error = as_os_error(exc)
+            if io_error is None:
+                raise
             previous = self.latest_checkpoint()
             kept = f"the previous checkpoint {previous[1].name} is intact" if previous else "no earlier checkpoint"
-            raise OSError(exc.errno, f"checkpoint {final.name} in {self.checkpoints} could not be written "
-                          f"({exc.strerror or exc}); {kept}") from exc
+            raise OSError(io_error.errno, f"checkpoint {final.name} in {self.checkpoints} could not be written "
+                          f"({io_error.strerror or io_error}); {kept}") from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -11,6 +11,7 @@ from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, register_reward, reward
 from rewardlab.rl.trainer import reward_tensors, step_metrics, step_reward_tensors, train, training_rollouts
+from rewardlab.runs import RunDir, RunDirError
 from rewardlab.types import Rollout, RewardOutput
 
 if "test_digit_frac" not in REWARDS:  # the module may be imported twice (e.g. by a plugin)
@@ -130,7 +131,10 @@ def test_unknown_algorithm_name_lists_valid_names(tmp_path, key, value):
 
 
 def test_resume_without_checkpoint(tmp_path):
-    with pytest.raises(ValueError, match="--resume: no checkpoint"):
+    with pytest.raises(RunDirError, match="^--resume: .*run holds no run to resume$"):
+        train(_config(tmp_path), resume=True, show_progress=False)
+    RunDir.start(tmp_path / "run").close()  # a run that died before its first checkpoint
+    with pytest.raises(RunDirError, match="^--resume: cannot resume .*run: it has no checkpoint$"):
         train(_config(tmp_path), resume=True, show_progress=False)
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import time
@@ -14,9 +15,34 @@ from rewardlab.policy import Policy, load_policy
 from rewardlab.progress import StageBar, stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.base import Reward
-from rewardlab.runs import RunDir
+from rewardlab.runs import RunDir, check_resume_config
 from rewardlab.tasks import load as load_task
 from rewardlab.types import RewardOutput
+
+#: The log of finished evaluation batches in an `evaluate` run directory (one JSON line per batch).
+BATCH_LOG = "batches.jsonl"
+
+
+def rng_state_record() -> dict[str, Any]:
+    """torch's global RNG state (CPU, and every CUDA device once CUDA is in use) as JSON-able base64 strings.
+
+    Reading the state consumes no random numbers, so recording it leaves a run's sampling unchanged.
+    """
+    rec: dict[str, Any] = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rec["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode("ascii") for s in torch.cuda.get_rng_state_all()]
+    return rec
+
+
+def restore_rng_state(rec: Mapping[str, Any]) -> None:
+    """Set torch's global RNG state from a `rng_state_record` (the inverse of it)."""
+
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(rec["torch"]))
+    if "cuda" in rec:
+        torch.cuda.set_rng_state_all([tensor(t) for t in rec["cuda"]])
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -58,15 +84,24 @@ def evaluate_policy(
     max_new_tokens: int = 8,
     batch_size: int = 256,
     bar: StageBar | None = None,
+    done: Sequence[Mapping[str, Any]] = (),
+    on_batch: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Greedy accuracy and pass@k of `policy` on `rows`.
+    """Greedy accuracy and pass@k of `policy` on `rows`, in batches of `batch_size` questions.
+
+    Each finished batch is handed to `on_batch` as a record {"batch", "start", "size", "correct" (greedy, per
+    question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per question), "examples", "rng"
+    (torch's RNG state after the batch, `rng_state_record`)}. Given the records of the first batches of an
+    interrupted run (`done`), those batches are not generated again: their figures are taken from the records and
+    the RNG state of the last one is restored, so the result equals an uninterrupted run's.
 
     Returns:
         {"accuracy": greedy exact-match fraction, "score_mean": mean greedy reward, "pass@k": ... for each k,
          "n_questions": len(rows), "samples_per_question": n, "errors": greedy reward errors,
          "examples": the first 20 greedy (prompt, completion, answer, correct)}.
     Raises:
-        ValueError: a k outside 1..n, or no rows.
+        ValueError: a k outside 1..n, or no rows; a record in `done` that is not the batch at its position (the
+            rows or batch size changed).
     """
     if not rows:
         raise ValueError("evaluate: no rows to evaluate")
@@ -76,24 +111,42 @@ def evaluate_policy(
     prompts = [r["prompt"] for r in rows]
     correct, scores, errors, examples = [], [], 0, []
     per_q = [0] * len(rows)
-    for start in range(0, len(rows), batch_size):
+    for b, start in enumerate(range(0, len(rows), batch_size)):
         chunk_rows = rows[start : start + batch_size]
         chunk = prompts[start : start + batch_size]
-        greedy = policy.generate(chunk, greedy=True, max_new_tokens=max_new_tokens, rows=chunk_rows)
-        outs = reward(greedy)
-        for r, o in zip(greedy, outs):
-            ok = is_correct(o)
-            correct.append(ok)
-            scores.append(o.score)
-            errors += o.error is not None
-            if len(examples) < 20:
-                examples.append({"prompt": r.row.get("prompt"), "completion": r.completion,
-                                 "answer": r.row.get("answer"), "correct": ok})
-        sampled = policy.generate(
-            chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
-        )
-        for r, o in zip(sampled, reward(sampled)):
-            per_q[start + r.group] += is_correct(o)
+        if b < len(done):  # finished before an interruption: take its record
+            rec = done[b]
+            if (rec.get("batch"), rec.get("start"), rec.get("size")) != (b, start, len(chunk)):
+                raise ValueError(f"evaluate: the record of batch {b} (start {rec.get('start')}, size "
+                                 f"{rec.get('size')}) does not match the run's batch {b} (start {start}, size "
+                                 f"{len(chunk)})")
+            if b == len(done) - 1:
+                restore_rng_state(rec["rng"])
+        else:
+            rec = {"batch": b, "start": start, "size": len(chunk), "correct": [], "scores": [], "errors": 0,
+                   "pass_counts": [0] * len(chunk), "examples": []}
+            greedy = policy.generate(chunk, greedy=True, max_new_tokens=max_new_tokens, rows=chunk_rows)
+            outs = reward(greedy)
+            for r, o in zip(greedy, outs):
+                ok = is_correct(o)
+                rec["correct"].append(ok)
+                rec["scores"].append(o.score)
+                rec["errors"] += o.error is not None
+                if len(examples) + len(rec["examples"]) < 20:
+                    rec["examples"].append({"prompt": r.row.get("prompt"), "completion": r.completion,
+                                            "answer": r.row.get("answer"), "correct": ok})
+            sampled = policy.generate(
+                chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
+            )
+            for r, o in zip(sampled, reward(sampled)):
+                rec["pass_counts"][r.group] += is_correct(o)
+            if on_batch is not None:
+                on_batch({**rec, "rng": rng_state_record()})
+        correct += rec["correct"]
+        scores += [float(x) for x in rec["scores"]]
+        errors += rec["errors"]
+        examples += rec["examples"]
+        per_q[start : start + len(chunk)] = rec["pass_counts"]
         if bar is not None:
             bar.advance(len(chunk), acc=sum(correct) / len(correct))
     result: dict[str, Any] = {
@@ -109,25 +162,41 @@ def evaluate_policy(
     return result
 
 
-def run_evaluate(cfg: EvaluateConfig, *, show_progress: bool = True) -> dict[str, Any]:
+def run_evaluate(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
+                 show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab evaluate`: greedy accuracy and pass@k of `cfg.model` on `cfg.split` of `cfg.task`.
 
-    Writes `cfg.out`/config.yaml and summary.json (the result of `evaluate_policy` plus model, task, split and
-    wall seconds). Raises what `tasks.load`, `load_policy` and `evaluate_policy` raise.
+    Writes the run directory `cfg.out` (opened with `RunDir.start`, so one that already holds a run is refused unless
+    `resume` or `overwrite`): config.yaml, batches.jsonl (each finished batch, see `evaluate_policy`) and
+    summary.json (the result of `evaluate_policy` plus model, task, split and wall seconds). With `resume`, the
+    batches logged by an interrupted run with the same settings are not evaluated again and the summary equals the
+    uninterrupted run's (but for wall_s).
+
+    Raises:
+        RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with other
+            settings; and what `tasks.load`, `load_policy` and `evaluate_policy` raise.
     """
     torch.manual_seed(cfg.seed)
     task = load_task(cfg.task.spec, **cfg.task.options)
     rows = task.split(cfg.split)[: cfg.eval.limit]
     policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
                          device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    run = RunDir(cfg.out)  # created only once the task and model load
-    run.write_config(dump_config(cfg))
-    e = cfg.eval
-    t0 = time.perf_counter()
-    with stage("evaluate", len(rows), enabled=show_progress) as bar:
-        result = evaluate_policy(policy, rows, build_reward(task.reward), n=e.n, ks=e.k, temperature=e.temperature,
-                                 top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, bar=bar)
-    result = {"model": cfg.model.path, "task": cfg.task.spec, "split": cfg.split,
-              "wall_s": time.perf_counter() - t0, **result}
-    run.write_summary(result)
+    reward = build_reward(task.reward)
+    # Opened only once the task, model and reward load: bad inputs create or delete nothing.
+    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
+        done: list[dict[str, Any]] = []
+        if resume:
+            check_resume_config(run, dump_config(cfg))
+            done = run.read_jsonl(BATCH_LOG)
+        else:
+            run.write_config(dump_config(cfg))
+        e = cfg.eval
+        t0 = time.perf_counter()
+        with stage("evaluate", len(rows), enabled=show_progress) as bar:
+            result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature, top_p=e.top_p,
+                                     max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, bar=bar, done=done,
+                                     on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]))
+        result = {"model": cfg.model.path, "task": cfg.task.spec, "split": cfg.split,
+                  "wall_s": time.perf_counter() - t0, **result}
+        run.write_summary(result)
     return result

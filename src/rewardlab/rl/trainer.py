@@ -30,11 +30,13 @@ from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, filter_groups, make_curriculum
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
                                  kl_clamped, kl_penalty, split_loss_options)
-from rewardlab.runs import RunDir
+from rewardlab.runs import RunDir, check_resume_config
 from rewardlab.tasks import load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
 STATE_FILE = "trainer_state.pt"
+#: Settings a resumed run may change (train longer, checkpoint differently); any other change is refused.
+RESUME_MAY_CHANGE = ("rl.steps", "save_every", "keep_checkpoints")
 
 
 def estimator_needs(name: str) -> tuple[str, ...]:
@@ -310,33 +312,55 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
+def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True,
           time_budget_s: float | None = None) -> dict[str, Any]:
     """Optimize `cfg.model` on `cfg.task` with the configured estimator and policy loss.
 
-    Writes the run directory `cfg.out` (see `rewardlab.runs`). With `resume`, continues from the latest
-    checkpoint there (weights, optimizer, schedule, prompt sampler and RNG state), so step k+1 after a resume logs
-    what an uninterrupted run logs. With `time_budget_s` (seconds of wall clock since the first step began), the run
-    stops after the first step that ends past the budget (or at `cfg.rl.steps`) and saves its final checkpoint there:
-    for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
+    Writes the run directory `cfg.out` (see `rewardlab.runs`), opened with `RunDir.start` once the config, task,
+    rewards and model are known to be good: a directory that already holds a run is refused unless `overwrite` (the
+    old run is deleted first) or `resume`. With `resume`, continues from the newest checkpoint there that verifies
+    against its manifest (an invalid newer one is skipped with a warning), after rolling the logs back to that
+    checkpoint: weights, optimizer, schedule, prompt sampler and RNG state are restored, so step k+1 after a resume
+    logs what an uninterrupted run logs, each step once; config.yaml is kept, and a resume whose settings differ
+    from it in more than RESUME_MAY_CHANGE is refused. With `time_budget_s` (seconds of wall clock since the first
+    step began), the run stops after the first step that ends past the budget (or at `cfg.rl.steps`) and saves its
+    final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
 
     Returns:
-        the summary (also written to summary.json).
+        the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or
+        resumed from).
     Raises:
-        ValueError: unknown algorithm or reward names, or `resume` without a checkpoint.
+        ValueError: unknown algorithm or reward names; RunDirError (a ValueError): `cfg.out` holds a run and neither
+            flag is given, is in use by another process, `resume` with other settings, or `resume` finds no valid
+            checkpoint.
+        OSError: a checkpoint could not be written (the message names it and the intact previous one).
     """
+    opened: list[RunDir] = []
+    try:
+        return _train(cfg, resume, overwrite, show_progress, time_budget_s, opened)
+    finally:
+        for run in opened:
+            run.close()  # release the run directory's lock
+
+
+def _train(cfg: TrainConfig, resume: bool, overwrite: bool, show_progress: bool, time_budget_s: float | None,
+           opened: list[RunDir]) -> dict[str, Any]:
     check_names(cfg)
     rl = cfg.rl
     task = load_task(cfg.task.spec, **cfg.task.options)
     reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
-    run = RunDir(cfg.out)  # created only once the config, task and rewards are known to be good
     model_kw = dict(prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
                     tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
 
-    start_step, latest = 0, run.latest_checkpoint() if resume else None
-    if resume and latest is None:
-        raise ValueError(f"--resume: no checkpoint in {run.checkpoints}")
-    policy: Policy = load_policy(str(latest[1]) if latest else cfg.model.path, **model_kw)
+    start_step, latest = 0, None
+    if not resume:  # load the model before the directory is touched (an overwrite deletes the old run)
+        policy: Policy = load_policy(cfg.model.path, **model_kw)
+    run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
+    opened.append(run)
+    if resume:
+        check_resume_config(run, dump_config(cfg), may_change=RESUME_MAY_CHANGE)
+        latest = run.resume_checkpoint()  # newest valid checkpoint; logs rolled back to it
+        policy = load_policy(str(latest[1]), **model_kw)
     reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
     if reference is not None:
         reference.model.eval().requires_grad_(False)
@@ -371,10 +395,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
         def write(tmp: Path) -> None:
             policy.save(tmp)
             refreshed = reference is not None and rl.ref_refresh_every is not None
-            torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "sampler": sampler.state_dict(), "rng": _rng_state(),
-                        "reference": reference.model.state_dict() if refreshed else None,
-                        "critic_optimizer": critic.optimizer.state_dict() if critic else None}, tmp / STATE_FILE)
+            with (tmp / STATE_FILE).open("wb") as fh:  # a Python file: a failed write surfaces as an OSError
+                torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                            "sampler": sampler.state_dict(), "rng": _rng_state(),
+                            "reference": reference.model.state_dict() if refreshed else None,
+                            "critic_optimizer": critic.optimizer.state_dict() if critic else None}, fh)
             if critic is not None:
                 critic.save(tmp / CRITIC_DIR)
 
@@ -514,10 +539,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
             bar.advance(1, reward=metrics["reward/mean"], acc=metrics["accuracy"])
             out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
             if step % cfg.save_every == 0 or step == rl.steps or out_of_time:
-                save(step)
+                latest = (step, save(step))
             if out_of_time:
                 break
-    latest = run.latest_checkpoint()
     run.plot(["reward/mean", "accuracy", "policy/entropy", "rollout/len_mean"], "train.png")
     summary = {
         "stage": "train",

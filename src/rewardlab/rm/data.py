@@ -420,7 +420,7 @@ def mutant_pairs(
     return pairs, stats
 
 
-def run_rm_pairs(cfg, *, show_progress: bool = True) -> dict[str, Any]:
+def run_rm_pairs(cfg, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab rm pairs`: preference pairs for `cfg.split` questions of `cfg.task`, from one of two sources
     (`cfg.pairs.source`):
 
@@ -435,21 +435,30 @@ def run_rm_pairs(cfg, *, show_progress: bool = True) -> dict[str, Any]:
     chosen and rejected, the accuracy of the rule "longer wins" on these pairs (a tie in length is wrong) with the
     counts of pairs whose chosen / rejected response is strictly longer, and wall_s in seconds).
 
+    The run directory is opened with `RunDir.start` once the task and model load: one that already holds a run is
+    refused unless `overwrite` (deleted first) or `resume`; a resume reruns the generation whole (seeded: same
+    settings, same pairs).
+
     Raises:
         ValueError: what `tasks.load` and `load_policy` raise; with source "mutants", a row without a canonical
-            solution or tests; no pairs made (the policy is always or never right; no mutant fails).
+            solution or tests; no pairs made (the policy is always or never right; no mutant fails);
+            RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume`
+            with other settings.
     """
-    import time
+    from rewardlab.runs import RunDir
 
-    from rewardlab.config import dump_config
-    from rewardlab.evaluation.probes import length_bias
-    from rewardlab.progress import stage
-    from rewardlab.runs import RunDir, atomic_write_text
+    prepared = _prepare_pairs(cfg)
+    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
+        return _rm_pairs(cfg, run, resume, show_progress, *prepared)
+
+
+def _prepare_pairs(cfg):
     from rewardlab.tasks import load as load_task
 
     p = cfg.pairs
     task = load_task(cfg.task.spec, **cfg.task.options)
     rows = task.split(cfg.split)[: p.limit]
+    policy = verifier = None
     if p.source == "mutants":
         try:
             check_code_rows(rows)
@@ -466,8 +475,22 @@ def run_rm_pairs(cfg, *, show_progress: bool = True) -> dict[str, Any]:
         verifier = build_reward(task.reward)
         policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
                              device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    run = RunDir(cfg.out)
-    run.write_config(dump_config(cfg))
+    return task, rows, policy, verifier
+
+
+def _rm_pairs(cfg, run, resume: bool, show_progress: bool, task, rows, policy, verifier) -> dict[str, Any]:
+    import time
+
+    from rewardlab.config import dump_config
+    from rewardlab.evaluation.probes import length_bias
+    from rewardlab.progress import stage
+    from rewardlab.runs import atomic_write_text, check_resume_config
+
+    p = cfg.pairs
+    if resume:
+        check_resume_config(run, dump_config(cfg))
+    else:
+        run.write_config(dump_config(cfg))
     t0 = time.perf_counter()
     with stage("RM pairs", len(rows), enabled=show_progress) as bar:
         if p.source == "mutants":

@@ -31,7 +31,7 @@ from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.model import ProcessRewardModel, RewardModel, is_process_model
 from rewardlab.rm.data import BestOfK, Pair, StepRow, json_safe, load_eval_rows, load_step_rows, make_rollout
-from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.runs import RunDir, atomic_write_text, check_resume_config
 from rewardlab.types import RewardOutput
 
 
@@ -223,20 +223,33 @@ def _table(report: dict[str, Any]) -> Table:
     return table
 
 
-def run_rm_eval(cfg, *, show_progress: bool = True) -> dict[str, Any]:
+def run_rm_eval(cfg, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab rm eval`: score `cfg.data` with the scorer and write report.json, plots and a table.
+
+    The run directory `cfg.out` is opened with `RunDir.start` once the data and scorer load: one that already holds
+    a run is refused unless `overwrite` (deleted first) or `resume`; a resume reruns the evaluation whole (it is
+    deterministic: same settings, same report).
 
     Returns:
         the report: {"scorer", "data", "pairs": {...}, "best_of_k": {...}, "first_error": {...}, "wall_s"} (a
         section is None when the data has no rows of its kind; per-response scores are kept in report.json only).
     Raises:
-        ValueError / FileNotFoundError: bad data (FILE:LINE), no scorer, a bad model directory or reward spec.
+        ValueError / FileNotFoundError: bad data (FILE:LINE), no scorer, a bad model directory or reward spec;
+            RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with
+            other settings.
     """
-    e = cfg.eval
     data = load_eval_rows(cfg.data)
     scorer, name = build_scorer(cfg.model.path, cfg.scorer, cfg.model.device)
-    run = RunDir(cfg.out)
-    run.write_config(dump_config(cfg))
+    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
+        if resume:
+            check_resume_config(run, dump_config(cfg))
+        else:
+            run.write_config(dump_config(cfg))
+        return _rm_eval(cfg, run, data, scorer, name, show_progress)
+
+
+def _rm_eval(cfg, run: RunDir, data, scorer, name: str, show_progress: bool) -> dict[str, Any]:
+    e = cfg.eval
     t0 = time.perf_counter()
     report: dict[str, Any] = {"scorer": name, "data": cfg.data, "pairs": None, "best_of_k": None, "first_error": None}
     sections = [k for k in ("pair", "best_of_k", "steps") if data[k]]

@@ -3,11 +3,17 @@
 Best-of-N, majority and weighted majority are computed on nested prefixes of one pool of max(N) samples per
 question (the first N samples for budget N), so their curves and pass@N come from the same samples. Beam search
 and DVTS generate their own trees for each N (N >= M, M dividing N).
+
+The work is done in units - greedy decoding, the sample pool (sampled, verified and scored), then one unit per
+method and N - and each finished unit is appended to units.jsonl with what later units need and torch's RNG state
+after it, so `--resume` after an interruption skips the finished units and writes the report an uninterrupted run
+writes (but for wall-clock fields).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -17,13 +23,13 @@ from rich.console import Console
 from rich.table import Table
 
 from rewardlab.config import SearchConfig, dump_config
-from rewardlab.evaluation.policy import is_correct
+from rewardlab.evaluation.policy import is_correct, restore_rng_state, rng_state_record
 from rewardlab.policy import load_policy
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.steps import final_answer
 from rewardlab.registry import Registry
-from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.runs import RunDir, atomic_write_text, check_resume_config
 from rewardlab.search.base import pick_best, sample_solutions, score_solutions
 from rewardlab.search.beam import beam, dvts
 from rewardlab.search.voting import EQUIVALENCES, VerifierEquivalence, majority_vote, weighted_majority_vote
@@ -54,6 +60,8 @@ METHODS.register("beam", display="beam search", style=("^", "-"), pool=False, sc
 METHODS.register("dvts", display="DVTS", style=("D", "-"), pool=False, scorer=True)(dvts)
 POOL_METHODS = tuple(m for m in METHODS if METHODS.meta(m)["pool"])
 TREE_METHODS = {m: METHODS[m] for m in METHODS if not METHODS.meta(m)["pool"]}
+#: The log of finished units in a search run directory (one JSON line per unit).
+UNIT_LOG = "units.jsonl"
 
 
 class _Memo:
@@ -79,18 +87,51 @@ def _mean(xs) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def run_search(cfg: SearchConfig, *, show_progress: bool = True) -> dict[str, Any]:
+def _enc(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)  # strict JSON: -inf (a failed score) as "-inf"
+
+
+class _Units:
+    """The finished units of a search run: skipped on resume (their records returned), logged when new.
+
+    Units are visited in the same order on every run; before the first unit that is not in the log, torch's RNG
+    state is restored from the last logged unit visited, so the remaining units draw what they would have drawn.
+    """
+
+    def __init__(self, run: RunDir, done: list[dict[str, Any]]) -> None:
+        self.run = run
+        self.done = {rec["unit"]: rec for rec in done}
+        self.pending_rng: dict[str, Any] | None = None
+
+    def get(self, unit: str) -> dict[str, Any] | None:
+        rec = self.done.get(unit)
+        if rec is not None:
+            self.pending_rng = rec["rng"]
+        elif self.pending_rng is not None:
+            restore_rng_state(self.pending_rng)
+            self.pending_rng = None
+        return rec
+
+    def put(self, unit: str, data: dict[str, Any]) -> None:
+        self.run.append_jsonl(UNIT_LOG, [{"unit": unit, **data, "rng": rng_state_record()}])
+
+
+def run_search(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
+               show_progress: bool = True) -> dict[str, Any]:
     """Run every method in `cfg.search.methods` for every budget in `cfg.search.n` on `cfg.split` of `cfg.task`.
 
-    Writes `cfg.out`: config.yaml, report.json (per method and N: accuracy, tokens and scorer calls per question,
-    wall seconds; pass@N; greedy accuracy) and accuracy_vs_n.png; prints the table.
+    Writes the run directory `cfg.out` (opened with `RunDir.start`: one that already holds a run is refused unless
+    `resume` or `overwrite`): config.yaml, units.jsonl (each finished unit), report.json (per method and N:
+    accuracy, tokens and scorer calls per question, wall seconds; pass@N; greedy accuracy) and accuracy_vs_n.png;
+    prints the table. With `resume`, the units an interrupted run with the same settings finished are not run again.
 
     Correctness is always judged by the task's own verifier (`task.reward`); the scorer (`cfg.scorer`, default the
     task's verifier, i.e. an oracle) only ranks candidates.
 
     Raises:
         ValueError: an unknown method or equivalence, bad budgets, and what `tasks.load`, `load_policy` and
-            `build_reward` raise.
+            `build_reward` raise; RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in
+            use, or `resume` with other settings.
     """
     s = cfg.search
     for m in s.methods:
@@ -102,7 +143,6 @@ def run_search(cfg: SearchConfig, *, show_progress: bool = True) -> dict[str, An
         raise ValueError(f"search.equivalence: expected verifier, {', '.join(EQUIVALENCES)}; got {s.equivalence!r}")
     if any(n < 1 for n in s.n):
         raise ValueError(f"search.n: each budget must be >= 1, got {s.n}")
-    ns = sorted(set(s.n))
     torch.manual_seed(cfg.seed)
     from rewardlab.tasks import load as load_task
 
@@ -114,8 +154,25 @@ def run_search(cfg: SearchConfig, *, show_progress: bool = True) -> dict[str, An
     scorer = build_reward(cfg.scorer) if cfg.scorer is not None else verifier
     policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
                          device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    run = RunDir(cfg.out)  # created only once the task, rewards and model load
-    run.write_config(dump_config(cfg))
+    # Opened only once the task, rewards and model load: bad inputs create or delete nothing.
+    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
+        if resume:
+            check_resume_config(run, dump_config(cfg))
+        else:
+            run.write_config(dump_config(cfg))
+        units = _Units(run, run.read_jsonl(UNIT_LOG) if resume else [])
+        report = _search(cfg, rows, policy, verifier, scorer, units, show_progress)
+        report["scorer"] = cfg.scorer if cfg.scorer is not None else f"{task.reward} (the task's verifier: an oracle)"
+        report["verifier"] = task.reward
+        report["plot"] = str(plot_report(report, run.path / "accuracy_vs_n.png"))
+        atomic_write_text(run.path / "report.json", json.dumps(report, indent=2) + "\n")
+    print_report(report, run.path / "report.json")
+    return report
+
+
+def _search(cfg: SearchConfig, rows, policy, verifier, scorer, units: _Units, show_progress: bool) -> dict[str, Any]:
+    s = cfg.search
+    ns = sorted(set(s.n))
     equivalent = _Memo(VerifierEquivalence(verifier) if s.equivalence == "verifier" else EQUIVALENCES[s.equivalence])
     common = {"separator": s.separator, "batch_size": s.batch_size}
     sampling = {"temperature": s.temperature, "top_p": s.top_p}
@@ -123,44 +180,65 @@ def run_search(cfg: SearchConfig, *, show_progress: bool = True) -> dict[str, An
     timing: dict[str, float] = {}
 
     # Floor: greedy decoding.
-    t0 = time.perf_counter()
-    greedy = [g[0] for g in sample_solutions(policy, rows, n=1, greedy=True, max_new_tokens=s.max_new_tokens,
-                                             **common)]
-    greedy_correct = _correct(verifier, greedy)
-    timing["greedy_s"] = time.perf_counter() - t0
+    rec = units.get("greedy")
+    if rec is None:
+        t0 = time.perf_counter()
+        greedy = [g[0] for g in sample_solutions(policy, rows, n=1, greedy=True, max_new_tokens=s.max_new_tokens,
+                                                 **common)]
+        rec = {"correct": _correct(verifier, greedy), "tokens": [len(r.completion_ids) for r in greedy],
+               "greedy_s": time.perf_counter() - t0}
+        units.put("greedy", rec)
+    greedy_correct, greedy_tokens = rec["correct"], rec["tokens"]
+    timing["greedy_s"] = rec["greedy_s"]
 
     # One pool of max(N) samples per question for pass@N and the selection methods.
     n_max = max(ns)
-    t0 = time.perf_counter()
-    with stage("sampling", len(rows), enabled=show_progress) as bar:
-        pool = sample_solutions(policy, rows, n=n_max, max_new_tokens=s.max_new_tokens, **sampling, **common)
-        bar.advance(len(rows))
-    flat = [r for g in pool for r in g]
-    correct_flat = _correct(verifier, flat)
-    correct = [correct_flat[i * n_max : (i + 1) * n_max] for i in range(len(rows))]
-    timing["pool_sampling_s"] = time.perf_counter() - t0
-    if any(m in s.methods and METHODS.meta(m)["scorer"] for m in POOL_METHODS):
+    need_scores = any(m in s.methods and METHODS.meta(m)["scorer"] for m in POOL_METHODS)
+    rec = units.get("pool")
+    if rec is None:
         t0 = time.perf_counter()
-        scores_flat = score_solutions(scorer, flat, s.aggregate)
-        scores = [scores_flat[i * n_max : (i + 1) * n_max] for i in range(len(rows))]
-        timing["pool_scoring_s"] = time.perf_counter() - t0
-    answers = [[final_answer(r.completion) for r in g] for g in pool]
+        with stage("sampling", len(rows), enabled=show_progress) as bar:
+            pool = sample_solutions(policy, rows, n=n_max, max_new_tokens=s.max_new_tokens, **sampling, **common)
+            bar.advance(len(rows))
+        flat = [r for g in pool for r in g]
+        correct_flat = _correct(verifier, flat)
+        rec = {"completions": [[r.completion for r in g] for g in pool],
+               "tokens": [[len(r.completion_ids) for r in g] for g in pool],
+               "correct": [correct_flat[i * n_max : (i + 1) * n_max] for i in range(len(rows))],
+               "pool_sampling_s": time.perf_counter() - t0}
+        if need_scores:
+            t0 = time.perf_counter()
+            scores_flat = score_solutions(scorer, flat, s.aggregate)
+            rec["scores"] = [[_enc(x) for x in scores_flat[i * n_max : (i + 1) * n_max]] for i in range(len(rows))]
+            rec["pool_scoring_s"] = time.perf_counter() - t0
+        units.put("pool", rec)
+    correct = rec["correct"]
+    timing["pool_sampling_s"] = rec["pool_sampling_s"]
+    if need_scores:
+        scores = [[float(x) for x in g] for g in rec["scores"]]
+        timing["pool_scoring_s"] = rec["pool_scoring_s"]
+    answers = [[final_answer(c) for c in g] for g in rec["completions"]]
+    pool_tokens = rec["tokens"]
     pass_at = {}
     for n in ns:
         pass_at[str(n)] = _mean(any(c[:n]) for c in correct)
-        tokens = _mean(sum(len(r.completion_ids) for r in g[:n]) for g in pool)
+        tokens = _mean(sum(g[:n]) for g in pool_tokens)
         for m in POOL_METHODS:
             if m not in s.methods:
                 continue
-            t0 = time.perf_counter()
-            select, uses_scorer = METHODS[m], METHODS.meta(m)["scorer"]
-            hits = []
-            for i, row in enumerate(rows):
-                idx = select(scores[i][:n] if uses_scorer else None, answers[i][:n], equivalent, row)
-                hits.append(correct[i][idx])
-            results[m][str(n)] = {"accuracy": _mean(hits), "tokens_per_question": tokens,
-                                  "scorer_calls_per_question": float(n) if uses_scorer else 0.0,
-                                  "select_s": time.perf_counter() - t0}
+            cell = units.get(f"{m}:{n}")
+            if cell is None:
+                t0 = time.perf_counter()
+                select, uses_scorer = METHODS[m], METHODS.meta(m)["scorer"]
+                hits = []
+                for i, row in enumerate(rows):
+                    idx = select(scores[i][:n] if uses_scorer else None, answers[i][:n], equivalent, row)
+                    hits.append(correct[i][idx])
+                cell = {"result": {"accuracy": _mean(hits), "tokens_per_question": tokens,
+                                   "scorer_calls_per_question": float(n) if uses_scorer else 0.0,
+                                   "select_s": time.perf_counter() - t0}}
+                units.put(f"{m}:{n}", cell)
+            results[m][str(n)] = cell["result"]
 
     # Beam search and DVTS: a fresh tree search for each N.
     for m, method in TREE_METHODS.items():
@@ -169,34 +247,33 @@ def run_search(cfg: SearchConfig, *, show_progress: bool = True) -> dict[str, An
         budgets = [n for n in ns if n >= s.beam_width and n % s.beam_width == 0]
         with stage(m, len(budgets), enabled=show_progress) as bar:
             for n in budgets:
-                t0 = time.perf_counter()
-                out = method(policy, rows, scorer, n=n, beam_width=s.beam_width, max_steps=s.max_steps,
-                             aggregate=s.aggregate, max_step_tokens=s.max_step_tokens, **sampling, **common)
-                hits = _correct(verifier, [r.best for r in out])
-                results[m][str(n)] = {"accuracy": _mean(hits), "tokens_per_question": _mean(r.tokens for r in out),
-                                      "scorer_calls_per_question": _mean(r.scorer_calls for r in out),
-                                      "wall_s": time.perf_counter() - t0}
-                bar.advance(1, acc=_mean(hits))
+                cell = units.get(f"{m}:{n}")
+                if cell is None:
+                    t0 = time.perf_counter()
+                    out = method(policy, rows, scorer, n=n, beam_width=s.beam_width, max_steps=s.max_steps,
+                                 aggregate=s.aggregate, max_step_tokens=s.max_step_tokens, **sampling, **common)
+                    hits = _correct(verifier, [r.best for r in out])
+                    cell = {"result": {"accuracy": _mean(hits), "tokens_per_question": _mean(r.tokens for r in out),
+                                       "scorer_calls_per_question": _mean(r.scorer_calls for r in out),
+                                       "wall_s": time.perf_counter() - t0}}
+                    units.put(f"{m}:{n}", cell)
+                results[m][str(n)] = cell["result"]
+                bar.advance(1, acc=cell["result"]["accuracy"])
 
-    report = {
+    return {
         "task": cfg.task.spec,
         "task_options": cfg.task.options,
         "model": cfg.model.path,
         "split": cfg.split,
         "questions": len(rows),
-        "scorer": cfg.scorer if cfg.scorer is not None else f"{task.reward} (the task's verifier: an oracle)",
-        "verifier": task.reward,
+        "scorer": None,  # filled in by run_search
+        "verifier": None,
         "settings": s.model_dump(),
-        "greedy": {"accuracy": _mean(greedy_correct),
-                   "tokens_per_question": _mean(len(r.completion_ids) for r in greedy)},
+        "greedy": {"accuracy": _mean(greedy_correct), "tokens_per_question": _mean(greedy_tokens)},
         "pass@N": pass_at,
         "methods": results,
         "timing_s": timing,
     }
-    report["plot"] = str(plot_report(report, run.path / "accuracy_vs_n.png"))
-    atomic_write_text(run.path / "report.json", json.dumps(report, indent=2) + "\n")
-    print_report(report, run.path / "report.json")
-    return report
 
 
 def plot_report(report: dict[str, Any], path: str | Path) -> Path:
