@@ -5,6 +5,7 @@ import yaml
 
 from conftest import CHAIN_SUM, TINY_OVERRIDES
 from rewardlab.cli import main
+from rewardlab.runs import RunDir
 from rewardlab.config import (ConfigError, PrmLabelConfig, PrmTrainConfig, RmTrainConfig, SFTConfig, TrainConfig,
                               load_config)
 
@@ -38,3 +39,16 @@ def test_sft_save_every_on_the_command_line(tmp_path):
     assert yaml.safe_load((out / "config.yaml").read_text())["save_every"] == 2
     # checkpoints at steps 2 and 4 and the final 5; keep_checkpoints=2 leaves the last two
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-4", "step-5"]
+
+
+def test_sft_resume_refuses_other_settings_but_may_train_longer(tmp_path, capsys):
+    out = tmp_path / "sft"
+    task = "task.options={" + ", ".join(f"{k}: {v}" for k, v in CHAIN_SUM.items()) + ", size: 20, test_size: 2}"
+    base = ["sft", "--no-progress", "--out", str(out), "save_every=2", "sft.batch_size=2", task, *TINY_OVERRIDES]
+    assert main([*base, "sft.steps=2"]) == 0
+    capsys.readouterr()
+    assert main([*base, "sft.steps=2", "sft.lr=0.01", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "was started with other settings: sft.lr (run: 0.003, now: 0.01)" in err
+    assert main([*base, "sft.steps=4", "--resume"]) == 0  # sft.steps may change: train on
+    assert [r["step"] for r in RunDir(out).read_jsonl("metrics.jsonl")] == [1, 2, 3, 4]

@@ -13,7 +13,7 @@ from rich.table import Table
 from rewardlab.config import EvaluateConfig, QuickstartConfig, SFTConfig, TrainConfig, dump_config
 from rewardlab.evaluation.policy import run_evaluate
 from rewardlab.rl.trainer import train
-from rewardlab.runs import RunDir, check_resume_config, warn
+from rewardlab.runs import RunDir, warn
 from rewardlab.sft import run_sft
 
 def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
@@ -47,10 +47,7 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, overwrite: bo
             settings; and what the stages raise.
     """
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as top:
-        if resume:
-            check_resume_config(top, dump_config(cfg))
-        else:
-            top.write_config(dump_config(cfg))
+        top.record_config(dump_config(cfg), resume=resume)
         return _quickstart(cfg, top, resume, show_progress)
 
 

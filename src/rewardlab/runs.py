@@ -338,6 +338,18 @@ class RunDir:
     def write_config(self, text: str) -> None:
         atomic_write_text(self.path / "config.yaml", text)
 
+    def record_config(self, text: str, *, resume: bool, may_change: Iterable[str] = ()) -> None:
+        """A new run writes its resolved config (`text`, YAML) to config.yaml; a resumed one checks that config.yaml
+        holds the same settings but for `out` and the dotted keys in `may_change` (`check_resume_config`).
+
+        Raises:
+            RunDirError: on a resume whose settings differ (one line naming the keys).
+        """
+        if resume:
+            check_resume_config(self, text, may_change)
+        else:
+            self.write_config(text)
+
     def log_event(self, event: str, **fields: Any) -> None:
         """Append `{"time": unix seconds, "event": event, "pid": pid, **fields}` to events.jsonl."""
         self._append(EVENTS, [{"time": round(time.time(), 3), "event": event, "pid": os.getpid(), **fields}])

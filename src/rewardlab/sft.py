@@ -60,14 +60,16 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, overwrite: bool = False,
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once the task and model load
         return _train(cfg, task, policy, run, resume, show_progress)
 
+#: Settings a resumed run may change (train longer, checkpoint differently); any other change is refused.
+RESUME_MAY_CHANGE = ("sft.steps", "save_every", "keep_checkpoints")
+
 
 def _train(cfg: SFTConfig, task, policy: Policy, run: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
     p = cfg.sft
+    run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
     start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
     if checkpoint is not None:
         load_weights(policy.model, checkpoint)
-    else:
-        run.write_config(dump_config(cfg))
     encoded = [
         (policy.encode_prompt(policy.format_prompt(r["prompt"])), policy.encode_target(str(r[p.target])))
         for r in task.train

@@ -15,7 +15,7 @@ from rewardlab.policy import Policy, load_policy
 from rewardlab.progress import StageBar, stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.base import Reward
-from rewardlab.runs import RunDir, check_resume_config
+from rewardlab.runs import RunDir
 from rewardlab.tasks import load as load_task
 from rewardlab.types import RewardOutput
 
@@ -185,11 +185,9 @@ def run_evaluate(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool =
     # Opened only once the task, model and reward load: bad inputs create or delete nothing.
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
         done: list[dict[str, Any]] = []
+        run.record_config(dump_config(cfg), resume=resume)
         if resume:
-            check_resume_config(run, dump_config(cfg))
             done = run.read_jsonl(BATCH_LOG)
-        else:
-            run.write_config(dump_config(cfg))
         e = cfg.eval
         t0 = time.perf_counter()
         with stage("evaluate", len(rows), enabled=show_progress) as bar:

@@ -30,7 +30,7 @@ from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, filter_groups, make_curriculum
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
                                  kl_clamped, kl_penalty, split_loss_options)
-from rewardlab.runs import RunDir, check_resume_config
+from rewardlab.runs import RunDir
 from rewardlab.tasks import load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
@@ -357,8 +357,8 @@ def _train(cfg: TrainConfig, resume: bool, overwrite: bool, show_progress: bool,
         policy: Policy = load_policy(cfg.model.path, **model_kw)
     run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
     opened.append(run)
+    run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
     if resume:
-        check_resume_config(run, dump_config(cfg), may_change=RESUME_MAY_CHANGE)
         latest = run.resume_checkpoint()  # newest valid checkpoint; logs rolled back to it
         policy = load_policy(str(latest[1]), **model_kw)
     reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
@@ -385,8 +385,6 @@ def _train(cfg: TrainConfig, resume: bool, overwrite: bool, show_progress: bool,
         if reference is not None and state.get("reference") is not None:
             reference.model.load_state_dict(state["reference"])
         start_step = state["step"]
-    else:
-        run.write_config(dump_config(cfg))
 
     loss_options = resolve_loss_options(rl)
     _, agg_options = split_loss_options(rl.loss, rl.agg, loss_options)  # the entropy bonus and KL are aggregated too

@@ -18,7 +18,7 @@ from rewardlab.config import dump_config
 from rewardlab.rewards.model import encode_outcome
 from rewardlab.rm.backbone import load_backbone
 from rewardlab.rm.data import Pair, load_pairs
-from rewardlab.rm.fit import fit
+from rewardlab.rm.fit import RESUME_MAY_CHANGE, fit
 from rewardlab.runs import RunDir
 from rewardlab.train_state import load_weights
 
@@ -119,11 +119,10 @@ def run_rm_train(cfg, *, resume: bool = False, overwrite: bool = False, show_pro
     model, tokenizer = load_backbone(cfg.model.path, "sequence", device=cfg.model.device,
                                      tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once data and backbone load
+        run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
         start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
         if checkpoint is not None:
             load_weights(model, checkpoint)
-        else:
-            run.write_config(dump_config(cfg))
         torch.manual_seed(cfg.seed)
         rng = random.Random(cfg.seed)
 

@@ -484,13 +484,10 @@ def _rm_pairs(cfg, run, resume: bool, show_progress: bool, task, rows, policy, v
     from rewardlab.config import dump_config
     from rewardlab.evaluation.probes import length_bias
     from rewardlab.progress import stage
-    from rewardlab.runs import atomic_write_text, check_resume_config
+    from rewardlab.runs import atomic_write_text
 
     p = cfg.pairs
-    if resume:
-        check_resume_config(run, dump_config(cfg))
-    else:
-        run.write_config(dump_config(cfg))
+    run.record_config(dump_config(cfg), resume=resume)
     t0 = time.perf_counter()
     with stage("RM pairs", len(rows), enabled=show_progress) as bar:
         if p.source == "mutants":

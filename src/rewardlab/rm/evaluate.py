@@ -31,7 +31,7 @@ from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.model import ProcessRewardModel, RewardModel, is_process_model
 from rewardlab.rm.data import BestOfK, Pair, StepRow, json_safe, load_eval_rows, load_step_rows, make_rollout
-from rewardlab.runs import RunDir, atomic_write_text, check_resume_config
+from rewardlab.runs import RunDir, atomic_write_text
 from rewardlab.types import RewardOutput
 
 
@@ -241,10 +241,7 @@ def run_rm_eval(cfg, *, resume: bool = False, overwrite: bool = False, show_prog
     data = load_eval_rows(cfg.data)
     scorer, name = build_scorer(cfg.model.path, cfg.scorer, cfg.model.device)
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
-        if resume:
-            check_resume_config(run, dump_config(cfg))
-        else:
-            run.write_config(dump_config(cfg))
+        run.record_config(dump_config(cfg), resume=resume)
         return _rm_eval(cfg, run, data, scorer, name, show_progress)
 
 

@@ -18,6 +18,10 @@ from rewardlab.progress import stage
 from rewardlab.runs import RunDir
 from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 
+#: Settings a resumed reward-model run may change (checkpointing only): the epochs, rows and batch size fix the
+#: schedule and the shuffled order, so any other change is refused.
+RESUME_MAY_CHANGE = ("save_every", "keep_checkpoints")
+
 
 def fit(
     model: torch.nn.Module,

@@ -336,6 +336,7 @@ def _label(cfg, rows, policy, estimator: PrefixEstimator, run: RunDir, resume: b
            show_progress: bool) -> dict[str, Any]:
     p = cfg.label
     first, batch_no, stopped_by_budget, out = 0, 0, False, []
+    run.record_config(dump_config(cfg), resume=resume, may_change=("save_every",))
     if resume:
         _, checkpoint = run.resume_checkpoint()
         state = load_state(checkpoint)
@@ -350,7 +351,6 @@ def _label(cfg, rows, policy, estimator: PrefixEstimator, run: RunDir, resume: b
         estimator.rollouts, estimator.evaluations = state["rollouts"], state["evaluations"]
         set_rng_state(state["rng"])
     else:
-        run.write_config(dump_config(cfg))
         (run.path / LABELS).touch()  # an empty file when no solution gets labelled
 
     def save(next_question: int) -> None:

@@ -22,7 +22,7 @@ from rewardlab.config import dump_config
 from rewardlab.rewards.model import check_step_tag, encode_process, pad_batch
 from rewardlab.rm.backbone import load_backbone
 from rewardlab.rm.data import StepRow, load_step_rows
-from rewardlab.rm.fit import fit
+from rewardlab.rm.fit import RESUME_MAY_CHANGE, fit
 from rewardlab.runs import RunDir
 from rewardlab.train_state import load_weights
 
@@ -109,11 +109,10 @@ def run_prm_train(cfg, *, resume: bool = False, overwrite: bool = False, show_pr
     model.config.step_tag = t.step_tag
     model.config.step_separator = t.separator
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once data and backbone load
+        run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
         start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
         if checkpoint is not None:
             load_weights(model, checkpoint)
-        else:
-            run.write_config(dump_config(cfg))
         torch.manual_seed(cfg.seed)
         rng = random.Random(cfg.seed)
 

@@ -29,7 +29,7 @@ from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.steps import final_answer
 from rewardlab.registry import Registry
-from rewardlab.runs import RunDir, atomic_write_text, check_resume_config
+from rewardlab.runs import RunDir, atomic_write_text
 from rewardlab.search.base import pick_best, sample_solutions, score_solutions
 from rewardlab.search.beam import beam, dvts
 from rewardlab.search.voting import EQUIVALENCES, VerifierEquivalence, majority_vote, weighted_majority_vote
@@ -156,10 +156,7 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = Fal
                          device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     # Opened only once the task, rewards and model load: bad inputs create or delete nothing.
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
-        if resume:
-            check_resume_config(run, dump_config(cfg))
-        else:
-            run.write_config(dump_config(cfg))
+        run.record_config(dump_config(cfg), resume=resume)
         units = _Units(run, run.read_jsonl(UNIT_LOG) if resume else [])
         report = _search(cfg, rows, policy, verifier, scorer, units, show_progress)
         report["scorer"] = cfg.scorer if cfg.scorer is not None else f"{task.reward} (the task's verifier: an oracle)"
