@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--out", help="run directory (config key: out)")
         p.add_argument("--seed", type=int, help="random seed (config key: seed)")
         if verb != "quickstart":
-            p.add_argument("--model", help='"tiny" or an HF model directory / hub id (config key: model.path)')
+            p.add_argument("--model", help='"tiny" or a local HF model directory (config key: model.path)')
             p.add_argument("--task", help='"reasoning_gym:NAME" or "jsonl:PATH" (config key: task.spec)')
         if verb == "train":
             p.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")

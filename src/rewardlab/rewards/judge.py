@@ -235,7 +235,7 @@ class LocalJudgeModel:
     def __init__(self, path: str, **load_options: Any) -> None:
         from rewardlab.policy import load_policy  # torch and transformers only when a local judge is used
 
-        self.policy = load_policy(path, **load_options)
+        self.policy = load_policy(path, key="judge.model", **load_options)
         self.policy.model.eval()
         tok = self.policy.tokenizer
         self.token_ids: dict[str, tuple[list[int], list[int]]] = {}

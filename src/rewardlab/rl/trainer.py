@@ -19,6 +19,7 @@ import torch
 
 from rewardlab.config import TrainConfig, dump_config
 from rewardlab.evaluation.policy import is_correct
+from rewardlab.modeldir import check_model_dir
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
@@ -230,6 +231,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
         ValueError: unknown algorithm or reward names, or `resume` without a checkpoint.
     """
     check_names(cfg)
+    if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0):
+        check_model_dir(cfg.model.path)  # a bad path is refused before the run directory is created
     rl = cfg.rl
     task = load_task(cfg.task.spec, **cfg.task.options)
     reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
