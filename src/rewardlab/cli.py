@@ -16,7 +16,8 @@ VERBS = {
     "quickstart": "tiny model from scratch -> SFT -> GRPO -> evaluate on reasoning-gym chain_sum (offline)",
     "sft": "supervised warm start on task rows (loss on answer tokens)",
     "train": "RL training (GRPO family) against the task's verifier or configured rewards",
-    "evaluate": "greedy exact-match accuracy and pass@k on the held-out split",
+    "evaluate": "greedy exact-match accuracy and pass@k: a jsonl file whole, a generated task's held-out split "
+                "(split=all|train|test to choose)",
     "search": "reward-guided search (best-of-N, majority votes, beam search, DVTS): accuracy against N",
 }
 

@@ -130,7 +130,7 @@ class EvalParams(_Base):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(8, gt=0)
     batch_size: int = Field(256, gt=0, description="prompts per generate call")
-    limit: int | None = Field(None, gt=0, description="evaluate only the first N held-out rows")
+    limit: int | None = Field(None, gt=0, description="evaluate only the first N rows of the split")
 
 
 class _Verb(_Base):
@@ -156,10 +156,19 @@ class TrainConfig(_Verb):
     keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
 
 
+#: The rule shared by `evaluate` and `search` for which rows they score.
+EVAL_SPLIT_DESCRIPTION = (
+    "rows to score: all (every row of the task), train, or test (the held-out split). Default (null): the task "
+    "decides: a jsonl:PATH file is scored whole (all; with task.options.test_path, that test file whole), a "
+    "generated task or benchmark (reasoning_gym, worked, humaneval) its held-out test split. The summary records "
+    "the split used and how many rows it held"
+)
+
+
 class EvaluateConfig(_Verb):
     out: str = "runs/eval"
     eval: EvalParams = Field(default_factory=EvalParams)
-    split: Literal["train", "test"] = "test"
+    split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
 
 
 def _quickstart_task() -> TaskConfig:
@@ -223,7 +232,7 @@ class SearchConfig(_Verb):
     scorer: list[dict[str, Any]] | str | None = Field(
         None, description="reward spec(s) that rank candidates, e.g. arithmetic_steps or [{name: ..., ...}]; "
         "default: the task's own verifier (an oracle: best-of-N then equals pass@N)")
-    split: Literal["train", "test"] = "test"
+    split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
 
 
 VERB_CONFIGS["search"] = SearchConfig

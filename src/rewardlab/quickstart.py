@@ -34,7 +34,7 @@ def run_quickstart(cfg: QuickstartConfig, *, show_progress: bool = True) -> dict
     def evaluate(model, name: str) -> dict[str, Any]:
         t = time.perf_counter()
         res = run_evaluate(EvaluateConfig(model=model, eval=cfg.eval, out=str(out / name), **common),
-                           show_progress=show_progress)
+                           show_progress=show_progress, announce=False)  # the table below names the split
         times[name] = time.perf_counter() - t
         return res
 

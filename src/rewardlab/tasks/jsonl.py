@@ -58,16 +58,24 @@ def load_jsonl(
         test_size: held-out prompts split off `path` when no `test_path` (int count or float fraction).
         seed: split seed.
         reward: name of the reward that verifies answers (default `exact_match`).
+    Returns:
+        the Task; its `eval_split` (what `evaluate` scores unless a split is asked for) is "all" (the whole file, in
+        file order, duplicate prompts dropped) without `test_path`, and "test" (the whole `test_path` file) with it.
     Raises:
         ValueError / FileNotFoundError: see `read_rows`.
     """
     rows = read_rows(path)
     if test_path is None:
         train, test = dedup_and_split(rows, key=lambda r: r["prompt"], test_size=test_size, seed=seed)
-    else:
-        test, _ = dedup_and_split(read_rows(test_path), key=lambda r: r["prompt"], test_size=0, seed=seed)
-        held = {r["prompt"] for r in test}
-        train, _ = dedup_and_split(
-            [r for r in rows if r["prompt"] not in held], key=lambda r: r["prompt"], test_size=0, seed=seed
-        )
-    return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward)
+        unique: dict[str, Row] = {}
+        for r in rows:
+            unique.setdefault(r["prompt"], r)
+        # The user's file is evaluated whole unless a split is asked for.
+        return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward, eval_split="all",
+                    all_rows=list(unique.values()))
+    test, _ = dedup_and_split(read_rows(test_path), key=lambda r: r["prompt"], test_size=0, seed=seed)
+    held = {r["prompt"] for r in test}
+    train, _ = dedup_and_split(
+        [r for r in rows if r["prompt"] not in held], key=lambda r: r["prompt"], test_size=0, seed=seed
+    )
+    return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward)  # evaluate: the test_path file, whole
