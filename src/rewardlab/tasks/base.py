@@ -61,8 +61,14 @@ def dedup_and_split(
     Returns:
         (train, test), each in a seeded random order; no key occurs in both.
     Raises:
-        ValueError: when `test_size` is out of range or leaves no training rows.
+        ValueError: when `test_size` is not a number, is out of range or leaves no training rows, or `seed` is not an
+            integer.
     """
+    if isinstance(test_size, bool) or not isinstance(test_size, (int, float)):
+        raise ValueError(f"task.test_size: expected a count of test rows (int) or a fraction in (0, 1) (float), "
+                         f"got {test_size!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"task.seed: expected an integer, got {seed!r}")
     unique: dict[str, Row] = {}
     for row in rows:
         unique.setdefault(key(row), row)

@@ -11,26 +11,48 @@ from rewardlab.tasks.base import Row, Task, dedup_and_split
 REQUIRED = ("prompt", "answer")
 
 
+def _unicode_error(value: str) -> str | None:
+    """The first lone surrogate in `value` (as JSON's "\\ud800" escapes can make) as repr text, or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return repr(value[exc.start])
+    return None
+
+
 def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Row]:
-    """Read a JSONL file of task rows; blank lines are skipped.
+    """Read a JSONL file of task rows: UTF-8 (a leading byte-order mark is accepted), one JSON object per line,
+    lines ending in "\n" or "\r\n"; blank lines are skipped. A non-string `answer` becomes its JSON text.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: one line, named as `PATH:LINE`, is not a JSON object, lacks a required field, or has a
-            `prompt` that is not a string.
+        ValueError: one line, named as `PATH:LINE`: a line that is not UTF-8, not JSON (malformed, nested too deeply,
+            or an integer of more digits than Python reads), not a JSON object, lacks a required field, or has a
+            `prompt` that is not a string; a `prompt` or `answer` that is not valid Unicode (a lone surrogate,
+            which tokenizers refuse). "PATH: no rows" for a file without rows.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file {path}: not found")
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                 f"{exc.start + 1})") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            except RecursionError:
+                raise ValueError(f"{path}:{lineno}: malformed JSON (nested too deeply)") from None
+            except ValueError as exc:  # e.g. an integer longer than Python's int() reads
+                cause = " ".join(str(exc).split(";")[0].split())
+                raise ValueError(f"{path}:{lineno}: malformed JSON ({cause})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             for name in required:
@@ -39,6 +61,10 @@ def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Ro
             if not isinstance(row["prompt"], str):
                 raise ValueError(f"{path}:{lineno}: field 'prompt' must be a string")
             row["answer"] = row["answer"] if isinstance(row["answer"], str) else json.dumps(row["answer"])
+            for name in ("prompt", "answer"):
+                bad = _unicode_error(row[name])
+                if bad is not None:
+                    raise ValueError(f"{path}:{lineno}: field '{name}' is not valid Unicode (lone surrogate {bad})")
             rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
