@@ -119,7 +119,7 @@ def test_jsonl_arbitrary_bytes_fuzz(tmp_path, content):
     assert all(isinstance(r["prompt"], str) and isinstance(r["answer"], str) for r in task.split("all"))
 
 
-@FUZZ
+@settings(FUZZ, max_examples=min(FUZZ.max_examples, 100))
 @given(test_size=json_value, seed=json_value)
 @example(test_size=None, seed=0)  # TypeError from int(None)
 @example(test_size=[1], seed=0)  # TypeError
