@@ -148,3 +148,33 @@ def test_fixed_errors_name_the_line(tmp_path):
         load(f"jsonl:{path}")
     path = _write(tmp_path, b"\xef\xbb\xbf" + b'{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\n')
     assert [r["prompt"] for r in load(f"jsonl:{path}").split("all")] == ["a", "b"]
+
+
+@FUZZ
+@given(kinds=line_kinds, bom=st.booleans())
+@example(kinds=[(b'{"prompt": "p", "chosen": "\xff", "rejected": "r"}', True)], bom=False)  # UnicodeDecodeError
+@example(kinds=[(_dump({"prompt": "a", "answer": 1}), False)], bom=True)  # BOM: was "malformed JSON"
+def test_reward_model_data_lines_fuzz(tmp_path, kinds, bom):
+    """The reward-model verbs' data files (`rm train --data`, ...) share the line reader: the first line that is not
+    UTF-8, not JSON or not an object is a one-line ValueError naming PATH:LINE."""
+    from rewardlab.rm.data import read_jsonl
+
+    content = (b"\xef\xbb\xbf" if bom else b"") + b"".join(line + b"\n" for line, _ in kinds)
+    path = _write(tmp_path, content)
+    unreadable = [i for i, (line, bad) in enumerate(kinds, 1) if bad and not _is_object(line)]
+    try:
+        rows = read_jsonl(path)
+    except ValueError as exc:
+        msg = str(exc)
+        assert "\n" not in msg
+        assert msg.startswith(f"{path}:{unreadable[0]}: ") if unreadable else msg == f"{path}: no rows", msg
+        return
+    assert not unreadable and [n for n, _ in rows] == [i for i, (_, bad) in enumerate(kinds, 1) if bad is not None]
+
+
+def _is_object(line: bytes) -> bool:
+    """A line of a JSON object that Python reads (the rm reader leaves field checks to its callers)."""
+    try:
+        return isinstance(json.loads(line.decode("utf-8")), dict)
+    except (ValueError, RecursionError):
+        return False

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rewardlab.tasks import register_loader
 from rewardlab.tasks.base import Row, Task, dedup_and_split
@@ -20,21 +22,14 @@ def _unicode_error(value: str) -> str | None:
     return None
 
 
-def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Row]:
-    """Read a JSONL file of task rows: UTF-8 (a leading byte-order mark is accepted), one JSON object per line,
-    lines ending in "\n" or "\r\n"; blank lines are skipped. A non-string `answer` becomes its JSON text.
+def json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded JSON value) for each non-blank line of the JSONL file `path`: UTF-8 (a leading
+    byte-order mark is accepted), lines ending in "\\n" or "\\r\\n".
 
     Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: one line, named as `PATH:LINE`: a line that is not UTF-8, not JSON (malformed, nested too deeply,
-            or an integer of more digits than Python reads), not a JSON object, lacks a required field, or has a
-            `prompt` that is not a string; a `prompt` or `answer` that is not valid Unicode (a lone surrogate,
-            which tokenizers refuse). "PATH: no rows" for a file without rows.
+        ValueError: one line, `PATH:LINE: ...`, for a line that is not UTF-8 or not JSON (malformed, nested too
+            deeply, or an integer of more digits than Python reads).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"task file {path}: not found")
-    rows = []
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             try:
@@ -45,7 +40,7 @@ def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Ro
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
             except RecursionError:
@@ -53,19 +48,36 @@ def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Ro
             except ValueError as exc:  # e.g. an integer longer than Python's int() reads
                 cause = " ".join(str(exc).split(";")[0].split())
                 raise ValueError(f"{path}:{lineno}: malformed JSON ({cause})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            for name in required:
-                if name not in row:
-                    raise ValueError(f"{path}:{lineno}: missing field '{name}'")
-            if not isinstance(row["prompt"], str):
-                raise ValueError(f"{path}:{lineno}: field 'prompt' must be a string")
-            row["answer"] = row["answer"] if isinstance(row["answer"], str) else json.dumps(row["answer"])
-            for name in ("prompt", "answer"):
-                bad = _unicode_error(row[name])
-                if bad is not None:
-                    raise ValueError(f"{path}:{lineno}: field '{name}' is not valid Unicode (lone surrogate {bad})")
-            rows.append(row)
+
+
+def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Row]:
+    """Read a JSONL file of task rows (see `json_lines` for the format); blank lines are skipped. A non-string
+    `answer` becomes its JSON text.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: one line, named as `PATH:LINE`: a line that is not UTF-8, not JSON (see `json_lines`), not a
+            JSON object, lacks a required field, or has a `prompt` that is not a string; a `prompt` or `answer` that
+            is not valid Unicode (a lone surrogate, which tokenizers refuse). "PATH: no rows" for a file without rows.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file {path}: not found")
+    rows = []
+    for lineno, row in json_lines(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        for name in required:
+            if name not in row:
+                raise ValueError(f"{path}:{lineno}: missing field '{name}'")
+        if not isinstance(row["prompt"], str):
+            raise ValueError(f"{path}:{lineno}: field 'prompt' must be a string")
+        row["answer"] = row["answer"] if isinstance(row["answer"], str) else json.dumps(row["answer"])
+        for name in ("prompt", "answer"):
+            bad = _unicode_error(row[name])
+            if bad is not None:
+                raise ValueError(f"{path}:{lineno}: field '{name}' is not valid Unicode (lone surrogate {bad})")
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
