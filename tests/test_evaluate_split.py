@@ -67,3 +67,24 @@ def test_default_split_is_the_tasks_choice(tmp_path):
     assert gym.eval_split == "test" and len(gym.split("test")) == 5 and len(gym.split("all")) == len(gym.train) + 5
     plain = Task(name="t", train=[{"prompt": "a"}], test=[{"prompt": "b"}])
     assert plain.split("all") == [{"prompt": "a"}, {"prompt": "b"}]
+
+
+def test_a_one_row_file_is_evaluated(tmp_path, capsys):
+    """A single question cannot be split off a held-out row: by default it is all training data and evaluated
+    (it was "task.test_size: 1 test rows leave no training rows out of 1 unique questions")."""
+    data = write_jsonl(tmp_path / "one.jsonl", ROWS[:1])
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--no-progress", "--model", "tiny", "--task", f"jsonl:{data}", "--out", str(out),
+                 *EVAL]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["split"] == "all" and summary["n_questions"] == summary["split_rows"] == 1
+    task = load(f"jsonl:{data}")
+    assert task.train == ROWS[:1] and task.test == []
+    with pytest.raises(ValueError, match="task.test_size: 1 test rows leave no training rows"):
+        load(f"jsonl:{data}", test_size=0.1)  # a split asked for is still checked
+    capsys.readouterr()
+    assert main(["evaluate", "--no-progress", "--task", f"jsonl:{data}", "--out", str(tmp_path / "e2"),
+                 "split=test"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"rewardlab evaluate: error: split: the test split of jsonl:{data} has no rows"
+    assert not (tmp_path / "e2").exists()

@@ -33,7 +33,8 @@ class TinyArch(_Base):
 
 class ModelConfig(_Base):
     path: str = Field("tiny", description='"tiny" (embedded model, fresh weights) or a local Hugging Face model '
-                      "directory (nothing is downloaded at run time: download a hub model first and give its directory)")
+                      "directory (nothing is downloaded at run time: download a hub model first, give its "
+                      "directory)")
     prompt_format: Literal["auto", "raw", "chat"] = Field(
         "auto", description="raw text, the tokenizer's chat template, or auto (chat when the tokenizer has one)"
     )

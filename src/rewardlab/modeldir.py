@@ -65,13 +65,14 @@ def load_pretrained(factory: Any, path: Path, key: str = "model.path", **kwargs:
         key: the config key that gave `path`.
     Raises:
         ValueError: "KEY: PATH has no tokenizer files (...)" when a tokenizer fails to load from a directory without
-            any of the usual files; else "KEY: cannot load the model|tokenizer in PATH (<transformers' error, first line>)" for whatever
-            transformers or safetensors raised (a bad config.json, missing or truncated weights).
+            any of the usual files; else "KEY: cannot load the model|tokenizer in PATH (ERROR)", ERROR being the
+            first line of what transformers or safetensors raised (a bad config.json, missing or truncated weights).
     """
     what = "tokenizer" if "Tokenizer" in getattr(factory, "__name__", "") else "model"
     try:
         return factory.from_pretrained(str(path), local_files_only=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, SafetensorError, KeyError...
         if what == "tokenizer" and not any((path / f).is_file() for f in _TOKENIZER_FILES):
-            raise ValueError(f"{key}: {path} has no tokenizer files (none of {', '.join(_TOKENIZER_FILES)})") from exc
+            files = ", ".join(_TOKENIZER_FILES)
+            raise ValueError(f"{key}: {path} has no tokenizer files (none of {files})") from exc
         raise ValueError(f"{key}: cannot load the {what} in {path} ({_first_line(exc)})") from exc

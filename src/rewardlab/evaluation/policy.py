@@ -123,6 +123,8 @@ def run_evaluate(cfg: EvaluateConfig, *, show_progress: bool = True, announce: b
     split = cfg.split or task.eval_split
     pool = task.split(split)
     rows = pool[: cfg.eval.limit]
+    if not rows:
+        raise ValueError(f"split: the {split} split of {cfg.task.spec} has no rows")
     policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
                          device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     run = RunDir(cfg.out)  # created only once the task and model load

@@ -85,7 +85,8 @@ def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Ro
 
 @register_loader("jsonl")
 def load_jsonl(
-    path: str, *, test_path: str | None = None, test_size: int | float = 0.1, seed: int = 0, reward: str = "exact_match"
+    path: str, *, test_path: str | None = None, test_size: int | float | None = None, seed: int = 0,
+    reward: str = "exact_match"
 ) -> Task:
     """Load `jsonl:PATH` as a Task.
 
@@ -93,7 +94,9 @@ def load_jsonl(
         path: JSONL file of rows with `prompt` and `answer`.
         test_path: optional JSONL file of held-out rows; when given, `path` is all training data (rows whose
             prompt also occurs in `test_path` are dropped from training).
-        test_size: held-out prompts split off `path` when no `test_path` (int count or float fraction).
+        test_size: held-out prompts split off `path` when no `test_path` (int count or float fraction). Default:
+            0.1, and 0 for a file of a single question (which cannot be split; it is all training data and what
+            `evaluate` scores).
         seed: split seed.
         reward: name of the reward that verifies answers (default `exact_match`).
     Returns:
@@ -104,10 +107,12 @@ def load_jsonl(
     """
     rows = read_rows(path)
     if test_path is None:
-        train, test = dedup_and_split(rows, key=lambda r: r["prompt"], test_size=test_size, seed=seed)
         unique: dict[str, Row] = {}
         for r in rows:
             unique.setdefault(r["prompt"], r)
+        if test_size is None:
+            test_size = 0.1 if len(unique) > 1 else 0
+        train, test = dedup_and_split(rows, key=lambda r: r["prompt"], test_size=test_size, seed=seed)
         # The user's file is evaluated whole unless a split is asked for.
         return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward, eval_split="all",
                     all_rows=list(unique.values()))
