@@ -149,14 +149,17 @@ def test_function_parameter_named_like_an_execution_option_receives_it():
     assert built([_rollout("a")])[0].score == 4.0
 
 
-def test_decorator_defaults_and_config_override(monkeypatch):
+def test_decorator_defaults_and_config_override():
     @reward(name="async_cfg", register=False, max_concurrency=2, item_timeout=5)
     async def async_cfg(completion):
         return 1.0
 
     assert (async_cfg().max_concurrency, async_cfg().item_timeout) == (2, 5.0)
-    monkeypatch.setitem(REWARDS, "async_cfg", async_cfg)
-    built = build_reward([{"name": "async_cfg", "max_concurrency": 7, "item_timeout": 0.5}])
+    REWARDS.register("async_cfg")(async_cfg)
+    try:
+        built = build_reward([{"name": "async_cfg", "max_concurrency": 7, "item_timeout": 0.5}])
+    finally:
+        REWARDS.unregister("async_cfg")
     (member, _), = built.members
     assert (member.max_concurrency, member.item_timeout) == (7, 0.5)
     assert built([_rollout("x")])[0].score == 1.0

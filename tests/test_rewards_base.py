@@ -5,6 +5,7 @@ import math
 import pytest
 
 from rewardlab.rewards import REWARDS, FunctionReward, Reward, RewardError, WeightedSum, build_reward, reward
+from rewardlab.rewards.compose import GatedReward
 from rewardlab.types import Rollout, RewardOutput
 
 
@@ -152,7 +153,8 @@ def test_build_reward_unknown_name_lists_names():
 
 
 def test_build_reward_unknown_option():
-    with pytest.raises(ValueError, match=r"rewards\[1\] \(exact_match\): .*unknown option"):
+    with pytest.raises(ValueError, match=r"^rewards\[1\]: unknown option 'casee' for reward 'exact_match'; valid: "
+                       r"answer, case, completion, .*workers$"):
         build_reward([{"name": "exact_match"}, {"name": "exact_match", "casee": False}])
 
 
@@ -275,3 +277,62 @@ def test_repeated_reward_names_get_distinct_components_and_correct_stays_top_lev
     assert out.components["exact_match"] == 0.0 and out.components["exact_match#2"] == 1.0
     assert out.components["exact_match/correct"] == 0.0 and out.components["exact_match#2/correct"] == 1.0
     assert out.components["correct"] == 0.0  # the first member that reports `correct`
+
+
+# ---------------------------------------------------------------- non-finite outputs are reward errors
+class _Fixed:
+    """A Reward that returns given outputs as they are (like a model or judge reward building RewardOutput itself)."""
+
+    def __init__(self, name, outputs):
+        self.name, self.outputs = name, outputs
+
+    def __call__(self, rollouts):
+        return list(self.outputs[: len(rollouts)])
+
+
+@pytest.mark.parametrize("bad, cause", [
+    (RewardOutput(score=math.inf), "score is inf"),
+    (RewardOutput(score=-math.inf), "score is -inf"),
+    (RewardOutput(score=1.0, components={"ok": 2.0, "aux": math.nan}), "component 'aux' is nan"),
+    (RewardOutput(score=1.0, step_scores=[0.5, math.nan]), "step_scores[1] is nan"),
+])
+def test_non_finite_member_output_is_a_reward_error(bad, cause):
+    # Before: inf/NaN passed through WeightedSum and NaN'd the rollout's group (or the whole batch) in the estimator.
+    member = _Fixed("prm", [RewardOutput(score=0.25, step_scores=[0.5, 0.5]), bad])
+    rollouts = [_rollout("a"), _rollout("b")]
+    for on_error in ("zero", "skip"):
+        good, failed = WeightedSum([(member, 2.0), (_length(), 1.0)], on_error=on_error)(rollouts)
+        assert good.error is None and good.score == 1.5  # 2 * .25 + 1
+        assert failed.error == f"prm: {cause}" and failed.score == 0.0
+        assert failed.components["_length"] == 1.0  # the finite members stay visible for logging
+        assert all(math.isfinite(v) for v in failed.components.values()) and failed.step_scores is None
+    with pytest.raises(RewardError, match=f"prm: {cause}".replace("[", r"\[")):
+        WeightedSum([(member, 1.0)], on_error="raise")(rollouts)
+
+
+def test_function_reward_nan_component_is_an_error_with_its_name():
+    @reward(name="aux_nan", register=False)
+    def aux_nan(completion):
+        return {"score": 1.0, "aux": math.nan if completion == "bad" else 0.5}
+
+    ok, bad = WeightedSum([(aux_nan(), 1.0)])([_rollout("ok"), _rollout("bad")])
+    assert ok.error is None and ok.components == {"aux_nan": 1.0, "aux": 0.5}
+    assert bad.error == "aux_nan: component 'aux' is nan" and bad.score == 0.0
+    assert bad.components == {"aux_nan": 0.0}
+
+
+def test_weighted_sum_overflow_is_an_error():
+    big = _Fixed("big", [RewardOutput(score=1e308)])
+    (out,) = WeightedSum([(big, 10.0)], name="reward")([_rollout("a")])
+    assert out.error == "reward: weighted score is inf" and out.score == 0.0
+    # 1e309 - 1e309 = inf - inf = nan: an error too, not a RewardOutput that refuses a NaN score
+    (out,) = WeightedSum([(big, 10.0), (big, -10.0)], name="reward")([_rollout("a")])
+    assert out.error == "reward: weighted score is nan" and out.score == 0.0
+
+
+def test_non_finite_inside_a_composition_is_caught_at_the_top():
+    # a gated node forwards its inner reward's step scores; a NaN among them is an error of the top-level member
+    gate = _Fixed("gate", [RewardOutput(score=1.0)])
+    inner = _Fixed("prm", [RewardOutput(score=0.5, step_scores=[math.nan])])
+    (out,) = WeightedSum([(GatedReward(gate, inner, name="gated"), 1.0)])([_rollout("a", steps=[(0, 1)])])
+    assert out.error == "gated: step_scores[0] is nan" and out.score == 0.0

@@ -139,7 +139,7 @@ def test_registered_and_built_from_config():
     composed = build_reward([{"name": "code", "timeout": 5, "test_timeout": 1}])
     (out,) = composed([rollout("    return a + b\n", ROW)])
     assert out.score == 1.0 and out.components["passed"] == 4.0
-    with pytest.raises(ValueError, match=r"rewards\[0\] \(code\)"):
+    with pytest.raises(ValueError, match=r"rewards\[0\]: unknown option 'bogus' for reward 'code'; valid: fenced, "):
         build_reward([{"name": "code", "bogus": 1}])
     with pytest.raises(ValueError, match="code.program"):
         CodeReward(program="file")

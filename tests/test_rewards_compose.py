@@ -39,9 +39,11 @@ def field(completion, row, key, steps_key=None, correct_key=None):
 
 
 @pytest.fixture(autouse=True)
-def _field_reward(monkeypatch):
-    monkeypatch.setitem(REWARDS, "field", field)
+def _field_reward():
+    REWARDS.register("field")(field)
     CALLS.clear()
+    yield
+    REWARDS.unregister("field")
 
 
 def F(key, **kw):
@@ -216,11 +218,10 @@ def test_plain_leaf_specs_unchanged():
     [
         ([{"name": "field", "key": "o"}, {"compose": "tiered", "tiers": [{"threshold": 1.0}, {"name": "field"}]}],
          "rewards[1].tiers[0]: missing 'name'"),
-        ([{"compose": "gate"}], "rewards[0].compose: unknown composition 'gate'; valid: sum, gated, tiered, penalty"),
+        ([{"compose": "gate"}], "rewards[0].compose: unknown composition 'gate'; valid: gated, penalty, sum, tiered"),
         ([{"compose": "gated", "gate": "exact_match", "reward": "exact_match", "treshold": 1}],
-         "rewards[0]: unknown key(s) ['treshold'] for compose: gated; valid: gate, gate_weight, label, reward, "
-         "threshold"),
-        ([{"compose": "gated", "reward": "exact_match"}], "rewards[0]: missing 'gate' (compose: gated)"),
+         "rewards[0]: unknown option 'treshold' for composition 'gated'; valid: gate, gate_weight, reward, threshold"),
+        ([{"compose": "gated", "reward": "exact_match"}], "rewards[0]: missing option 'gate' for composition 'gated'"),
         ([{"compose": "gated", "name": "x", "gate": "exact_match", "reward": "exact_match"}],
          "rewards[0]: give one of 'name' (a reward), 'compose' or 'shape', got name and compose"),
         ([{"compose": "gated", "gate": {"name": "exact_match", "weight": 2}, "reward": "exact_match"}],
@@ -233,7 +234,8 @@ def test_plain_leaf_specs_unchanged():
         ([{"compose": "penalty", "reward": "exact_match", "penalties": []}],
          "rewards[0].penalties: expected a non-empty list of reward specs, got []"),
         ([{"compose": "sum", "rewards": [{"name": "field", "key": "o", "kee": 1}]}],
-         "rewards[0].rewards[0] (field): reward field: unknown option(s) ['kee']"),
+         "rewards[0].rewards[0]: unknown option 'kee' for reward 'field'; valid: completion, correct_key, "
+         "item_timeout, key, max_concurrency, row, steps_key, workers"),
         ([{"compose": "gated", "gate": "exact_match", "reward": "exact_match", "threshold": "high"}],
          "rewards[0].threshold: expected a number, got 'high'"),
         ([3], "rewards[0]: expected a reward spec (a mapping like {name: ...} or a name), got 3"),

@@ -97,9 +97,15 @@ def test_registered_and_built_from_config():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"pattern": "xml"}, "pattern: unknown 'xml'; valid: think_answer, answer, boxed"),
+    ({"pattern": "xml"}, "pattern: unknown format pattern 'xml'; valid: answer, boxed, think_answer"),
     ({"pattern": "boxed", "regex": "x"}, "pattern, regex: give one of them, not both"),
     ({"regex": "(unclosed"}, "regex: does not compile"),
+    # tag options a pattern does not have were swallowed by its **_ (answer, boxed) or ignored (regex)
+    ({"pattern": "answer", "think_tag": "reason"},
+     "pattern: unknown option 'think_tag' for format pattern 'answer'; valid: allow_empty, answer_tag"),
+    ({"pattern": "boxed", "answer_tag": "final"},
+     "pattern: unknown option 'answer_tag' for format pattern 'boxed'; valid: allow_empty"),
+    ({"regex": "<a>.*</a>", "answer_tag": "a"}, "answer_tag: not used with regex"),
 ])
 def test_bad_options(spec, message):
     with pytest.raises(ValueError, match=rf"rewards\[0\] \(format\): {message}"):

@@ -309,7 +309,7 @@ def test_registered_and_built_from_config(server):
     built = build_reward([{"name": "judge", "base_url": server.url, "model": "m", "weight": 0.5, "backoff": 0}])
     (out,) = built([_rollout("CFG")])
     assert out.score == 0.5 and out.components == {"judge": 1.0, "judge_raw": 10.0}  # 0.5 * (10 - 1) / 9
-    with pytest.raises(ValueError, match=r"rewards\[0\] \(judge\): .*unexpected keyword argument 'modle'"):
+    with pytest.raises(ValueError, match=r"rewards\[0\]: unknown option 'modle' for reward 'judge'; valid: .*model, "):
         build_reward([{"name": "judge", "base_url": server.url, "modle": "m"}])
 
 

@@ -44,10 +44,13 @@ def tenths(completion):
 
 
 @pytest.fixture(autouse=True)
-def _test_rewards(monkeypatch):
-    monkeypatch.setitem(REWARDS, "field", field)
-    monkeypatch.setitem(REWARDS, "tenths", tenths)
+def _test_rewards():
+    REWARDS.register("field")(field)
+    REWARDS.register("tenths")(tenths)
     SCORED.clear()
+    yield
+    REWARDS.unregister("field")
+    REWARDS.unregister("tenths")
 
 
 # ---------------------------------------------------------------------------------------------- pure functions
@@ -174,14 +177,15 @@ def test_errors_pass_through_shaping_unchanged():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ({"shape": "overlong", "reward": "field", "max_len": 20}, "rewards[0]: missing 'buffer' (shape: overlong)"),
+        ({"shape": "overlong", "reward": "field", "max_len": 20},
+         "rewards[0]: missing option 'buffer' for shaping 'overlong'"),
         ({"shape": "overlong", "reward": "field", "max_len": 20, "buffer": 40},
          "rewards[0] (shape: overlong): overlong penalty: need max_len > 0"),
         ({"shape": "overlong", "max_len": 20, "buffer": 4}, "rewards[0]: missing 'reward' (shape: overlong)"),
-        ({"shape": "longness", "reward": "field"}, "rewards[0].shape: unknown shaping 'longness'; valid: length, "
-         "overlong, par, clip, delta"),
+        ({"shape": "longness", "reward": "field"}, "rewards[0].shape: unknown shaping 'longness'; valid: clip, "
+         "delta, length, overlong, par"),
         ({"shape": "length", "reward": "field", "coef": 0.1, "free": 3},
-         "rewards[0]: unknown key(s) ['free'] for shape: length; valid: coef, free_len, label, reward"),
+         "rewards[0]: unknown option 'free' for shaping 'length'; valid: coef, free_len"),
         ({"shape": "length", "reward": "field", "coef": "big"}, "rewards[0].coef: expected a number, got 'big'"),
         ({"shape": "par", "reward": "field", "ref": 0.0, "ref_field": "r"},
          "rewards[0] (shape: par): give exactly one of 'ref', 'ref_field' or 'ref_completion_field' (got ref, "

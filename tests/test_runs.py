@@ -1,10 +1,15 @@
 """Run directories: append-only metrics, last-line-wins reads, atomic checkpoints, pruning, summary."""
 
+import errno
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
-from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.runs import RunDir, RunDirError, atomic_write_text, verify_checkpoint
 
 
 def _write_file(text):
@@ -74,17 +79,17 @@ def test_save_checkpoint_renames_into_place(tmp_path):
 
 def test_save_checkpoint_failure_leaves_no_step_dir(tmp_path):
     run = RunDir(tmp_path)
+    run.save_checkpoint(4, _write_file("w4"))
 
     def crash(tmp):
         (tmp / "half.bin").write_text("partial")
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OSError, match=r"checkpoint step-5 .* could not be written \(No space left on device\); "
+                                      r"the previous checkpoint step-4 is intact"):
         run.save_checkpoint(5, crash)
-    names = [p.name for p in (tmp_path / "checkpoints").iterdir()]
-    assert "step-5" not in names
-    assert names and all(n.startswith(".") for n in names)  # only the hidden temp dir
-    assert run.list_checkpoints() == [] and run.latest_checkpoint() is None
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-4"]  # temp dir removed too
+    assert run.latest_valid_checkpoint() == (4, tmp_path / "checkpoints" / "step-4")
 
 
 def test_save_checkpoint_keep_prunes_older(tmp_path):
@@ -147,3 +152,162 @@ def test_plot_writes_png_or_none(tmp_path):
     out = run.plot(["reward/mean", "missing"], "r.png")
     assert out == tmp_path / "plots" / "r.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ starting a run in a directory
+
+
+def test_start_refuses_a_directory_holding_a_run(tmp_path):
+    first = RunDir.start(tmp_path / "d")
+    first.log_metrics(1, {"x": 1})
+    first.close()
+    with pytest.raises(RunDirError) as err:
+        RunDir.start(tmp_path / "d")
+    msg = str(err.value)
+    assert "\n" not in msg and "already holds a run" in msg and "--resume" in msg and "--overwrite" in msg
+    assert (tmp_path / "d" / "metrics.jsonl").read_text() == '{"step": 1, "x": 1}\n'  # untouched
+
+
+def test_start_accepts_missing_and_empty_directories(tmp_path):
+    RunDir.start(tmp_path / "new").close()
+    (tmp_path / "empty").mkdir()
+    run = RunDir.start(tmp_path / "empty")
+    assert [e["event"] for e in run.read_jsonl("events.jsonl")] == ["start"]
+    run.close()
+
+
+def test_start_refuses_other_files_even_with_overwrite(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="already holds files \\(notes.txt\\)"):
+        RunDir.start(tmp_path)
+    with pytest.raises(RunDirError, match="holds files but no rewardlab run"):
+        RunDir.start(tmp_path, overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_overwrite_deletes_the_previous_run(tmp_path, capsys):
+    run = RunDir.start(tmp_path)
+    run.log_metrics(1, {"x": 1})
+    run.save_checkpoint(1, _write_file("w"))
+    run.close()
+    run = RunDir.start(tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "events.jsonl"]
+    assert [e["event"] for e in run.read_jsonl("events.jsonl")] == ["overwrite"]
+    assert "deleted the previous run" in capsys.readouterr().err
+    run.close()
+
+
+def test_resume_needs_a_run_and_excludes_overwrite(tmp_path):
+    with pytest.raises(RunDirError, match="holds no run to resume"):
+        RunDir.start(tmp_path / "none", resume=True)
+    with pytest.raises(RunDirError, match="exclude each other"):
+        RunDir.start(tmp_path, resume=True, overwrite=True)
+
+
+def test_a_run_directory_is_locked_while_written(tmp_path):
+    run = RunDir.start(tmp_path)
+    run.log_metrics(1, {"x": 1})
+    with pytest.raises(RunDirError, match="already being written by this process"):
+        RunDir.start(tmp_path, resume=True)
+    code = ("import sys; from rewardlab.runs import RunDir, RunDirError\n"
+            "try:\n    RunDir.start(sys.argv[1], resume=True)\n"
+            "except RunDirError as e:\n    print(e); sys.exit(3)\n")
+    other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 3, other.stderr
+    assert f"in use by another process (pid {os.getpid()}" in other.stdout
+    run.close()
+    RunDir.start(tmp_path, resume=True).close()  # released
+
+
+def test_a_killed_writer_leaves_no_stale_lock(tmp_path):
+    code = ("import sys, time; from rewardlab.runs import RunDir\n"
+            "r = RunDir.start(sys.argv[1]); r.log_metrics(1, {}); print('locked', flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirError, match="in use by another process"):
+            RunDir.start(tmp_path, resume=True)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    RunDir.start(tmp_path, resume=True).close()
+
+
+# ------------------------------------------------------------------ torn tails, verified checkpoints, rollback
+
+
+def test_first_append_cuts_a_torn_tail(tmp_path, capsys):
+    run = RunDir(tmp_path)
+    run.log_metrics(1, {"x": 1})
+    with (tmp_path / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 2, "x"')  # what a SIGKILL during a write leaves
+    resumed = RunDir(tmp_path)
+    resumed.log_metrics(2, {"x": 2})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [{"step": 1, "x": 1}, {"step": 2, "x": 2}]  # every line valid
+    events = resumed.read_jsonl("events.jsonl")
+    assert [(e["event"], e["log"], e["bytes_removed"]) for e in events] == [("torn_tail", "metrics.jsonl", 15)]
+    assert "cut a torn last line (15 bytes)" in capsys.readouterr().err
+
+
+def test_resume_repairs_every_log(tmp_path):
+    run = RunDir.start(tmp_path)
+    run.log_samples([{"a": 1}])
+    run.close()
+    with (tmp_path / "samples.jsonl").open("a") as fh:
+        fh.write('{"a": ')
+    RunDir.start(tmp_path, resume=True).close()
+    assert (tmp_path / "samples.jsonl").read_text() == '{"a": 1}\n'
+
+
+def test_checkpoint_manifest_detects_damage(tmp_path):
+    run = RunDir(tmp_path)
+    path = run.save_checkpoint(3, _write_file("weights"))
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["files"]["weights.txt"]["size"] == 7 and manifest["step"] == 3
+    assert verify_checkpoint(path) is None
+    (path / "weights.txt").write_text("")
+    assert verify_checkpoint(path) == "weights.txt: 0 bytes, manifest says 7"
+    (path / "weights.txt").write_text("WEIGHTS")
+    assert verify_checkpoint(path) == "weights.txt: checksum differs from the manifest"
+    (path / "manifest.json").unlink()
+    assert verify_checkpoint(path) == "no manifest.json"
+
+
+def test_resume_skips_an_invalid_latest_checkpoint_and_rolls_logs_back(tmp_path, capsys):
+    run = RunDir(tmp_path)
+    for step in (1, 2, 3, 4):
+        run.log_metrics(step, {"x": step})
+        run.log_samples([{"step": step}])
+        if step in (2, 4):
+            run.save_checkpoint(step, _write_file(f"w{step}"))
+    run.log_metrics(5, {"x": 5})  # logged after the last checkpoint, then the process died
+    (tmp_path / "checkpoints" / "step-4" / "weights.txt").write_text("")
+    step, path = RunDir(tmp_path).resume_checkpoint()
+    assert (step, path.name) == (2, "step-2")
+    assert "step-4 is invalid (weights.txt: 0 bytes, manifest says 2); skipping it" in capsys.readouterr().err
+    assert [r["step"] for r in run.read_jsonl("metrics.jsonl")] == [1, 2]
+    assert [r["step"] for r in run.read_jsonl("samples.jsonl")] == [1, 2]
+    assert [r["step"] for r in RunDir(tmp_path / "rolled_back").read_jsonl("metrics.jsonl")] == [3, 4, 5]
+    events = [e["event"] for e in run.read_jsonl("events.jsonl")]
+    assert events == ["checkpoint_invalid", "rolled_back", "rolled_back", "resume_from"]
+
+
+def test_resume_without_a_valid_checkpoint_is_one_line(tmp_path):
+    run = RunDir(tmp_path)
+    run.save_checkpoint(1, _write_file("w"))
+    (tmp_path / "checkpoints" / "step-1" / "manifest.json").unlink()
+    with pytest.raises(RunDirError, match=r"^--resume: cannot resume .*: none of its 1 checkpoint\(s\) is valid$"):
+        run.resume_checkpoint()
+
+
+def test_resume_deletes_the_temp_dirs_of_checkpoint_writes_cut_short(tmp_path):
+    run = RunDir(tmp_path)
+    run.save_checkpoint(2, _write_file("w2"))
+    partial = tmp_path / "checkpoints" / ".step-4.x1y2"  # what a SIGKILL inside save_checkpoint leaves
+    partial.mkdir()
+    (partial / "weights.txt").write_text("half")
+    assert RunDir(tmp_path).resume_checkpoint()[0] == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2"]
+    events = [(e["event"], e.get("path")) for e in run.read_jsonl("events.jsonl")]
+    assert events[0] == ("partial_checkpoint_removed", "checkpoints/.step-4.x1y2")

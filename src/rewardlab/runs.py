@@ -1,26 +1,52 @@
-"""Run directories: resolved config, append-only logs, atomic checkpoints, resume, summary and plots.
+"""Run directories: resolved config, append-only logs, verified atomic checkpoints, resume, summary and plots.
 
 Layout:
     config.yaml         the resolved config
     metrics.jsonl       one JSON object per step, appended and flushed every step
     samples.jsonl       every rollout (step, prompt, completion, reward components, advantage)
-    checkpoints/step-K/ HF-format model + tokenizer + trainer_state.pt, written to a temp dir then renamed
+    events.jsonl        what happened to the directory: start, resume, overwrite, torn-tail repairs, rolled-back
+                        log lines, skipped invalid checkpoints
+    checkpoints/step-K/ HF-format model + tokenizer + trainer_state.pt + manifest.json, written to a temp dir
+                        then renamed; manifest.json (sizes and SHA-256 of every file, and the size of each log at
+                        that step) is written last, and a checkpoint is verified against it before a resume
+    rolled_back/        log lines written after the checkpoint a run resumed from (kept, not deleted)
     summary.json        final figures, written atomically
     plots/*.png         metric curves
+    .lock               held (flock) by the process writing the run
+
+Guarantees (docs/reliability.md): a directory that already holds something is never silently reused
+(`RunDir.start` refuses it unless asked to resume or overwrite); two processes never write one run at once; a
+torn last line of an append-only log is cut back to the last newline before anything is appended; a resume starts
+from the newest checkpoint that verifies and first rolls every log back to what it held at that checkpoint, so
+each step is logged exactly once.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import math
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 CHECKPOINT_PREFIX = "step-"
+MANIFEST = "manifest.json"
+EVENTS = "events.jsonl"
+LOCK = ".lock"
+ROLLED_BACK = "rolled_back"
+#: Entries that mark a directory as a rewardlab run (any one of them).
+RUN_MARKERS = ("config.yaml", "summary.json", "metrics.jsonl", EVENTS, "checkpoints")
+
+
+class RunDirError(ValueError):
+    """A run directory cannot be used as asked (holds a run, in use, nothing to resume); one line."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -29,28 +55,248 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temp file in the same directory and an atomic rename."""
+    """Write `text` to `path` through a temp file in the same directory and an atomic rename.
+
+    Raises:
+        OSError: the write failed (e.g. no space left); `path` then still holds its previous content.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def repair_torn_tail(path: Path) -> int:
+    """Cut a file back to its last newline (what a crash in the middle of appending a line leaves).
+
+    Returns:
+        the number of bytes removed (0 when the file is missing, empty or ends with a newline).
+    """
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("rb+") as fh:
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return 0
+        # Scan back in blocks for the last newline.
+        pos, keep = size, 0
+        while pos > 0:
+            start = max(0, pos - 65536)
+            fh.seek(start)
+            block = fh.read(pos - start)
+            idx = block.rfind(b"\n")
+            if idx >= 0:
+                keep = start + idx + 1
+                break
+            pos = start
+        fh.truncate(keep)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    return size - keep
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 hex digest of a file's bytes."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """Check a checkpoint directory against its manifest.json.
+
+    Returns:
+        None when every file the manifest lists exists with the recorded size and SHA-256; otherwise a short reason
+        ("no manifest.json", "model.safetensors: 0 bytes, manifest says 3456", "x.pt: checksum differs", ...).
+    """
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return f"no {MANIFEST}"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is unreadable"
+    for rel, info in files.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel}: missing"
+        size = f.stat().st_size
+        if size != info["size"]:
+            return f"{rel}: {size} bytes, manifest says {info['size']}"
+        if file_digest(f) != info["sha256"]:
+            return f"{rel}: checksum differs from the manifest"
+    return None
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest.json of a checkpoint directory (call `verify_checkpoint` first)."""
+    return json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+
+
+def warn(message: str) -> None:
+    """A one-line warning on stderr."""
+    print(f"rewardlab: warning: {message}", file=sys.stderr, flush=True)
+
+
+# Locks held by this process, by resolved run path: a second RunDir.start on the same path in one process is refused
+# like one from another process (flock on a second descriptor of the same file would not be).
+_HELD_LOCKS: dict[str, int] = {}
 
 
 class RunDir:
-    """A run directory (created if missing). Logs are only ever appended; checkpoints are renamed into place."""
+    """A run directory. Logs are only ever appended; checkpoints are verified and renamed into place.
+
+    `RunDir(path)` only names the directory (readers, tests, a stage writing into a run it was handed); a verb that
+    writes a run opens it with `RunDir.start`, which refuses a directory that already holds a run unless asked to
+    resume or overwrite, and locks it.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints = self.path / "checkpoints"
+        self._checked_tails: set[str] = set()
+        self._lock_fd: int | None = None
+
+    # --------------------------------------------------------------- opening
+    @classmethod
+    def start(cls, path: str | Path, *, resume: bool = False, overwrite: bool = False,
+              key: str = "out") -> RunDir:
+        """Open `path` for writing a run: new, resumed (`resume`) or replacing the run there (`overwrite`).
+
+        - new: `path` must be missing or empty (as with HF Trainer's output_dir).
+        - resume: `path` must hold a run; every append-only log's torn tail is repaired.
+        - overwrite: the run in `path` is deleted first (only a directory holding a rewardlab run, never arbitrary
+          files).
+        The directory is locked (flock on `.lock`, released when the process exits, so a killed run leaves no
+        stale lock) and an event is appended to events.jsonl.
+
+        Raises:
+            RunDirError: `path` holds a run and neither flag is given; `resume` with no run; `overwrite` of a
+                directory holding other files; both flags; another process (or this one) is writing the run.
+        """
+        if resume and overwrite:
+            raise RunDirError("--resume and --overwrite exclude each other")
+        run = cls(path)
+        if run.path.exists() and not run.path.is_dir():
+            raise RunDirError(f"{key}: {run.path} is a file, not a directory")
+        held = run.holds_run()
+        if run.path.is_dir():
+            run._lock(key)
+        try:
+            if resume:
+                if not held:
+                    raise RunDirError(f"--resume: {run.path} holds no run to resume")
+                run.repair_logs()
+                run.log_event("resume")
+            else:
+                contents = run._contents()
+                if contents and not overwrite:
+                    what = "a run" if held else f"files ({', '.join(sorted(p.name for p in contents)[:3])})"
+                    raise RunDirError(f"{key}: {run.path} already holds {what}; pass --resume to continue it or "
+                                      f"--overwrite to replace it")
+                if contents:
+                    if not held:
+                        raise RunDirError(f"--overwrite: {run.path} holds files but no rewardlab run; choose "
+                                          f"another directory")
+                    for entry in contents:
+                        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+                    warn(f"--overwrite: deleted the previous run in {run.path}")
+                run.path.mkdir(parents=True, exist_ok=True)
+                run._lock(key)
+                run.log_event("overwrite" if contents else "start")
+        except BaseException:
+            run.close()
+            raise
+        return run
+
+    def _contents(self) -> list[Path]:
+        if not self.path.is_dir():
+            return []
+        return [p for p in self.path.iterdir() if p.name != LOCK]
+
+    def holds_run(self) -> bool:
+        """Whether the directory holds a rewardlab run (any of config.yaml, summary.json, logs, checkpoints)."""
+        return any((self.path / m).exists() for m in RUN_MARKERS)
+
+    def _lock(self, key: str) -> None:
+        if self._lock_fd is not None:
+            return
+        real = str(self.path.resolve())
+        if real in _HELD_LOCKS:
+            raise RunDirError(f"{key}: {self.path} is already being written by this process")
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunDirError(f"{key}: {self.path} is in use by another process (pid {holder}; lock "
+                              f"{self.path / LOCK})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        _HELD_LOCKS[real] = fd
+
+    def close(self) -> None:
+        """Release the directory's lock (also released when the process exits)."""
+        if self._lock_fd is None:
+            return
+        for real, fd in list(_HELD_LOCKS.items()):
+            if fd == self._lock_fd:
+                del _HELD_LOCKS[real]
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --------------------------------------------------------------- logs
     def write_config(self, text: str) -> None:
         atomic_write_text(self.path / "config.yaml", text)
+
+    def log_event(self, event: str, **fields: Any) -> None:
+        """Append `{"time": unix seconds, "event": event, "pid": pid, **fields}` to events.jsonl."""
+        self._append(EVENTS, [{"time": round(time.time(), 3), "event": event, "pid": os.getpid(), **fields}])
+
+    def repair_logs(self) -> None:
+        """Cut a torn last line off every *.jsonl log of the run (logged as a `torn_tail` event and a warning)."""
+        if not self.path.is_dir():
+            return
+        for log in sorted(self.path.glob("*.jsonl")):
+            self._repair_tail(log.name)
+
+    def _repair_tail(self, name: str) -> None:
+        self._checked_tails.add(name)
+        cut = repair_torn_tail(self.path / name)
+        if cut:
+            warn(f"{self.path / name}: cut a torn last line ({cut} bytes) left by an interrupted write")
+            self.log_event("torn_tail", log=name, bytes_removed=cut)
 
     def _append(self, name: str, records: Iterable[Mapping[str, Any]]) -> None:
         lines = "".join(
@@ -59,10 +305,20 @@ class RunDir:
         )
         if not lines:
             return
+        self.path.mkdir(parents=True, exist_ok=True)
+        if name not in self._checked_tails:  # first append of this process: never glue onto a torn line
+            self._repair_tail(name)
         with (self.path / name).open("a", encoding="utf-8") as fh:
             fh.write(lines)
             fh.flush()
             os.fsync(fh.fileno())
+
+    def append_jsonl(self, name: str, records: Iterable[Mapping[str, Any]]) -> None:
+        """Append records to the run's log `name` (e.g. "labels.jsonl"), one JSON line each, flushed to disk.
+
+        A torn last line left by a crash is cut before the first append. Non-finite floats become null/"inf".
+        """
+        self._append(name, records)
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Append one line `{"step": step, **metrics}` to metrics.jsonl and flush it to disk."""
@@ -72,37 +328,99 @@ class RunDir:
         """Append rollout records to samples.jsonl and flush them to disk."""
         self._append("samples.jsonl", records)
 
+    def read_jsonl(self, name: str) -> list[dict[str, Any]]:
+        """The records of log `name` in order (a torn last line is ignored); [] when the log is missing."""
+        path = self.path / name
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
     def read_metrics(self) -> list[dict[str, Any]]:
-        """metrics.jsonl as a list ordered by step; when a resumed run logged a step again, the last line wins.
+        """metrics.jsonl as a list ordered by step; when a step was logged twice, the last line wins.
 
         A torn last line (a crash mid-write) is ignored.
         """
-        path = self.path / "metrics.jsonl"
-        if not path.exists():
-            return []
         by_step: dict[int, dict[str, Any]] = {}
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for rec in self.read_jsonl("metrics.jsonl"):
             by_step[int(rec["step"])] = rec
         return [by_step[s] for s in sorted(by_step)]
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         atomic_write_text(self.path / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
 
+    def _log_sizes(self) -> dict[str, int]:
+        if not self.path.is_dir():
+            return {}
+        return {p.name: p.stat().st_size for p in sorted(self.path.glob("*.jsonl")) if p.name != EVENTS}
+
+    def rollback_logs(self, sizes: Mapping[str, int]) -> None:
+        """Cut each log back to the size it had at a checkpoint (`sizes`, from its manifest).
+
+        The cut lines are appended to rolled_back/<log> (nothing is deleted) and a `rolled_back` event is logged,
+        so that after a resume every step appears once in metrics.jsonl and samples.jsonl. A log that did not exist
+        at the checkpoint is moved there whole.
+        """
+        for path in sorted(self.path.glob("*.jsonl")):
+            if path.name == EVENTS:
+                continue
+            keep = int(sizes.get(path.name, 0))
+            size = path.stat().st_size
+            if size <= keep:
+                continue
+            with path.open("rb+") as fh:
+                fh.seek(keep)
+                tail = fh.read()
+                dest = self.path / ROLLED_BACK / path.name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with dest.open("ab") as out:
+                    out.write(tail)
+                    out.flush()
+                    os.fsync(out.fileno())
+                fh.truncate(keep)
+                fh.flush()
+                os.fsync(fh.fileno())
+            self.log_event("rolled_back", log=path.name, bytes=size - keep, lines=tail.count(b"\n"),
+                           kept_in=f"{ROLLED_BACK}/{path.name}")
+
     # --------------------------------------------------------------- checkpoints
     def save_checkpoint(self, step: int, write: Callable[[Path], None], keep: int | None = None) -> Path:
         """Write a checkpoint with `write(tmp_dir)` and rename it to `checkpoints/step-<step>`.
 
-        A crash while writing leaves only a hidden temp dir, never a partial `step-K`. With `keep`, older
+        After `write`, manifest.json (every file's size and SHA-256, and each log's size now) is written last into
+        the temp dir, then the dir is renamed into place: a crash leaves only a hidden temp dir, never a partial
+        `step-K`, and a `step-K` whose files were damaged later fails `verify_checkpoint`. With `keep`, older
         checkpoints beyond the `keep` most recent are deleted after the new one is in place.
+
+        Raises:
+            OSError: writing failed (e.g. no space left on device); the message names the checkpoint, the temp dir
+                is removed, and the previous checkpoints are untouched.
         """
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         final = self.checkpoints / f"{CHECKPOINT_PREFIX}{step}"
         tmp = Path(tempfile.mkdtemp(dir=self.checkpoints, prefix=f".{final.name}."))
-        write(tmp)
+        try:
+            write(tmp)
+            files = {}
+            for f in sorted(tmp.rglob("*")):
+                if f.is_file():
+                    files[str(f.relative_to(tmp))] = {"size": f.stat().st_size, "sha256": file_digest(f)}
+            manifest = {"step": step, "time": round(time.time(), 3), "files": files, "logs": self._log_sizes()}
+            atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            previous = self.latest_checkpoint()
+            kept = f"the previous checkpoint {previous[1].name} is intact" if previous else "no earlier checkpoint"
+            raise OSError(exc.errno, f"checkpoint {final.name} in {self.checkpoints} could not be written "
+                          f"({exc.strerror or exc}); {kept}") from exc
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if final.exists():  # re-saving a step after a resume: move the old one aside first
             old = final.with_name(f".{final.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -111,13 +429,14 @@ class RunDir:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
+        _fsync_dir(self.checkpoints)
         if keep is not None:
             for _, path in self.list_checkpoints()[:-keep]:
                 shutil.rmtree(path, ignore_errors=True)
         return final
 
     def list_checkpoints(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints as (step, path), oldest first."""
+        """Complete checkpoints as (step, path), oldest first (not verified: see `latest_valid_checkpoint`)."""
         if not self.checkpoints.is_dir():
             return []
         found = []
@@ -129,6 +448,42 @@ class RunDir:
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         found = self.list_checkpoints()
         return found[-1] if found else None
+
+    def latest_valid_checkpoint(self) -> tuple[int, Path] | None:
+        """The newest checkpoint that passes `verify_checkpoint`, or None when there is none.
+
+        Each newer, invalid one is skipped with a one-line warning naming it and why, and a `checkpoint_invalid`
+        event.
+        """
+        for step, path in reversed(self.list_checkpoints()):
+            reason = verify_checkpoint(path)
+            if reason is None:
+                return step, path
+            warn(f"checkpoint {path} is invalid ({reason}); skipping it")
+            self.log_event("checkpoint_invalid", checkpoint=path.name, reason=reason)
+        return None
+
+    def resume_checkpoint(self) -> tuple[int, Path]:
+        """For a resume: the newest valid checkpoint, with every log rolled back to what it held at that step.
+
+        The hidden temp dirs of checkpoint writes that a crash cut short (`.step-K.*`, never a checkpoint) are
+        deleted first, each logged as a `partial_checkpoint_removed` event.
+
+        Raises:
+            RunDirError: no checkpoint verifies (one line naming the directory).
+        """
+        if self.checkpoints.is_dir():
+            for tmp in sorted(self.checkpoints.glob(f".{CHECKPOINT_PREFIX}*")):
+                shutil.rmtree(tmp, ignore_errors=True)
+                self.log_event("partial_checkpoint_removed", path=f"checkpoints/{tmp.name}")
+        found = self.latest_valid_checkpoint()
+        if found is None:
+            n = len(self.list_checkpoints())
+            detail = f"none of its {n} checkpoint(s) is valid" if n else "it has no checkpoint"
+            raise RunDirError(f"--resume: cannot resume {self.path}: {detail}")
+        self.rollback_logs(read_manifest(found[1]).get("logs", {}))
+        self.log_event("resume_from", checkpoint=found[1].name, step=found[0])
+        return found
 
     # --------------------------------------------------------------- plots
     def plot(self, keys: Iterable[str], name: str = "metrics.png") -> Path | None:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, PassRateCurriculum
+from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, PassRateCurriculum, filter_groups, make_curriculum
 from rewardlab.tasks.sampler import RowSampler
 
 
@@ -61,5 +61,21 @@ def test_uniform_is_the_row_sampler_and_takes_no_options():
     sampler = CURRICULA["uniform"](list("abcd"), seed=0)
     assert isinstance(sampler, RowSampler)
     assert sorted(sampler.next_indices(4)) == [0, 1, 2, 3]  # one epoch visits every row once
-    with pytest.raises(ValueError, match="rl.curriculum_options: 'uniform' takes no options"):
-        CURRICULA["uniform"](list("ab"), seed=0, mu=0.5)
+    with pytest.raises(ValueError) as err:
+        make_curriculum("uniform", list("ab"), seed=0, mu=0.5)
+    assert str(err.value) == "rl.curriculum_options: unknown option 'mu' for curriculum 'uniform'; valid: (none)"
+
+
+def test_curriculum_and_filter_options_are_checked_by_name():
+    # a misspelt option was swallowed before (uniform's **options, dapo's **_); now it is named with the valid ones
+    with pytest.raises(ValueError) as err:
+        make_curriculum("pass_rate", list("ab"), seed=0, sigmaa=0.3)
+    assert str(err.value) == ("rl.curriculum_options: unknown option 'sigmaa' for curriculum 'pass_rate'; "
+                              "valid: ema, initial, mu, sigma")
+    assert make_curriculum("pass_rate", list("ab"), seed=0, sigma=0.3).sigma == 0.3
+    metric, group = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1])
+    assert filter_groups("dapo", metric=metric, group=group).tolist() == [True, True, False, False]
+    with pytest.raises(ValueError, match="unknown option 'min_std' for group filter 'dapo'; valid: \\(none\\)"):
+        filter_groups("dapo", metric=metric, group=group, min_std=0.1)
+    with pytest.raises(ValueError, match="unknown group filter 'x'; valid: dapo"):
+        filter_groups("x", metric=metric, group=group)

@@ -15,13 +15,14 @@ from rewardlab.rl.losses import (
     POLICY_LOSSES,
     aggregate,
     compute_policy_loss,
+    kl_clamped,
     kl_penalty,
 )
 
 SETTINGS = settings(max_examples=50, deadline=None)
 STAT_KEYS = {
     "policy/clip_frac_low", "policy/clip_frac_high", "policy/clip_frac_dual", "policy/clip_frac",
-    "policy/approx_kl", "policy/ratio_mean", "policy/ratio_min", "policy/ratio_max",
+    "policy/approx_kl", "policy/ratio_mean", "policy/ratio_min", "policy/ratio_max", "policy/log_ratio_clamped",
 }
 
 
@@ -175,6 +176,89 @@ def test_kl_estimators():
     close(kl_penalty("k3", lp - 2, ref - 2), [[0.0, math.exp(-1), math.e - 2]])
 
 
+def extreme_batch():
+    """Row 0 (A = +1) and row 1 (A = -1), 3 tokens each; old log-prob -inf on token 1 of each row (a token the
+    behaviour policy could not have sampled, e.g. after a tokenizer mismatch); current log-probs all -1."""
+    old = torch.full((2, 3), -1.0)
+    old[:, 1] = float("-inf")
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    return old, adv, torch.ones(2, 3, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "gspo", "cispo"])
+def test_minus_inf_old_logprob_gives_finite_loss_and_gradients(name):
+    # d = logprobs - old = +inf on the two -inf tokens, 0 elsewhere; it is clamped to 20 (rho = e^20 = 4.85e8).
+    # Before the clamp: ppo_clip and gspo gave loss inf (the A < 0 row takes the unclipped -A * rho = +inf) and
+    # NaN gradients.
+    old, adv, mask = extreme_batch()
+    lp = torch.full((2, 3), -1.0, requires_grad=True)
+    loss, stats = compute_policy_loss(name, logprobs=lp, old_logprobs=old, advantages=adv, mask=mask)
+    loss.backward()
+    assert math.isfinite(float(loss)), float(loss)
+    assert torch.isfinite(lp.grad).all(), lp.grad
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    assert stats["policy/log_ratio_clamped"] == 2.0  # the two -inf tokens, out of 6
+    rho = math.exp(20.0)
+    if name == "ppo_clip":
+        # per token: row 0 -min(rho, 1.2) = -1.2 on the clamped token, -1 elsewhere; row 1 max(rho, .8) = rho, 1, 1
+        assert float(loss) == pytest.approx((-1.2 - 2 + rho + 2) / 6, rel=1e-6)
+        assert stats["policy/ratio_max"] == pytest.approx(rho, rel=1e-6)
+        # the clamped tokens get no gradient; the others -A * rho / 6 = -+1/6
+        close(lp.grad, [[-1 / 6, 0.0, -1 / 6], [1 / 6, 0.0, 1 / 6]])
+    if name == "gspo":
+        # s_i = exp(mean(0, 20, 0)) = e^(20/3) for both rows; row 0 clipped at 1 + 4e-4, row 1 unclipped (A < 0)
+        s = math.exp(20 / 3)
+        assert float(loss) == pytest.approx((-(1 + 4e-4) + s) / 2, rel=1e-5)
+    if name == "cispo":
+        # weight = min(e^20, 1.2) = 1.2 on the clamped tokens, 1 elsewhere; l = -w * A * logprobs
+        assert float(loss) == pytest.approx((3.2 - 3.2) / 6, abs=1e-6)
+        close(lp.grad, [[-1 / 6, -1.2 / 6, -1 / 6], [1 / 6, 1.2 / 6, 1 / 6]])
+
+
+def test_log_ratio_clamp_bounds_and_stat():
+    # d = 19.5 is kept (not counted), d = -25 and +30 are clamped to -20 and +20 (counted); padding is not counted.
+    old = torch.tensor([[-19.5, 5.0, -30.0, 99.0]])
+    lp = torch.zeros(1, 4)
+    adv = torch.zeros(1, 4)
+    mask = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
+    _loss, stats = POLICY_LOSSES["reinforce"](logprobs=lp, old_logprobs=old, advantages=adv, mask=mask)
+    assert stats["policy/log_ratio_clamped"] == 1.0  # only -30 -> d = 30; d = -5 and 19.5 are inside the bound
+    old[0, 1] = 25.0  # d = -25
+    _loss, stats = POLICY_LOSSES["reinforce"](logprobs=lp, old_logprobs=old, advantages=adv, mask=mask)
+    assert stats["policy/log_ratio_clamped"] == 2.0
+    assert stats["policy/ratio_min"] == pytest.approx(math.exp(-20), rel=1e-5)
+    assert stats["policy/ratio_max"] == pytest.approx(math.exp(20), rel=1e-5)
+
+
+def test_kl_estimators_clamp_extreme_log_ratios():
+    # d = logprobs - ref = [50, -50, 15, -3, 1]. d is clamped to [-20, 20]:
+    #   k1 = [20, -20, 15, -3, 1]; k2 = d^2 / 2 = [200, 200, 112.5, 4.5, .5]
+    #   k3 = exp(-d) + d - 1 clamped to [-10, 10]: d = 20 -> 19.000000002 -> 10; d = -20 -> e^20 - 21 -> 10;
+    #        d = 15 -> 14.0000003 -> 10; d = -3 -> e^3 - 4 = 16.09 -> 10; d = 1 -> e^-1 = 0.367879
+    lp = torch.tensor([[50.0, -50.0, 15.0, -3.0, 1.0]])
+    ref = torch.zeros(1, 5)
+    close(kl_penalty("k1", lp, ref), [[20.0, -20.0, 15.0, -3.0, 1.0]])
+    close(kl_penalty("k2", lp, ref), [[200.0, 200.0, 112.5, 4.5, 0.5]], atol=1e-4)
+    k3 = kl_penalty("k3", lp, ref)
+    close(k3, [[10.0, 10.0, 10.0, 10.0, math.exp(-1)]])
+    # the same from ref = -inf / logprobs = -inf: finite, no NaN
+    inf = float("inf")
+    k3 = kl_penalty("k3", torch.tensor([[0.0, -inf]]), torch.tensor([[-inf, 0.0]]))
+    close(k3, [[10.0, 10.0]])
+    # counts: every token but d = 1 is clamped for k3; only |d| > 20 for k1/k2; padding (mask 0) is not counted
+    mask = torch.tensor([[1, 1, 1, 1, 1]])
+    assert kl_clamped("k3", lp, ref, mask) == 4
+    assert kl_clamped("k1", lp, ref, mask) == 2 and kl_clamped("k2", lp, ref, mask) == 2
+    assert kl_clamped("k3", lp, ref, torch.tensor([[0, 1, 0, 0, 1]])) == 1
+
+
+def test_k3_gradient_is_finite_for_extreme_log_ratios():
+    lp = torch.tensor([[50.0, -50.0, -200.0, 0.5]], requires_grad=True)
+    kl_penalty("k3", lp, torch.zeros(1, 4)).sum().backward()
+    # clamped tokens get 0; d = .5: d/dd (e^-d + d - 1) = 1 - e^-.5 = 0.393469
+    close(lp.grad, [[0.0, 0.0, 0.0, 1 - math.exp(-0.5)]])
+
+
 def test_aggregations():
     # l = [[1, 2, 3], [4, 5, 6]], m = [[1, 1, 0], [1, 0, 0]] -> masked values 1, 2 | 4
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -270,8 +354,8 @@ def test_losses_zero_outside_mask(batch):
     adv = torch.where(mask, adv, torch.full_like(adv, float("nan")))
     for name in POLICY_LOSSES:
         lp.grad = None
-        per_token, stats = POLICY_LOSSES[name](logprobs=lp, old_logprobs=old, advantages=adv, mask=mask,
-                                               dual_clip=3.0, unused_option=1)
+        options = {"dual_clip": 3.0} if name == "ppo_clip" else {}
+        per_token, stats = POLICY_LOSSES[name](logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, **options)
         assert per_token.shape == mask.shape, name
         assert torch.all(per_token[~mask] == 0), name
         assert torch.isfinite(per_token).all(), name

@@ -1,6 +1,7 @@
 """The GRPO training loop on the tiny model: metrics, samples, checkpoints, resume, learning a trivial task."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -8,8 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.config import TrainConfig, load_config
-from rewardlab.rewards import REWARDS, reward
-from rewardlab.rl.trainer import reward_tensors, step_metrics, step_reward_tensors, train
+from rewardlab.rewards import REWARDS, register_reward, reward
+from rewardlab.rl.trainer import reward_tensors, step_metrics, step_reward_tensors, train, training_rollouts
 from rewardlab.types import Rollout, RewardOutput
 
 if "test_digit_frac" not in REWARDS:  # the module may be imported twice (e.g. by a plugin)
@@ -54,12 +55,27 @@ def test_reward_tensors_put_score_on_last_token():
     rollouts = [_rollout(2, 0), _rollout(1, 0), _rollout(3, 1)]
     outputs = [RewardOutput(1.0), RewardOutput(0.5), RewardOutput(0.0, error="r: boom")]
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.float32)
-    rewards, m, group = reward_tensors(rollouts, outputs, mask, skip_errors=False)
+    rewards, group = reward_tensors(rollouts, outputs, mask)
     assert rewards.tolist() == [[0.0, 1.0, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]
-    assert torch.equal(m, mask) and group.tolist() == [0, 0, 1]
-    rewards, m, group = reward_tensors(rollouts, outputs, mask, skip_errors=True)
-    assert m[2].tolist() == [0.0, 0.0, 0.0] and m[0].tolist() == [1.0, 1.0, 0.0]
-    assert group.tolist() == [0, 0, -3]  # the skipped rollout (index 2) gets its own group -1 - 2
+    assert group.tolist() == [0, 0, 1]
+
+
+def test_training_rollouts_leave_out_skipped_rollouts_and_small_groups():
+    # groups: 0 = [ok, ok, err], 1 = [ok, err], 2 = [err, err], 3 = [ok]
+    groups = [0, 0, 0, 1, 1, 2, 2, 3]
+    errors = [None, None, "r: x", None, "r: x", "r: x", "r: x", None]
+    rollouts = [_rollout(1, g) for g in groups]
+    outputs = [RewardOutput(0.0, error=e) for e in errors]
+    # on_error=skip, min group size 2 (rloo): the 4 errored rollouts leave; group 1 keeps 1 and group 3 has 1 -> both
+    # leave; group 2 has none left. Kept: group 0's two good rollouts; dropped groups 1, 2, 3.
+    kept, outs, skipped, dropped = training_rollouts(rollouts, outputs, skip_errors=True, min_group_size=2)
+    assert kept == rollouts[:2] and outs == outputs[:2] and (skipped, dropped) == (4, 3)
+    # min group size 1 (grpo): group 1's survivor and group 3 stay
+    kept, _, skipped, dropped = training_rollouts(rollouts, outputs, skip_errors=True, min_group_size=1)
+    assert kept == [rollouts[i] for i in (0, 1, 3, 7)] and (skipped, dropped) == (4, 1)
+    # on_error=zero: errored rollouts stay (score 0); only group 3 (one rollout) is below 2
+    kept, _, skipped, dropped = training_rollouts(rollouts, outputs, skip_errors=False, min_group_size=2)
+    assert kept == rollouts[:7] and (skipped, dropped) == (0, 1)
 
 
 def test_step_metrics_hand_computed():
@@ -216,7 +232,7 @@ if "test_step_digits" not in REWARDS:
         return sum(c.isdigit() for c in completion) / max(1, len(completion))
 
 
-from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATORS  # noqa: E402
+from rewardlab.rl.advantages import ESTIMATORS  # noqa: E402
 from rewardlab.rl.losses import POLICY_LOSSES  # noqa: E402
 from rewardlab.rl.trainer import trainable_estimators  # noqa: E402
 
@@ -305,9 +321,11 @@ def test_kl_in_reward_and_reference_refresh(tmp_path):
     train(_config(tmp_path, "r", *common, "rl.kl_in=reward"), show_progress=False)
     m = _metrics(tmp_path / "r")
     assert "policy/kl" not in m[0] and m[0]["policy/kl_reward"] == pytest.approx(0.0, abs=1e-6)  # policy == ref
+    assert m[0]["policy/kl_clamped"] == 0.0  # no token's log-ratio near the +-20 bound, nor k3 near 10
     assert m[1]["policy/kl_reward"] > 0  # one update later the sampling policy has moved away from the reference
     train(_config(tmp_path, "l", *common), show_progress=False)
     assert _metrics(tmp_path / "l")[1]["policy/kl"] > 0
+    assert _metrics(tmp_path / "l")[1]["policy/kl_clamped"] == 0.0
     # refreshing the reference every step: at each (single) update the policy equals the reference -> KL 0
     train(_config(tmp_path, "f", *common, "rl.ref_refresh_every=1"), show_progress=False)
     assert all(x["policy/kl"] == pytest.approx(0.0, abs=1e-6) for x in _metrics(tmp_path / "f"))
@@ -396,3 +414,88 @@ def test_time_budget_stops_after_the_step_that_ends_past_it(tmp_path):
     assert metrics[0]["time/elapsed_s"] >= metrics[0]["time/step_s"] > 0
     assert summary["steps_done"] == 1 and summary["steps"] == 50
     assert summary["final_checkpoint"] == str(tmp_path / "run" / "checkpoints" / "step-1")
+
+
+# ---------------------------------------------------------------- on_error=skip and non-finite rewards in training
+def _digit_frac_output(completion, steps):
+    frac = [sum(c.isdigit() for c in s) / max(1, len(s)) for s in steps]
+    return RewardOutput(score=sum(c.isdigit() for c in completion) / max(1, len(completion)), step_scores=frac)
+
+
+class _FailsByGroup:
+    """Errors on the first rollout of each group with id % 3 == 0 and on every rollout of groups with id % 3 == 1;
+    otherwise the digit fraction, with each step's digit fraction as step scores."""
+
+    name = "test_fails_by_group"
+
+    def __call__(self, rollouts):
+        seen, outputs = set(), []
+        for r in rollouts:
+            first = r.group not in seen
+            seen.add(r.group)
+            if r.group % 3 == 1 or (r.group % 3 == 0 and first):
+                outputs.append(RewardOutput(0.0, error=f"{self.name}: group {r.group}"))
+            else:
+                outputs.append(_digit_frac_output(r.completion, r.step_text))
+        return outputs
+
+
+if "test_fails_by_group" not in REWARDS:
+    register_reward("test_fails_by_group")(lambda: _FailsByGroup())
+
+if "test_nan_steps" not in REWARDS:
+
+    @reward(name="test_nan_steps")
+    def _nan_steps(completion, steps, rollout):
+        """Step scores with a NaN in groups with even id (a broken process reward model), else digit fractions."""
+        frac = [sum(c.isdigit() for c in s) / max(1, len(s)) for s in steps]
+        if rollout.group % 2 == 0 and frac:
+            frac[0] = float("nan")
+        return RewardOutput(score=sum(c.isdigit() for c in completion) / max(1, len(completion)), step_scores=frac)
+
+
+def _samples(path):
+    return [json.loads(x) for x in (path / "samples.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "pure", "process_sum"])
+def test_on_error_skip_leaves_errored_rollouts_and_too_small_groups_out(tmp_path, estimator):
+    # group_size 2. Groups with id % 3 == 0 lose one rollout (1 left < the 2 these estimators need), groups with
+    # id % 3 == 1 lose both; groups with id % 3 == 2 train. Before: "group(s) -3 have 1" crashed the first step.
+    cfg = _config(tmp_path, "run", "rl.steps=2", "rl.group_size=2", f"rl.estimator={estimator}", "on_error=skip",
+                  "rl.step_separator='5'", "rewards=[{name: test_fails_by_group}]")
+    train(cfg, show_progress=False)
+    metrics, samples = _metrics(tmp_path / "run"), _samples(tmp_path / "run")
+    for m in metrics:
+        step = [s for s in samples if s["step"] == m["step"]]
+        ids = {s["group"] for s in step}
+        zero, one = sum(g % 3 == 0 for g in ids), sum(g % 3 == 1 for g in ids)
+        assert m["reward/errors"] == m["reward/skipped"] == zero + 2 * one
+        assert m["rollout/dropped_groups"] == zero + one
+        assert m["policy/updates"] == 1.0 and all(math.isfinite(v) for v in m.values() if isinstance(v, float)), m
+        for s in step:  # only the complete groups with id % 3 == 2 reach the estimator and the loss
+            assert s["kept"] == (s["group"] % 3 == 2) and (s["advantage"] is None) == (not s["kept"]), s
+    assert any(s["kept"] for s in samples)
+
+
+def test_nan_step_score_is_a_reward_error_not_a_nan_advantage(tmp_path):
+    # A NaN step score used to reach `pure` and NaN the advantages of its group, then the loss and the weights.
+    cfg = _config(tmp_path, "run", "rl.steps=2", "rl.estimator=pure", "rl.step_separator='5'",
+                  "rewards=[{name: test_nan_steps}]")
+    train(cfg, show_progress=False)
+    metrics, samples = _metrics(tmp_path / "run"), _samples(tmp_path / "run")
+    for m in metrics:
+        assert all(math.isfinite(v) for v in m.values() if isinstance(v, float)), m
+        step = [s for s in samples if s["step"] == m["step"]]
+        assert m["reward/errors"] == m["reward/errors/test_nan_steps"] == sum(s["error"] is not None for s in step)
+    failed = [s for s in samples if s["error"]]
+    assert failed and all(s["error"] == "test_nan_steps: step_scores[0] is nan" and s["reward"] == 0.0
+                          and s["group"] % 2 == 0 for s in failed)
+    assert all(math.isfinite(s["advantage"]) for s in samples)
+
+
+def test_group_size_below_the_estimators_minimum_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="rl.group_size: estimator 'rloo' needs at least 2 rollouts per prompt group, "
+                                         "got 1"):
+        train(_config(tmp_path, "run", "rl.estimator=rloo", "rl.group_size=1"), show_progress=False)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

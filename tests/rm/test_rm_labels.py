@@ -179,3 +179,18 @@ def test_chat_policies_are_refused():
 def test_unknown_method():
     with pytest.raises(ValueError, match="label.method"):
         label_solutions("magic", None, [])
+
+
+def test_reference_on_rows_without_a_chain_is_refused_before_the_run_directory_opens(tmp_path):
+    from conftest import TINY_OVERRIDES, write_jsonl
+    from rewardlab.config import PrmLabelConfig, load_config
+    from rewardlab.rm.labels import run_prm_label
+
+    task = write_jsonl(tmp_path / "task.jsonl", [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)])
+    cfg = load_config(PrmLabelConfig, overrides=[f"out={tmp_path / 'run'}", f"task.spec=jsonl:{task}",
+                                                 "task.options={test_size: 2}", "label.method=reference",
+                                                 *TINY_OVERRIDES])
+    with pytest.raises(ValueError, match=r"^label.method=reference: the row has neither 'expression' nor "
+                                         r"'metadata.expression'; .* \(question 0 of the train split of jsonl:"):
+        run_prm_label(cfg, show_progress=False)
+    assert not (tmp_path / "run").exists()  # nothing written: the run can be started again as it is

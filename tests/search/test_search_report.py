@@ -68,8 +68,10 @@ def test_report_with_a_constant_scorer_is_the_first_sample(tmp_path, monkeypatch
 
 
 def test_report_rejects_an_unknown_method(tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match="search.methods: unknown \\['mcts'\\]"):
+    with pytest.raises(ValueError, match="^search.methods: unknown search method 'mcts'; valid: beam, best_of_n, dvts, "
+                       "majority, weighted_majority$"):
         _run(tmp_path, monkeypatch, "search.methods=[mcts]")
+    assert not (tmp_path / "search").exists()
 
 
 @pytest.mark.slow

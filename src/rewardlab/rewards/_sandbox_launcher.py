@@ -31,7 +31,8 @@ Process tree of one sandbox, "namespaces" isolation:
 
 "process" isolation (the kernel refused namespaces):
     launcher ─ S  child subreaper: enforces the wall timeout, then kills every process it has adopted
-                 └─ P  own session; seccomp filter refusing socket(2); dies with S
+                 └─ P  own session; Landlock domain (writes only in its work dir, signals only inside); dies with S
+Both: P installs a seccomp filter refusing socket(2) and io_uring before the program runs.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 1, 2
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 SYS_CLONE3, SYS_MOUNT_SETATTR = 435, 442  # the same numbers on every architecture (added after the unification)
+SYS_IO_URING = (425, 426, 427)  # io_uring_setup, _enter, _register: likewise
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446  # likewise
 NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_SECCOMP = 1, 4, 8, 22
 PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 24, 36, 38
@@ -144,8 +147,13 @@ AUDIT_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}  # (AUDI
 
 
 def _refuse_sockets() -> str:
-    """Install a seccomp filter that makes socket(2) fail with EACCES; fall back to patching the socket module.
+    """Install a seccomp filter that makes socket(2) fail with EACCES and io_uring_setup/enter/register with ENOSYS;
+    fall back to patching the socket module.
 
+    Both isolations need it. A network namespace does not stop a Unix socket: connect() to a socket file of the
+    host (a session bus, an agent) works through a read-only mount, with the caller's uid. Nor does it stop vsock,
+    which reaches a virtual machine's host. io_uring can create and connect sockets without socket(2), so it is
+    refused too (socketpair(2) stays: multiprocessing's pipes use it).
     Returns how sockets were refused ("seccomp" or "python socket module patched").
     """
     arch = AUDIT_ARCH.get(platform.machine())
@@ -153,6 +161,8 @@ def _refuse_sockets() -> str:
         audit_arch, nr_socket = arch
         ld_w_abs, jeq_k, ret_k = 0x20, 0x15, 0x06
         kill, allow, eacces = 0x80000000, 0x7FFF0000, 0x00050000 | errno.EACCES
+        enosys = 0x00050000 | errno.ENOSYS
+        setup, enter, register = SYS_IO_URING
         prog = [
             (ld_w_abs, 0, 0, 4),  # A = seccomp_data.arch
             (jeq_k, 1, 0, audit_arch),  # native architecture: skip the kill
@@ -160,6 +170,10 @@ def _refuse_sockets() -> str:
             (ld_w_abs, 0, 0, 0),  # A = seccomp_data.nr
             (jeq_k, 0, 1, nr_socket),
             (ret_k, 0, 0, eacces),
+            (jeq_k, 2, 0, setup),  # any io_uring call: to the ENOSYS return
+            (jeq_k, 1, 0, enter),
+            (jeq_k, 0, 1, register),
+            (ret_k, 0, 0, enosys),
             (ret_k, 0, 0, allow),
         ]
         if platform.machine() == "x86_64":  # refuse the x32 ABI (syscall numbers with bit 30 set) outright
@@ -186,6 +200,67 @@ def _refuse_sockets() -> str:
     socket.socket = _socket.socket = NoSocket  # type: ignore[misc]
     socket.socketpair = socket.create_connection = socket.create_server = refused  # type: ignore[assignment]
     return "python socket module patched"
+
+
+# ---------------------------------------------------------------------------------------------------- landlock
+LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH = 1, 1
+#: Landlock file-system rights that write (bit, first ABI that knows it): write a file, remove a dir/file, make a
+#: char device/dir/regular file/socket/fifo/block device/symlink, link or rename across dirs (REFER), truncate.
+LANDLOCK_WRITES = [(1 << 1, 1), (1 << 4, 1), (1 << 5, 1), (1 << 6, 1), (1 << 7, 1), (1 << 8, 1), (1 << 9, 1),
+                   (1 << 10, 1), (1 << 11, 1), (1 << 12, 1), (1 << 13, 2), (1 << 14, 3)]
+LANDLOCK_FILE_RIGHTS = (1 << 1) | (1 << 14)  # of those, the ones a rule on a single file (not a dir) may grant
+LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL = 1, 2  # ABI 6 (Linux 6.12)
+#: Files outside the work dir a program may still open for writing.
+WRITABLE_FILES = ("/dev/null",)
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 when it has none (or it is disabled)."""
+    abi = LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    return max(0, int(abi))
+
+
+def _landlock(work_dir: str) -> int:
+    """Process isolation: with Landlock, let this process and its descendants write only under `work_dir` (and to
+    WRITABLE_FILES), and (ABI >= 6) signal, or connect to abstract Unix sockets of, only processes of their own
+    domain - so not the supervisor, the launcher, the caller, other sandboxes or other processes of their uid.
+    Reading is not restricted. Returns the ABI used; 0 (nothing restricted) where the kernel has no Landlock.
+    Needs PR_SET_NO_NEW_PRIVS. Raises OSError when the kernel has Landlock but refuses the rules.
+    """
+    abi = landlock_abi()
+    if abi < 1:
+        return 0
+    writes = 0
+    for bit, since in LANDLOCK_WRITES:
+        if abi >= since:
+            writes |= bit
+    scoped = LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL if abi >= 6 else 0
+    # struct landlock_ruleset_attr grew by one u64 per feature: handled_access_fs, _net (ABI 4), scoped (ABI 6)
+    attr = (ctypes.c_uint64 * 3)(writes, 0, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    fd = LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
+                      ctypes.c_uint32(0))
+    if fd < 0:
+        _check(-1, "landlock_create_ruleset")
+    try:
+        for path, rights in ((work_dir, writes), *((f, writes & LANDLOCK_FILE_RIGHTS) for f in WRITABLE_FILES)):
+            try:
+                target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                rule = struct.pack("=Qi", rights, target)  # struct landlock_path_beneath_attr (packed)
+                _check(LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(fd),
+                                    ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.c_char_p(rule),
+                                    ctypes.c_uint32(0)), f"landlock_add_rule {path}")
+            finally:
+                os.close(target)
+        _check(LIBC.syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)),
+               "landlock_restrict_self")
+    finally:
+        os.close(fd)
+    return abi
 
 
 # ------------------------------------------------------------------------------------------------- the program
@@ -242,7 +317,8 @@ def _run_program(req: dict, isolation: str) -> None:
             extra_processes = _count_tasks(os.getuid()) - 1
         _prctl(PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS")
         if isolation == "process":
-            _refuse_sockets()
+            _landlock(req["work_dir"])
+        _refuse_sockets()
         work = NAMESPACED_WORK if isolation == "namespaces" else req["work_dir"]
         os.chdir(work)
         os.environ.clear()
@@ -720,7 +796,12 @@ def _finish(job: dict) -> dict:
     elif job["namespaced"] and reply["error"] is None:
         reply["status"] = status  # P is the launcher's own child
     if reply["status"] is None and not reply["timed_out"] and reply["error"] is None:
-        reply["error"] = "sandbox: the program's status was lost (its set-up process died)"
+        if os.WIFSIGNALED(status):  # S (process isolation) was killed before it could report the program's status
+            sig = os.WTERMSIG(status)
+            how = f"was killed by {signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else sig}"
+        else:
+            how = f"exited with code {os.WEXITSTATUS(status)}"
+        reply["error"] = f"sandbox: the program's status was lost (its supervisor {how})"
     reply["wall_seconds"] = wall
     return reply
 

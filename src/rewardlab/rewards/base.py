@@ -13,10 +13,11 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from rewardlab.registry import Registry
 from rewardlab.types import Rollout, RewardOutput
 
-#: name -> factory(**options) -> Reward. Filled by `@reward(name=...)` and `register_reward`.
-REWARDS: dict[str, Callable[..., Reward]] = {}
+#: name -> factory(<options>) -> Reward. Filled by `@reward(name=...)` and `register_reward`.
+REWARDS: Registry[Callable[..., Reward]] = Registry("reward")
 
 ON_ERROR = ("zero", "skip", "raise")
 
@@ -42,15 +43,9 @@ class RewardError(RuntimeError):
 
 
 def register_reward(name: str) -> Callable[[Callable[..., Reward]], Callable[..., Reward]]:
-    """Register a factory `(**options) -> Reward` under `name`. Raises ValueError if the name is taken."""
-
-    def wrap(factory: Callable[..., Reward]) -> Callable[..., Reward]:
-        if name in REWARDS:
-            raise ValueError(f"reward {name!r} is already registered")
-        REWARDS[name] = factory
-        return factory
-
-    return wrap
+    """Register a factory `(<options>) -> Reward` (a class or a function declaring its options by name) in `REWARDS`
+    under `name`. Raises ValueError if the name is taken."""
+    return REWARDS.register(name)
 
 
 def _rollout_fields(r: Rollout) -> dict[str, Any]:
@@ -233,6 +228,7 @@ def reward(
 
         factory.__doc__ = fn.__doc__
         factory.__name__ = fn.__name__
+        factory.__signature__ = _factory_signature(fn)  # type: ignore[attr-defined]
         factory.default_weight = weight  # type: ignore[attr-defined]
         factory.fn = fn  # type: ignore[attr-defined]
         if register:
@@ -240,6 +236,21 @@ def reward(
         return factory
 
     return wrap
+
+
+def _factory_signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """The options a `@reward` factory takes, as a signature (what `REWARDS.check` reads): every parameter of the
+    function (any may be given as an option; those not given are filled from each rollout) and the execution
+    options it does not take itself, all optional keywords; `**options` when the function has `**kwargs` (it then
+    receives any option)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return inspect.Signature([inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD)])
+    named = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature([inspect.Parameter(n, keyword, default=None) for n in named]
+                             + [inspect.Parameter(k, keyword, default=None) for k in EXECUTION_OPTIONS
+                                if k not in named])
 
 
 def build_reward(specs: Sequence[Mapping[str, Any] | str] | Mapping[str, Any] | str, *, on_error: str = "zero"):

@@ -26,15 +26,21 @@ no `entry_point`: every test fails). A failing program is a score, never an erro
 Errors (RewardOutput.error, naming `code`): the row has neither form, its tests do not parse, or the sandbox itself
 failed (e.g. it could not start). The score of such a rollout is 0 and the caller's `on_error` rule applies.
 
-Honesty limit: the tests run in the same process as the program, as in HumanEval. Results are reported with a
-random per-run nonce, so a program that prints fake results or exits early gains nothing, but a program that
-inspects its own interpreter (stack frames, its own source file) could find the nonce or patch the harness; the
-sandbox contains such a program, it does not make it honest.
+Honesty limit: the tests run in the same process as the program, as in HumanEval. Each result line carries an
+authenticator keyed with a random per-run key (BLAKE2b), which the harness keeps out of the program's reach short of
+inspecting the interpreter: main.py is deleted and the key removed from the module's globals before the program
+runs, and the builtins the harness calls are bound before it runs. So a program that prints fake results (with or
+without the harness's line format), copies earlier result lines from its own stdout, exits early or patches
+builtins gains nothing. A program that inspects its own interpreter (stack frames, trace hooks, the garbage
+collector, its memory through ctypes) could still find the key or patch the harness; the sandbox contains such a
+program, it does not make it honest. Nor does the sandbox check what a test compares: a function that returns an
+object equal to everything passes `assert f(x) == y`, as it would under HumanEval's own harness.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -49,10 +55,15 @@ FAILURE_KINDS = ("assertion", "error", "timeout", "crash", "load")
 PROGRAMS = ("auto", "prompt+completion", "completion")
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
-# The harness: runs in the sandbox with `_RL` (a dict literal: program, prelude, tests, entry, nonce, timeout)
-# prepended. It writes one line per test to fd 1: "<nonce> test <i> pass" or "<nonce> test <i> fail <kind> <why>".
-_HARNESS = r'''
+# The harness: runs in the sandbox with `_RL` (a dict literal: program, prelude, tests, entry, key, timeout)
+# prepended. It writes one line per test to fd 1, "<mac> test <i> pass" or "<mac> test <i> fail <kind> <why>", where
+# <mac> is a keyed BLAKE2b of the rest of the line (see _mac). Before the program runs it removes main.py (the only
+# copy of the key on disk) and `_RL` from the module's globals, and binds every builtin it calls later, so that a
+# program which reads files, imports __main__, reads the output written so far or patches builtins (exec, compile,
+# str, ...) cannot forge or rewrite a result.
+_HARNESS = r"""
 import builtins as _rl_builtins, os as _rl_os, signal as _rl_signal, sys as _rl_sys
+from _blake2 import blake2b as _rl_blake2b
 
 
 class _RLTimeout(BaseException):
@@ -71,20 +82,30 @@ class _RLSink:
         pass
 
 
-def _rl_main(rl, write=_rl_os.write, setitimer=_rl_signal.setitimer, real=_rl_signal.ITIMER_REAL):
+def _rl_main(rl, write=_rl_os.write, setitimer=_rl_signal.setitimer, real=_rl_signal.ITIMER_REAL, mac=_rl_blake2b,
+             exec=exec, compile=compile, str=str, type=type, bytes=bytes, BaseException=BaseException,
+             AssertionError=AssertionError, Timeout=_RLTimeout):
+    key = bytes.fromhex(rl.pop("key"))
+    timeout = rl["timeout"]
+
     def emit(*fields):
-        write(1, (" ".join([rl["nonce"], *map(str, fields)]) + "\n").encode("utf-8", "replace"))
+        payload = " ".join([str(f) for f in fields]).encode("utf-8", "replace")
+        write(1, mac(payload, key=key, digest_size=16).hexdigest().encode() + b" " + payload + b"\n")
 
     def why(exc):
-        return (type(exc).__name__ + ": " + str(exc)).replace("\n", " ")[:200]
+        try:
+            text = type(exc).__name__ + ": " + str(exc)
+        except BaseException:
+            text = type(exc).__name__
+        return " ".join(text.split())[:200]  # one line: no separator str.splitlines() would split at
 
     def run(source, name, namespace):
-        setitimer(real, rl["timeout"])
+        setitimer(real, timeout)
         try:
             exec(compile(source, name, "exec"), namespace)
             return None
-        except _RLTimeout:
-            return ("timeout", "ran past %g s" % rl["timeout"])
+        except Timeout:
+            return ("timeout", "ran past %g s" % timeout)
         except AssertionError as exc:
             return ("assertion", why(exc))
         except BaseException as exc:
@@ -92,6 +113,10 @@ def _rl_main(rl, write=_rl_os.write, setitimer=_rl_signal.setitimer, real=_rl_si
         finally:
             setitimer(real, 0)
 
+    try:
+        _rl_os.unlink(__file__)
+    except (NameError, OSError):
+        pass
     _rl_signal.signal(_rl_signal.SIGALRM, _rl_alarm)
     _rl_sys.stdout = _rl_sys.stderr = _RLSink()
     namespace = {"__name__": "__main__", "__builtins__": _rl_builtins}
@@ -111,8 +136,13 @@ def _rl_main(rl, write=_rl_os.write, setitimer=_rl_signal.setitimer, real=_rl_si
     emit("done")
 
 
-_rl_main(_RL)
-'''
+_rl_main(globals().pop("_RL"))
+"""
+
+
+def _mac(key: bytes, payload: bytes) -> str:
+    """The harness's line authenticator: BLAKE2b keyed with the run's key, 16 bytes, hex (RFC 7693 keyed mode)."""
+    return hashlib.blake2b(payload, key=key, digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -243,8 +273,9 @@ class CodeReward:
         self.tests_field = tests_field
 
     # ---------------------------------------------------------------------------------------------- building
-    def harness(self, row: Mapping[str, Any], completion: str, nonce: str = "") -> tuple[str, int]:
-        """The sandboxed program for one completion, and its number of tests.
+    def harness(self, row: Mapping[str, Any], completion: str, key: str = "") -> tuple[str, int]:
+        """The sandboxed program for one completion, and its number of tests. `key` (hex) authenticates the
+        harness's result lines (see _mac); default: a fresh random one.
 
         Raises:
             ValueError: the row has neither form, or its tests do not parse / are empty.
@@ -284,7 +315,7 @@ class CodeReward:
             tests.append((index if is_test else -1, is_test, source))
             index += is_test
         data = {"program": program, "prelude": prelude, "tests": tests, "entry": entry,
-                "nonce": nonce or secrets.token_hex(12), "timeout": self.test_timeout}
+                "key": key or secrets.token_hex(32), "timeout": self.test_timeout}
         return f"_RL = {data!r}\n{_HARNESS}", total
 
     # ---------------------------------------------------------------------------------------------- running
@@ -295,24 +326,24 @@ class CodeReward:
             raise ValueError(f"code: {len(rows)} rows but {len(completions)} completions")
         jobs, out = [], []
         for row, completion in zip(rows, completions):
-            nonce = secrets.token_hex(12)
+            key = secrets.token_hex(32)
             try:
-                source, total = self.harness(row, completion, nonce)
+                source, total = self.harness(row, completion, key)
             except ValueError as exc:
                 out.append(f"code: {exc}")
                 continue
-            out.append((nonce, total))
+            out.append((key, total))
             jobs.append((len(out) - 1, source))
         try:
             results = self.sandbox.run_many([source for _, source in jobs])
         except SandboxError as exc:  # nothing could run (e.g. the launcher did not start)
             results = [exc] * len(jobs)
         for (slot, _), result in zip(jobs, results):
-            nonce, total = out[slot]
+            key, total = out[slot]
             if isinstance(result, SandboxError):
                 out[slot] = f"code: {result}"
             else:
-                out[slot] = CodeResult(_parse(result, nonce, total), result)
+                out[slot] = CodeResult(_parse(result, key, total), result)
         return out
 
     def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
@@ -336,22 +367,27 @@ class CodeReward:
         return outputs
 
 
-def _parse(result: SandboxResult, nonce: str, total: int) -> list[TestOutcome]:
-    """Test outcomes from the harness's lines on stdout; a test that never reported failed with the process."""
+def _parse(result: SandboxResult, key: str, total: int) -> list[TestOutcome]:
+    """Test outcomes from the harness's lines on stdout; a test that never reported failed with the process.
+
+    Only lines whose authenticator matches (see _mac) count: anything the program itself writes is ignored.
+    """
     reported: dict[int, TestOutcome] = {}
     load: TestOutcome | None = None
+    secret = bytes.fromhex(key)
     for line in result.stdout.splitlines():
-        parts = line.split(" ", 5)
-        if len(parts) < 2 or parts[0] != nonce:
+        tag, _, payload = line.partition(" ")
+        if not payload or tag != _mac(secret, payload.encode("utf-8", "replace")):
             continue
-        if parts[1] == "test" and len(parts) >= 4 and parts[2].isdigit():
-            index = int(parts[2])
-            if parts[3] == "pass":
+        parts = payload.split(" ", 4)
+        if parts[0] == "test" and len(parts) >= 3 and parts[1].isdigit():
+            index = int(parts[1])
+            if parts[2] == "pass":
                 reported[index] = TestOutcome(True)
-            elif len(parts) >= 5 and parts[4] in FAILURE_KINDS:
-                reported[index] = TestOutcome(False, parts[4], parts[5] if len(parts) > 5 else "")
-        elif parts[1] == "load" and len(parts) >= 3:
-            load = TestOutcome(False, "load", " ".join(parts[2:]))
+            elif len(parts) >= 4 and parts[3] in FAILURE_KINDS:
+                reported[index] = TestOutcome(False, parts[3], parts[4] if len(parts) > 4 else "")
+        elif parts[0] == "load" and len(parts) >= 2:
+            load = TestOutcome(False, "load", " ".join(parts[1:]))
     if load is not None:
         return [load] * total
     if result.timed_out:

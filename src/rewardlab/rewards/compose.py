@@ -22,13 +22,18 @@ are the reward's own options (`weight` is never one).
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rewardlab.registry import Registry
 from rewardlab.rewards.base import ON_ERROR, REWARDS, Reward, RewardError
-from rewardlab.rewards.shaping import SHAPINGS
+from rewardlab.rewards.shaping import SHAPINGS, build_shaped
 from rewardlab.types import Rollout, RewardOutput
+
+#: compose kind -> builder(path, label, <the node's keys>) -> Reward.
+COMPOSITIONS: Registry[Callable[..., Reward]] = Registry("composition", reserved=("path", "label"))
 
 
 # ---------------------------------------------------------------------------------------------- shared helpers
@@ -65,6 +70,32 @@ def _failed(components: dict[str, float], errors: Sequence[str]) -> RewardOutput
     return RewardOutput(score=0.0, components=components, error="; ".join(errors))
 
 
+def non_finite(score: float, components: Mapping[str, float] | None = None,
+               step_scores: Sequence[float] | None = None) -> str | None:
+    """The first NaN or +-inf among a score, its components and step scores, as a cause ("score is inf",
+    "component 'judge' is nan", "step_scores[2] is nan"); None when all are finite."""
+    if not math.isfinite(score):
+        return f"score is {score}"
+    for key, value in (components or {}).items():
+        if not math.isfinite(value):
+            return f"component {key!r} is {value}"
+    for j, value in enumerate(step_scores or ()):
+        if not math.isfinite(value):
+            return f"step_scores[{j}] is {value}"
+    return None
+
+
+def finite_or_error(out: RewardOutput, name: str) -> RewardOutput:
+    """`out` if its score, components and step scores are all finite; else an error output "<name>: <cause>" with
+    score 0, the finite components kept and no step scores (an output that already has an error keeps it, minus its
+    non-finite values)."""
+    cause = non_finite(out.score, out.components, out.step_scores)
+    if cause is None:
+        return out
+    components = {k: v for k, v in out.components.items() if math.isfinite(v)}
+    return RewardOutput(score=0.0, components=components, error=out.error or f"{name}: {cause}")
+
+
 # ---------------------------------------------------------------------------------------------- weighted sum
 class WeightedSum:
     """Several rewards combined as score = sum_k w_k * score_k.
@@ -77,9 +108,14 @@ class WeightedSum:
     step_scores = sum_k w_k * step_scores_k over the members with a non-zero weight that give step scores (one
     per `Rollout.steps` entry); None when none does. Step lists of different lengths are an error.
 
+    A member output with a NaN or inf score, component or step score is an error of that member ("<member>: score is
+    nan", "<member>: component 'x' is inf", ...), so no non-finite value reaches an estimator: it is counted in
+    `reward/errors` and handled by `on_error` like any other reward error; so is a weighted sum that overflows. This
+    is the one place every reward's output passes before the trainer sees it.
+
     A rollout with an error in any member gets those errors (joined with "; "), and its score follows `on_error`:
-    "zero" sets it to 0, "skip" also 0 (the trainer drops the rollout from the loss), "raise" raises `RewardError`
-    naming the reward and cause.
+    "zero" sets it to 0, "skip" also 0 (the trainer drops the rollout from the batch), "raise" raises
+    `RewardError` naming the reward and cause.
 
     Raises:
         ValueError: an unknown `on_error`, or `labels` of the wrong length.
@@ -103,14 +139,14 @@ class WeightedSum:
         self.name = name
 
     def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
-        per_member = [(label, w, m(rollouts)) for label, (m, w) in zip(self.labels, self.members)]
+        per_member = [(label, m.name, w, m(rollouts)) for label, (m, w) in zip(self.labels, self.members)]
         outputs = []
         for i in range(len(rollouts)):
             score, comps, errors, steps = 0.0, {}, [], None
             shaped = False
             unshaped = 0.0
-            for label, weight, outs in per_member:
-                o = outs[i]
+            for label, member, weight, outs in per_member:
+                o = finite_or_error(outs[i], member)
                 add_child(comps, label, o, bare=len(self.members) == 1)
                 if o.error is not None:
                     errors.append(o.error)
@@ -127,11 +163,17 @@ class WeightedSum:
                     steps = [s + weight * x for s, x in zip(steps, o.step_scores)]
             if shaped:
                 comps["unshaped"] = unshaped
+            if not errors:  # finite members can still overflow (1e308 * 10) or cancel (inf - inf)
+                cause = non_finite(score, comps, steps)
+                if cause is not None:
+                    errors.append(f"{self.name}: weighted {cause}")
             error = "; ".join(errors) or None
             if error is not None:
                 if self.on_error == "raise":
                     raise RewardError(error)
                 score = 0.0
+                comps = {k: v for k, v in comps.items() if math.isfinite(v)}
+                steps = steps if steps is None or all(math.isfinite(x) for x in steps) else None
             outputs.append(RewardOutput(score=score, components=comps, step_scores=steps, error=error))
         return outputs
 
@@ -314,26 +356,13 @@ class PenaltyReward:
 
 
 # ---------------------------------------------------------------------------------------------- config builder
-def _check_keys(spec: Mapping[str, Any], path: str, kind: str, required: Sequence[str],
-                optional: Sequence[str]) -> None:
-    for key in required:
-        if key not in spec:
-            raise ValueError(f"{path}: missing {key!r} ({kind})")
-    unknown = sorted(set(spec) - set(required) - set(optional))
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown} for {kind}; valid: "
-                         f"{', '.join(sorted({*required, *optional, 'label'}))}")
-
-
-def _number(spec: Mapping[str, Any], key: str, path: str, default: float) -> float:
-    value = spec.get(key, default)
+def _number(value: Any, key: str, path: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{path}.{key}: expected a number, got {value!r}")
     return float(value)
 
 
-def _list(spec: Mapping[str, Any], key: str, path: str) -> list[Any]:
-    value = spec[key]
+def _list(value: Any, key: str, path: str) -> list[Any]:
     if not isinstance(value, (list, tuple)) or not value:
         raise ValueError(f"{path}.{key}: expected a non-empty list of reward specs, got {value!r}")
     return list(value)
@@ -356,61 +385,52 @@ def _members(items: Sequence[Any], path: str) -> tuple[list[tuple[Reward, float]
 
 def _default_weight(spec: Mapping[str, Any]) -> float:
     """A leaf's default weight is its factory's `default_weight` (from `@reward(weight=...)`); a node's is 1."""
-    factory = REWARDS.get(spec["name"]) if isinstance(spec.get("name"), str) else None
+    factory = REWARDS.get(spec["name"], None) if isinstance(spec.get("name"), str) else None
     return getattr(factory, "default_weight", 1.0)
 
 
-def _compose_sum(spec: dict[str, Any], path: str, label: str | None) -> Reward:
-    _check_keys(spec, path, "compose: sum", ["rewards"], [])
-    members, labels = _members(_list(spec, "rewards", path), f"{path}.rewards")
+@COMPOSITIONS.register("sum")
+def _compose_sum(path: str, label: str | None, *, rewards: Sequence[Any]) -> Reward:
+    members, labels = _members(_list(rewards, "rewards", path), f"{path}.rewards")
     return WeightedSum(members, name=label or "sum", labels=labels)
 
 
-def _compose_gated(spec: dict[str, Any], path: str, label: str | None) -> Reward:
-    _check_keys(spec, path, "compose: gated", ["gate", "reward"], ["threshold", "gate_weight"])
-    gate, gate_label = build_node(spec["gate"], f"{path}.gate")
-    inner, inner_label = build_node(spec["reward"], f"{path}.reward")
-    return GatedReward(gate, inner, threshold=_number(spec, "threshold", path, 1.0),
-                       gate_weight=_number(spec, "gate_weight", path, 0.0), name=label or "gated",
+@COMPOSITIONS.register("gated")
+def _compose_gated(path: str, label: str | None, *, gate: Any, reward: Any, threshold: float = 1.0,
+                   gate_weight: float = 0.0) -> Reward:
+    gate_node, gate_label = build_node(gate, f"{path}.gate")
+    inner, inner_label = build_node(reward, f"{path}.reward")
+    return GatedReward(gate_node, inner, threshold=_number(threshold, "threshold", path),
+                       gate_weight=_number(gate_weight, "gate_weight", path), name=label or "gated",
                        labels=(gate_label, inner_label))
 
 
-def _compose_tiered(spec: dict[str, Any], path: str, label: str | None) -> Reward:
-    _check_keys(spec, path, "compose: tiered", ["tiers"], [])
-    items = _list(spec, "tiers", path)
+@COMPOSITIONS.register("tiered")
+def _compose_tiered(path: str, label: str | None, *, tiers: Sequence[Any]) -> Reward:
+    items = _list(tiers, "tiers", path)
     if len(items) < 2:
         raise ValueError(f"{path}.tiers: needs at least 2 tiers, got {len(items)}")
-    tiers, thresholds, labels = [], [], []
+    built, thresholds, labels = [], [], []
     for j, item in enumerate(items):
         tier_path = f"{path}.tiers[{j}]"
         tier_spec = _as_spec(item, tier_path)
-        threshold = _number(tier_spec, "threshold", tier_path, 1.0)
-        tier_spec.pop("threshold", None)
+        threshold = _number(tier_spec.pop("threshold", 1.0), "threshold", tier_path)
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"{tier_path}.threshold: must be in [0, 1] (tier scores are in [0, 1]), got {threshold}")
         reward, tier_label = build_node(tier_spec, tier_path)
-        tiers.append(reward)
+        built.append(reward)
         labels.append(tier_label)
         if j < len(items) - 1:
             thresholds.append(threshold)
-    return TieredReward(tiers, thresholds, name=label or "tiered", labels=labels)
+    return TieredReward(built, thresholds, name=label or "tiered", labels=labels)
 
 
-def _compose_penalty(spec: dict[str, Any], path: str, label: str | None) -> Reward:
-    _check_keys(spec, path, "compose: penalty", ["reward", "penalties"], [])
-    inner, inner_label = build_node(spec["reward"], f"{path}.reward")
-    built = [build_node(p, f"{path}.penalties[{j}]") for j, p in enumerate(_list(spec, "penalties", path))]
+@COMPOSITIONS.register("penalty")
+def _compose_penalty(path: str, label: str | None, *, reward: Any, penalties: Sequence[Any]) -> Reward:
+    inner, inner_label = build_node(reward, f"{path}.reward")
+    built = [build_node(p, f"{path}.penalties[{j}]") for j, p in enumerate(_list(penalties, "penalties", path))]
     return PenaltyReward(inner, [b[0] for b in built], name=label or "penalty",
                          labels=[inner_label, *(b[1] for b in built)])
-
-
-#: compose kind -> builder(spec without `compose`/`label`, path, label) -> Reward.
-COMPOSITIONS: dict[str, Callable[[dict[str, Any], str, str | None], Reward]] = {
-    "sum": _compose_sum,
-    "gated": _compose_gated,
-    "tiered": _compose_tiered,
-    "penalty": _compose_penalty,
-}
 
 
 def _as_spec(item: Any, path: str) -> dict[str, Any]:
@@ -419,6 +439,20 @@ def _as_spec(item: Any, path: str) -> dict[str, Any]:
     if not isinstance(item, Mapping):
         raise ValueError(f"{path}: expected a reward spec (a mapping like {{name: ...}} or a name), got {item!r}")
     return dict(item)
+
+
+#: True while `check_specs` walks a spec tree: leaves are checked, not constructed.
+_CHECKING: contextvars.ContextVar[bool] = contextvars.ContextVar("rewardlab_checking_reward_specs", default=False)
+
+
+class _Unbuilt:
+    """Stands in for a leaf reward while `check_specs` walks a spec tree: it has a name and is never called."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
+        raise RuntimeError(f"reward {self.name}: a spec being checked is never scored")
 
 
 def build_node(item: Any, path: str) -> tuple[Reward, str]:
@@ -441,23 +475,28 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
         raise ValueError(f"{path}.weight: a weight belongs to a member of a sum (the rewards list or compose: sum)")
     if "compose" in spec:
         kind = spec.pop("compose")
-        if kind not in COMPOSITIONS:
-            raise ValueError(f"{path}.compose: unknown composition {kind!r}; valid: {', '.join(COMPOSITIONS)}")
         try:
-            return COMPOSITIONS[kind](spec, path, label), label or kind
+            builder = COMPOSITIONS.get(kind)
+        except ValueError as exc:
+            raise ValueError(f"{path}.compose: {exc}") from None
+        COMPOSITIONS.check(kind, spec, field=path, complete=True)
+        try:
+            return builder(path, label, **spec), label or kind
         except ValueError as exc:
             if str(exc).startswith(path):
                 raise
             raise ValueError(f"{path}: {exc}") from None
     if "shape" in spec:
         kind = spec.pop("shape")
-        if kind not in SHAPINGS:
-            raise ValueError(f"{path}.shape: unknown shaping {kind!r}; valid: {', '.join(SHAPINGS)}")
+        try:
+            SHAPINGS.get(kind)
+        except ValueError as exc:
+            raise ValueError(f"{path}.shape: {exc}") from None
         if "reward" not in spec:
             raise ValueError(f"{path}: missing 'reward' (shape: {kind})")
         inner, inner_label = build_node(spec.pop("reward"), f"{path}.reward")
         try:
-            shaped = SHAPINGS[kind](inner, spec, path, build_node)
+            shaped = build_shaped(kind, inner, spec, path, build_node)
             shaped.name = label or inner_label
             return shaped, shaped.name
         except ValueError as exc:
@@ -465,17 +504,45 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
                 raise
             raise ValueError(f"{path} (shape: {kind}): {exc}") from None
     name = spec.pop("name")
-    if name not in REWARDS:
-        raise ValueError(f"{path}.name: unknown reward {name!r}; valid: {', '.join(sorted(REWARDS))}")
     try:
-        reward = REWARDS[name](**spec)
+        factory = REWARDS.get(name)
+    except ValueError as exc:
+        raise ValueError(f"{path}.name: {exc}") from None
+    REWARDS.check(name, spec, field=path, complete=True)
+    if _CHECKING.get():
+        return _Unbuilt(name), label or name
+    try:
+        reward = factory(**spec)
     except (TypeError, ValueError, OSError) as exc:  # OSError: a model path that does not load
         raise ValueError(f"{path} ({name}): {exc}".splitlines()[0]) from None
     return reward, label or reward.name
 
 
+def check_specs(specs: Sequence[Any] | Mapping[str, Any] | str, *, on_error: str = "zero") -> None:
+    """Check a `rewards:` spec tree without constructing any leaf reward (nothing loads a model or opens a
+    connection): every reward name, composition and shaping kind, key and option, and the nodes' own values.
+
+    Raises:
+        ValueError: the first problem, in one line naming its path (as `build_sum` would raise it).
+    """
+    token = _CHECKING.set(True)
+    try:
+        _build_sum(specs, on_error)
+    finally:
+        _CHECKING.reset(token)
+
+
 def build_sum(specs: Sequence[Any] | Mapping[str, Any] | str, *, on_error: str = "zero") -> WeightedSum:
-    """The top-level `rewards:` list as a `WeightedSum` (see `rewards.base.build_reward`, which calls this)."""
+    """The top-level `rewards:` list as a `WeightedSum` (see `rewards.base.build_reward`, which calls this).
+
+    The whole tree is checked first (`check_specs`), so a bad option anywhere is reported before any leaf is
+    constructed (e.g. before a reward model earlier in the list loads).
+    """
+    check_specs(specs, on_error=on_error)
+    return _build_sum(specs, on_error)
+
+
+def _build_sum(specs: Sequence[Any] | Mapping[str, Any] | str, on_error: str) -> WeightedSum:
     if isinstance(specs, (str, Mapping)):
         specs = [specs]
     if not isinstance(specs, Sequence) or not specs:

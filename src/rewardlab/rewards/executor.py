@@ -6,6 +6,12 @@ item that runs past its timeout is killed together with its worker, and pebble s
 Every item comes back, in input order, either as the function's return value or as a `TaskError` that names the
 cause - never as a silent 0.
 
+A worker that dies (the OOM killer, a segfault, a kill) fails only the item it was running ("crashed"). pebble gives
+up the whole pool when a worker dies while no item runs, and its workers wait forever when one dies holding the
+pool's channel lock (as while reading a task or writing a result); `map` restarts such a pool - it is also
+restarted when no result arrives for the item timeout plus `_STALL_GRACE` seconds - and runs the items it had not
+finished once more on a fresh one. The workers of a broken pool are stopped, not left behind.
+
     with Executor(workers=2) as ex:
         results = ex.map(check, items, timeout=5.0)      # [value | TaskError, ...] in input order
 
@@ -17,10 +23,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +39,9 @@ __all__ = ["Executor", "TaskError", "default_workers", "shared_executor"]
 
 #: TaskError kinds.
 TIMEOUT, EXCEPTION, CRASHED = "timeout", "exception", "crashed"
+#: Seconds beyond a task's own timeout after which a pool that returned no result is taken as stuck. A healthy pool
+#: finishes some started task within its timeout plus pebble's 3 s kill grace and a worker's restart.
+_STALL_GRACE = 10.0
 
 
 @dataclass(frozen=True)
@@ -38,9 +50,10 @@ class TaskError:
 
     Attributes:
         kind: "timeout" (ran past the per-item wall timeout; its worker was killed and replaced), "exception" (the
-            function raised) or "crashed" (the worker process died, e.g. killed by the OOM killer or a segfault).
-        message: one line naming the cause, e.g. "timed out after 5 s (worker killed and replaced)" or
-            "ZeroDivisionError: division by zero".
+            function raised) or "crashed" (the worker process died, e.g. killed by the OOM killer or a segfault, or
+            the pool failed twice while the item waited).
+        message: one line naming the cause, e.g. "timed out after 5 s (worker killed and replaced)",
+            "worker process died (killed by SIGKILL)" or "ZeroDivisionError: division by zero".
     """
 
     kind: str
@@ -109,6 +122,8 @@ class Executor:
     def _get_pool(self) -> ProcessPool:
         with self._lock:
             if self._pool is None or not self._pool.active:
+                if self._finalizer is not None:  # a pool pebble gave up: stop the workers it left running
+                    self._finalizer()
                 context = multiprocessing.get_context(self.start_method)
                 self._pool = ProcessPool(max_workers=self.workers, context=context)
                 # Runs at close(), at garbage collection or at interpreter exit (atexit), whichever is first; it
@@ -167,37 +182,76 @@ class Executor:
         items = list(items)
         if not items:
             return []
-        pool = self._get_pool()
         results: list[Any] = [None] * len(items)
-        starts = list(range(0, len(items), chunk_size))
-        futures = [
-            pool.schedule(_run_chunk, args=(fn, items[s : s + chunk_size]),
-                          timeout=None if timeout is None else timeout * len(items[s : s + chunk_size]))
-            for s in starts
-        ]
-        retry: list[int] = []
-        for s, future in zip(starts, futures):
-            n = len(items[s : s + chunk_size])
-            try:
-                for k, (ok, value) in enumerate(future.result()):
-                    results[s + k] = value if ok else TaskError(EXCEPTION, value)
-            except Exception as exc:  # noqa: BLE001 - every failure becomes an explicit error value
-                error = self._error(exc, timeout)
-                if n > 1 and error.kind in (TIMEOUT, CRASHED):
-                    retry.extend(range(s, s + n))  # find the guilty item by running each alone
-                else:
-                    results[s : s + n] = [error] * n
-        if retry:
-            for i, value in zip(retry, self.map(fn, [items[i] for i in retry], timeout=timeout, chunk_size=1)):
+        chunks = [(s, min(s + chunk_size, len(items))) for s in range(0, len(items), chunk_size)]
+        rerun: list[int] = []  # items of a multi-item chunk that timed out or crashed: run each alone
+        why = ""
+        for _attempt in range(2):  # a chunk the pool failed on (not the chunk's fault) gets one more try
+            chunks, why = self._run(fn, items, chunks, timeout, results, rerun)
+            if not chunks:
+                break
+        for start, end in chunks:  # the pool failed on them twice
+            results[start:end] = [TaskError(CRASHED, why)] * (end - start)
+        if rerun:
+            for i, value in zip(rerun, self.map(fn, [items[i] for i in rerun], timeout=timeout, chunk_size=1)):
                 results[i] = value
         return results
+
+    def _run(self, fn: Callable[[Any], Any], items: list[Any], chunks: list[tuple[int, int]], timeout: float | None,
+             results: list[Any], rerun: list[int]) -> tuple[list[tuple[int, int]], str]:
+        """Run `chunks` ([start, end) ranges of `items`) on the pool, filling `results` and `rerun`. Returns the
+        chunks left unfinished because the pool itself failed (pebble gave it up, or it stopped answering; it is
+        then stopped), and why; ([], "") when every chunk came back."""
+        pool = self._get_pool()
+        futures = {}
+        try:
+            for start, end in chunks:
+                task_timeout = None if timeout is None else timeout * (end - start)
+                futures[pool.schedule(_run_chunk, args=(fn, items[start:end]), timeout=task_timeout)] = (start, end)
+        except RuntimeError as exc:  # pebble gave the pool up while we scheduled (a worker died just now)
+            self.close()
+            return chunks, f"the worker pool failed ({_one_line(exc)})"
+        longest = max(end - start for start, end in chunks)
+        stall = None if timeout is None else timeout * longest + _STALL_GRACE
+        lost: list[tuple[int, int]] = []
+        why = ""
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=stall, return_when=FIRST_COMPLETED)
+            if not done:  # no result for `stall` seconds: the pool is stuck (e.g. a worker died holding its lock)
+                lost.extend(futures[f] for f in pending)
+                why = f"the worker pool stopped answering (no result for {stall:g} s)"
+                break
+            for future in done:
+                start, end = futures[future]
+                try:
+                    values = future.result()
+                except (BrokenProcessPool, RuntimeError) as exc:  # the pool failed, not this chunk
+                    lost.append((start, end))
+                    why = f"the worker pool failed ({_one_line(exc)})"
+                    continue
+                except Exception as exc:  # noqa: BLE001 - every failure becomes an explicit error value
+                    error = self._error(exc, timeout)
+                    if end - start > 1 and error.kind in (TIMEOUT, CRASHED):
+                        rerun.extend(range(start, end))  # find the guilty item by running each alone
+                    else:
+                        results[start:end] = [error] * (end - start)
+                    continue
+                for k, (ok, value) in enumerate(values):
+                    results[start + k] = value if ok else TaskError(EXCEPTION, value)
+        if lost:
+            self.close()  # stop what is left of the pool; the next _get_pool starts a fresh one
+        return sorted(lost), why
 
     @staticmethod
     def _error(exc: BaseException, timeout: float | None) -> TaskError:
         if isinstance(exc, FutureTimeoutError):
             return TaskError(TIMEOUT, f"timed out after {timeout:g} s (worker killed and replaced)")
         if isinstance(exc, ProcessExpired):
-            return TaskError(CRASHED, f"worker process died (exit code {exc.exitcode})")
+            code = exc.exitcode
+            if code is not None and code < 0 and -code in signal.Signals._value2member_map_:
+                return TaskError(CRASHED, f"worker process died (killed by {signal.Signals(-code).name})")
+            return TaskError(CRASHED, f"worker process died (exit code {code})")
         return TaskError(EXCEPTION, _one_line(exc))
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+from rewardlab.registry import Registry
 from rewardlab.rewards.base import register_reward
 from rewardlab.rewards.extract import boxed_spans
 from rewardlab.types import Rollout, RewardOutput
+
+#: Named patterns: name -> factory(<its tag options>, allow_empty=) -> check(text) -> bool.
+PATTERNS: Registry[Callable[..., Callable[[str], bool]]] = Registry("format pattern")
 
 
 def _no_tags(tags: Sequence[str]) -> str:
@@ -16,6 +20,7 @@ def _no_tags(tags: Sequence[str]) -> str:
     return rf"(?:(?!{alternatives}).)*"
 
 
+@PATTERNS.register("think_answer")
 def think_answer(
     think_tag: str = "think", answer_tag: str = "answer", allow_empty: bool = False
 ) -> Callable[[str], bool]:
@@ -32,7 +37,8 @@ def think_answer(
     return check
 
 
-def answer(answer_tag: str = "answer", allow_empty: bool = False, **_: object) -> Callable[[str], bool]:
+@PATTERNS.register("answer")
+def answer(answer_tag: str = "answer", allow_empty: bool = False) -> Callable[[str], bool]:
     """Exactly one `<answer>` and one `</answer>`, in that order (other text around is allowed), and (unless
     `allow_empty`) a non-blank content."""
     open_tag, close_tag = f"<{answer_tag}>", f"</{answer_tag}>"
@@ -46,7 +52,8 @@ def answer(answer_tag: str = "answer", allow_empty: bool = False, **_: object) -
     return check
 
 
-def boxed(allow_empty: bool = False, **_: object) -> Callable[[str], bool]:
+@PATTERNS.register("boxed")
+def boxed(allow_empty: bool = False) -> Callable[[str], bool]:
     """Exactly one `\\boxed` in the text, its `{` closed by a matching `}` (nested braces balanced, escaped `\\{`
     `\\}` not counted), and (unless `allow_empty`) a non-blank content. `\\boxed{\\boxed{1}}` has two: 0."""
 
@@ -60,14 +67,6 @@ def boxed(allow_empty: bool = False, **_: object) -> Callable[[str], bool]:
         return allow_empty or bool(text[a:b].strip())
 
     return check
-
-
-#: Named patterns: name -> factory(think_tag=, answer_tag=, allow_empty=) -> check(text) -> bool.
-PATTERNS: dict[str, Callable[..., Callable[[str], bool]]] = {
-    "think_answer": think_answer,
-    "answer": answer,
-    "boxed": boxed,
-}
 
 
 class FormatReward:
@@ -85,20 +84,25 @@ class FormatReward:
     Args:
         pattern: a name in `PATTERNS`; ignored when `regex` is given.
         regex: a full-match regex instead of a named pattern.
-        think_tag, answer_tag: tag names (defaults "think", "answer").
+        think_tag, answer_tag: tag names (defaults "think", "answer"), for the patterns that have those tags
+            (think_answer: both; answer: answer_tag; boxed: none).
         allow_empty: accept blank tag/box contents (default False).
     Raises:
-        ValueError: an unknown pattern name (the message lists them), both `pattern` and `regex`, or a regex that
+        ValueError: an unknown pattern name (the message lists them), both `pattern` and `regex`, a tag option the
+            pattern does not have or given with `regex` (the message lists the pattern's options), or a regex that
             does not compile.
     """
 
     name = "format"
 
-    def __init__(self, pattern: str | None = None, regex: str | None = None, think_tag: str = "think",
-                 answer_tag: str = "answer", allow_empty: bool = False) -> None:
+    def __init__(self, pattern: str | None = None, regex: str | None = None, think_tag: str | None = None,
+                 answer_tag: str | None = None, allow_empty: bool = False) -> None:
         if pattern is not None and regex is not None:
             raise ValueError("pattern, regex: give one of them, not both")
+        tags = {k: v for k, v in (("think_tag", think_tag), ("answer_tag", answer_tag)) if v is not None}
         if regex is not None:
+            if tags:
+                raise ValueError(f"{', '.join(tags)}: not used with regex (the regex spells out its own tags)")
             try:
                 compiled = re.compile(regex, re.DOTALL)
             except re.error as exc:
@@ -107,9 +111,12 @@ class FormatReward:
             self.pattern = None
         else:
             pattern = pattern or "think_answer"
-            if pattern not in PATTERNS:
-                raise ValueError(f"pattern: unknown {pattern!r}; valid: {', '.join(PATTERNS)}")
-            self.check = PATTERNS[pattern](think_tag=think_tag, answer_tag=answer_tag, allow_empty=allow_empty)
+            try:
+                factory = PATTERNS.get(pattern)
+                PATTERNS.check(pattern, tags)
+            except ValueError as exc:
+                raise ValueError(f"pattern: {exc}") from None
+            self.check = factory(allow_empty=allow_empty, **tags)
             self.pattern = pattern
         self.regex = regex
 

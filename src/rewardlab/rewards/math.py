@@ -108,7 +108,7 @@ class MathReward:
 
     Errors (RewardOutput.error, score 0): "math: timed out after T s (worker killed and replaced)", "math: row has
     no 'answer'" (or an empty one), "math: ValueError: reference answer '...' could not be parsed", "math: worker
-    process died (exit code N)".
+    process died (killed by SIGKILL)" (or "(exit code N)"; only the item the worker was checking).
 
     Args:
         extract: extraction methods in order; default ("answer_tag", "boxed", "last_number").

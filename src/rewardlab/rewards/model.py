@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -306,13 +305,6 @@ class ProcessRewardModel:
         return outputs  # type: ignore[return-value]
 
 
-@register_reward("reward_model")
-def reward_model(**options: Any) -> RewardModel:
-    """Outcome reward model from a checkpoint directory (`path`); see `RewardModel` for the options."""
-    return RewardModel(**options)
-
-
-@register_reward("process_reward_model")
-def process_reward_model(**options: Any) -> ProcessRewardModel:
-    """Process reward model from a checkpoint directory (`path`); see `ProcessRewardModel` for the options."""
-    return ProcessRewardModel(**options)
+# The classes are the factories: their __init__ parameters are the options `REWARDS.check` reads.
+register_reward("reward_model")(RewardModel)
+register_reward("process_reward_model")(ProcessRewardModel)

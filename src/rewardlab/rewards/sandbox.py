@@ -23,8 +23,10 @@ namespaces and mount_setattr, i.e. Linux >= 5.12):
                 vanishes with it. Nothing touches the host's disk: the source, stdout and stderr are memfds passed
                 over the launcher's socket; RLIMIT_FSIZE bounds the outputs, the caller keeps the last
                 `output_bytes` of each.
-    network     a new network namespace with only a loopback device that is down: connect() fails with
-                ENETUNREACH, to 127.0.0.1 too.
+    network     socket(2) is refused (EACCES, a seccomp filter) and so is io_uring (ENOSYS), which can open sockets
+                without it; socketpair(2) works. A network namespace alone would not do: a Unix socket of the host
+                (a session bus, an agent) stays reachable through the read-only mounts, and so does vsock. Behind
+                the filter, a new network namespace with only a loopback device that is down.
     environment the program gets HOME=TMPDIR=its work dir, PATH, LANG; nothing from the caller's environment.
                 It runs as `__main__` from main.py, the only file in its fresh work dir.
                 /proc is the namespace's own, so other processes' environ files are not there to read.
@@ -38,16 +40,20 @@ What is not contained:
     - memory across processes: RLIMIT_AS is per process, so a sandbox can use up to max_processes x memory_bytes
       plus its tmpfs (disk_bytes) and its outputs (2 x file_size_bytes, in memory); there is no cgroup. CPU time
       likewise is per process; the wall timeout bounds all of it.
-    - kernel bugs: user namespaces widen the kernel surface a program can reach; no seccomp filter narrows it.
+    - kernel bugs: user namespaces widen the kernel surface a program can reach; the seccomp filter narrows it
+      only by socket(2) and io_uring.
     - honesty: code run in one process with its tests can tamper with them (see rewardlab.rewards.code).
 
 "process" isolation (the kernel refuses user namespaces; or isolation="process"): a fresh temp dir on disk as the
-working directory (files elsewhere stay writable where the uid may write), the same scrubbed
-environment and rlimits, socket(2) refused by a seccomp filter (or, where seccomp is unavailable, by replacing
-Python's socket classes - which ctypes can bypass), the program in its own session, and at exit or timeout every
-descendant is killed (the sandbox's setup process is a child subreaper, so orphans come back to it). Root callers'
-programs run as uid 65534. Weaker than namespaces: RLIMIT_NPROC counts all processes of that uid on the machine
-(the limit is set to those running now plus max_processes), the program can signal other processes of its uid,
+working directory, the same scrubbed environment and rlimits, socket(2) and io_uring refused by the same seccomp
+filter (or, where seccomp is unavailable, by replacing Python's socket classes - which ctypes can bypass), the
+program in its own session, and at exit or timeout every descendant is killed (the sandbox's setup process is a
+child subreaper, so orphans come back to it). Root callers' programs run as uid 65534. Where the kernel has Landlock
+(Linux >= 5.13) the program and its children may write only in the work dir (and /dev/null), and with Landlock ABI 6
+(Linux >= 6.12) may signal only each other: not the supervisor, the launcher, the caller, other sandboxes or other
+processes of their uid. Without Landlock, files the uid may write stay writable (world-writable /tmp included) and
+the program can signal other processes of its uid. Weaker than namespaces either way: RLIMIT_NPROC counts all
+processes of that uid on the machine (the limit is set to those running now plus max_processes),
 and it sees the host's /proc. isolation="namespaces" refuses to run instead of falling back.
 
 Implementation: a launcher process (`_sandbox_launcher.py`, stdlib only, single-threaded) is started once per
@@ -227,6 +233,18 @@ class _Launcher:
             return "no log"
         return lines[-1] if lines else "no output"
 
+    def _exit_cause(self) -> str:
+        """How the launcher ended ("killed by SIGKILL", "exit code 1: <its last log line>"), for error messages."""
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return self._log_tail()
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            return f"killed by {name}"
+        tail = self._log_tail()
+        return f"exit code {code}" + (f": {tail}" if tail not in ("no output", "no log") else "")
+
     def _read(self) -> None:
         while True:
             reply, fds = self._recv()
@@ -241,7 +259,7 @@ class _Launcher:
                 for fd in fds:
                     os.close(fd)
         with self.lock:
-            self.dead = f"sandbox: the launcher exited ({self._log_tail()})"
+            self.dead = f"sandbox: the launcher exited ({self._exit_cause()})"
             pending, self.pending = self.pending, {}
         for future in pending.values():
             future.set_exception(SandboxError(self.dead))
@@ -455,7 +473,9 @@ def _result(reply: dict, stdout: str, stderr: str, limits: SandboxLimits) -> San
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         cause = _SIGNAL_CAUSES.get(sig)
-        if sig == signal.SIGKILL and cpu >= limits.cpu - 0.05:  # RLIMIT_CPU's hard limit is a SIGKILL
+        # RLIMIT_CPU's hard limit is a SIGKILL. The CPU time wait4 reports can read well below what the limit
+        # counted (0.77-0.9 s at a 1 s limit on a loaded 2-core virtual machine), so half the limit is the mark.
+        if sig == signal.SIGKILL and cpu >= 0.5 * limits.cpu:
             cause = "CPU time limit"
         reason = f"killed by {name}" + (f" ({cause})" if cause else "")
     else:

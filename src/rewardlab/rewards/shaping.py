@@ -13,7 +13,12 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from rewardlab.registry import Registry
 from rewardlab.types import Rollout, RewardOutput
+
+#: shape kind -> the shaping node's class, `cls(reward, <options>, name=)`. Its options are numbers unless its
+#: registration meta names them as `fields` (row field names, strings) or `specs` (nested reward specs).
+SHAPINGS: Registry[Callable[..., Any]] = Registry("shaping", reserved=("reward", "name"))
 
 
 # ---------------------------------------------------------------------------------------------- pure functions
@@ -163,6 +168,7 @@ class ShapedReward:
         return result
 
 
+@SHAPINGS.register("length")
 class LengthShaped(ShapedReward):
     """score = reward + length_penalty(L, coef, free_len); component `length_penalty`."""
 
@@ -178,6 +184,7 @@ class LengthShaped(ShapedReward):
         return [(o.score + p, o.step_scores, {"length_penalty": p}) for o, p in zip(outputs, pens)]
 
 
+@SHAPINGS.register("overlong")
 class OverlongShaped(ShapedReward):
     """score = reward + overlong_penalty(L, max_len, buffer, factor) (DAPO); component `overlong_penalty`."""
 
@@ -194,6 +201,7 @@ class OverlongShaped(ShapedReward):
         return [(o.score + p, o.step_scores, {"overlong_penalty": p}) for o, p in zip(outputs, pens)]
 
 
+@SHAPINGS.register("par", fields=("ref_field", "ref_completion_field"), specs=("ref_reward",))
 class PARShaped(ShapedReward):
     """score = par_reward(reward, r_ref); component `par_ref` (the mean reference reward).
 
@@ -272,6 +280,7 @@ class PARShaped(ShapedReward):
         return result
 
 
+@SHAPINGS.register("clip")
 class ClipShaped(ShapedReward):
     """step_scores = clip_steps(step_scores, eta) (Gao et al. 2024); the score passes through."""
 
@@ -287,6 +296,7 @@ class ClipShaped(ShapedReward):
                 for o in outputs]
 
 
+@SHAPINGS.register("delta")
 class DeltaShaped(ShapedReward):
     """step_scores = delta_steps(step_scores) (Gao et al. 2024); the score passes through."""
 
@@ -298,59 +308,33 @@ class DeltaShaped(ShapedReward):
                 for o in outputs]
 
 
-# ---------------------------------------------------------------------------------------------- config builders
+# ---------------------------------------------------------------------------------------------- config builder
 Build = Callable[[Any, str], tuple[Any, str]]
 
 
-def _options(spec: Mapping[str, Any], path: str, kind: str, required: Sequence[str],
-             optional: Sequence[str]) -> dict[str, Any]:
-    for key in required:
-        if key not in spec:
-            raise ValueError(f"{path}: missing {key!r} (shape: {kind})")
-    unknown = sorted(set(spec) - set(required) - set(optional))
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown} for shape: {kind}; valid: "
-                         f"{', '.join(sorted({*required, *optional, 'reward', 'label'}))}")
+def build_shaped(kind: str, inner: Any, spec: Mapping[str, Any], path: str, build: Build) -> Any:
+    """The shaping node `{shape: kind, ...spec}` found at `path`, wrapping the built reward `inner`.
+
+    Every key of `spec` must be an option of `SHAPINGS[kind]` (and its required options present); a number option
+    must be a finite number, a `fields` option a string; a `specs` option is built with `build(spec, path)`.
+
+    Raises:
+        ValueError: one line naming `path`: an unknown kind (listing the valid ones), an unknown or missing option
+            (listing the valid ones), a value of the wrong type, or what the node's constructor raises.
+    """
+    try:
+        cls = SHAPINGS.get(kind)
+    except ValueError as exc:
+        raise ValueError(f"{path}.shape: {exc}") from None
+    SHAPINGS.check(kind, spec, field=path, complete=True)
+    meta = SHAPINGS.meta(kind)
+    options = dict(spec)
     for key, value in spec.items():
-        if key in ("ref_field", "ref_completion_field", "ref_reward"):
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if key in meta.get("specs", ()):
+            options[key] = build(value, f"{path}.{key}")[0]
+        elif key in meta.get("fields", ()):
+            if not isinstance(value, str):
+                raise ValueError(f"{path}.{key}: expected a row field name, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{path}.{key}: expected a number, got {value!r}")
-    return dict(spec)
-
-
-def _build_length(inner, spec, path, build):
-    return LengthShaped(inner, **_options(spec, path, "length", ["coef"], ["free_len"]))
-
-
-def _build_overlong(inner, spec, path, build):
-    return OverlongShaped(inner, **_options(spec, path, "overlong", ["max_len", "buffer"], ["factor"]))
-
-
-def _build_par(inner, spec, path, build):
-    options = _options(spec, path, "par", [], ["ref", "ref_field", "ref_completion_field", "ref_reward"])
-    for key in ("ref_field", "ref_completion_field"):
-        if key in options and not isinstance(options[key], str):
-            raise ValueError(f"{path}.{key}: expected a row field name, got {options[key]!r}")
-    if "ref_reward" in options:
-        options["ref_reward"] = build(options["ref_reward"], f"{path}.ref_reward")[0]
-    return PARShaped(inner, **options)
-
-
-def _build_clip(inner, spec, path, build):
-    return ClipShaped(inner, **_options(spec, path, "clip", ["eta"], []))
-
-
-def _build_delta(inner, spec, path, build):
-    _options(spec, path, "delta", [], [])
-    return DeltaShaped(inner)
-
-
-#: shape kind -> builder(inner reward, options, path, build) -> Reward; `build(spec, path)` builds a nested spec.
-SHAPINGS: dict[str, Callable[[Any, dict[str, Any], str, Build], Any]] = {
-    "length": _build_length,
-    "overlong": _build_overlong,
-    "par": _build_par,
-    "clip": _build_clip,
-    "delta": _build_delta,
-}
+    return cls(inner, **options)

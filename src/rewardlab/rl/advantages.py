@@ -14,50 +14,63 @@ Conventions shared by all estimators:
 - Sequence-level advantages are broadcast to every response token; outputs are 0 wherever ``mask`` is 0.
 - Process rewards arrive as options ``step_rewards`` [N, T] (a step's reward on its last token) and ``step_mask``
   [N, T] (1 on each step's last token).
-- Every estimator accepts and ignores options it does not use, so a trainer can pass one common set.
+- Every estimator declares its options by name; ``compute_advantages`` refuses an option the estimator does not
+  declare (a ValueError naming it and listing the valid ones), so nothing is silently ignored.
+- Inputs are upcast to float64 and every statistic (sums, means, stds, whitening) is computed in float64; the
+  result is cast to float32. Means are taken after subtracting the group's (or batch's) minimum, so a group whose
+  rewards are all equal gets exactly 0 from every group-centered estimator, and whitening equal values gives
+  exactly 0.
+- A NaN or inf in ``token_rewards``, ``values``, ``step_rewards``, ``baseline``, ``components`` or ``weights`` at a
+  position the estimator reads (inside the mask) is a ValueError naming the input and index; values outside the
+  mask are ignored.
+- ``ESTIMATORS.meta(name)["min_group_size"]`` is the fewest rollouts a group needs (2 for the leave-one-out
+  estimators, which raise on a smaller group; 1 for the others, which give a group of size 1 an advantage of 0 or
+  treat it like any other).
 
-Group statistics are computed with ``torch.unique(return_inverse=True)`` and ``index_add_``: no Python loop over
-rollouts. Reverse discounted sums loop over the T time steps only when gamma != 1.
+Group statistics are computed with ``torch.unique(return_inverse=True)``, ``index_add_`` and ``scatter_reduce_``:
+no Python loop over rollouts. Reverse discounted sums loop over the T time steps only when gamma != 1.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-__all__ = ["ESTIMATORS", "ESTIMATOR_INPUTS", "register_estimator", "compute_advantages"]
+from rewardlab.registry import Registry
 
-ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
-#: name -> the options an estimator needs beyond token_rewards/mask/group (a trainer supplies them by these names).
-ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {}
+__all__ = ["ESTIMATORS", "INPUTS", "register_estimator", "compute_advantages"]
+
+#: The inputs every estimator takes; everything else it declares is an option.
+INPUTS = ("token_rewards", "mask", "group")
+#: name -> estimator. ``ESTIMATORS.meta(name)["needs"]``: the options it needs beyond token_rewards/mask/group that
+#: only a trainer can compute (a trainer supplies them by these names); ``["min_group_size"]``: the fewest rollouts
+#: a prompt group needs (a trainer drops smaller groups, e.g. after skipping errored rollouts).
+ESTIMATORS: Registry[Callable[..., Tensor]] = Registry("advantage estimator", reserved=INPUTS)
 
 DEFAULT_EPS = 1e-6
 
 
-def register_estimator(name: str, needs: tuple[str, ...] = ()) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+def register_estimator(name: str, needs: tuple[str, ...] = (), *, min_group_size: int = 1,
+                       **meta: Any) -> Callable[[Callable], Callable]:
     """Register an advantage estimator in ``ESTIMATORS`` under ``name``.
 
-    The decorated function must have the signature ``fn(*, token_rewards, mask, group, **options) -> Tensor``.
-    ``needs`` names the options it requires that only a trainer can compute (e.g. ``baseline``, ``values``,
-    ``step_rewards``); they are recorded in ``ESTIMATOR_INPUTS``.
+    The decorated function must have the signature ``fn(*, token_rewards, mask, group, <options>) -> Tensor`` with
+    every option declared by name (no ``**kwargs``). ``needs`` names the options it requires that only a trainer
+    can compute (e.g. ``baseline``, ``values``, ``step_rewards``); they are recorded as ``meta(name)["needs"]``.
+    ``min_group_size`` (int >= 1, default 1) is the fewest rollouts per prompt group the estimator accepts,
+    recorded as ``meta(name)["min_group_size"]``; any further ``meta`` is recorded too.
 
     Raises:
-        ValueError: if ``name`` is already registered.
+        ValueError: if ``name`` is already registered or ``min_group_size`` < 1.
     """
-
-    def decorator(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = fn
-        ESTIMATOR_INPUTS[name] = tuple(needs)
-        return fn
-
-    return decorator
+    if isinstance(min_group_size, bool) or not isinstance(min_group_size, int) or min_group_size < 1:
+        raise ValueError(f"advantage estimator {name!r}: min_group_size must be an int >= 1, got {min_group_size!r}")
+    return ESTIMATORS.register(name, needs=tuple(needs), min_group_size=min_group_size, **meta)
 
 
-def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group: Tensor, **options) -> Tensor:
+def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group: Tensor, **options: Any) -> Tensor:
     """Look up the estimator ``name`` in ``ESTIMATORS`` and apply it.
 
     Args:
@@ -65,16 +78,16 @@ def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group:
         token_rewards: [N, T] float, rewards on response tokens.
         mask: [N, T] bool/0-1, response tokens.
         group: [N] int64, prompt-group id of each rollout.
-        **options: estimator options; options an estimator does not use are ignored.
+        **options: estimator options; each must be declared by the estimator.
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: if ``name`` is not registered (the message lists the valid names), or whatever the estimator
-            raises for invalid inputs.
+        ValueError: if ``name`` is not registered (the message lists the valid names), an option is not one the
+            estimator declares (the message names it and lists the valid ones), or whatever the estimator raises
+            for invalid inputs.
     """
     fn = ESTIMATORS.get(name)
-    if fn is None:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}")
+    ESTIMATORS.check(name, options)
     return fn(token_rewards=token_rewards, mask=mask, group=group, **options)
 
 
@@ -82,23 +95,47 @@ def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group:
 # helpers
 
 
+#: dtype of every intermediate statistic; inputs are upcast to it and results cast back to float32.
+_COMPUTE = torch.float64
+
+
+def _check_finite(name: str, x: Tensor, where: Tensor | None = None) -> None:
+    """Raise ValueError naming ``name`` and the first index where x is NaN or +-inf (only where ``where`` is true)."""
+    bad = ~torch.isfinite(x)
+    if where is not None:
+        bad = bad & where
+    if bool(bad.any()):
+        index = tuple(bad.nonzero()[0].tolist())
+        scope = " inside the mask" if where is not None else ""
+        raise ValueError(f"{name}: non-finite value {x[index].item()} at index {list(index)}{scope}; rewards, values "
+                         "and components must be finite (a reward that gives NaN or inf is a reward error)")
+
+
 def _check_inputs(token_rewards: Tensor, mask: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
-    """Validate shapes; return (rewards, mask) as float32 with rewards zeroed outside the mask."""
+    """Validate shapes and finiteness; return (rewards, mask) as float64 with rewards zeroed outside the mask.
+
+    Raises:
+        ValueError: on a shape mismatch, or a NaN/inf reward on a response token (values outside the mask are
+            ignored).
+    """
     if token_rewards.dim() != 2:
         raise ValueError(f"token_rewards must be [N, T], got shape {tuple(token_rewards.shape)}")
     if mask.shape != token_rewards.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} != token_rewards shape {tuple(token_rewards.shape)}")
     if group.shape != token_rewards.shape[:1]:
         raise ValueError(f"group must be [N] = [{token_rewards.shape[0]}], got shape {tuple(group.shape)}")
-    m = mask.to(torch.float32)
-    r = torch.where(m > 0, token_rewards.to(torch.float32), 0.0)
+    m = mask.to(_COMPUTE)
+    _check_finite("token_rewards", token_rewards, m > 0)
+    r = torch.where(m > 0, token_rewards.to(_COMPUTE), 0.0)
     return r, m
 
 
-def _check_like(name: str, x: Tensor, shape: torch.Size | tuple[int, ...]) -> Tensor:
+def _check_like(name: str, x: Tensor, shape: torch.Size | tuple[int, ...], where: Tensor | None = None) -> Tensor:
+    """Check an option's shape and finiteness (only where ``where`` is true, if given); return it as float64."""
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"option {name!r} must have shape {tuple(shape)}, got {tuple(x.shape)}")
-    return x.to(torch.float32)
+    _check_finite(f"option {name!r}", x, where)
+    return x.to(_COMPUTE)
 
 
 def _require(options: dict, key: str, estimator: str) -> Tensor:
@@ -109,26 +146,46 @@ def _require(options: dict, key: str, estimator: str) -> Tensor:
 
 
 class _Groups:
-    """Index structure for per-group reductions over the N rollouts."""
+    """Index structure for per-group reductions over the N rollouts (dim 0 of [N] or [N, K] float64 tensors).
+
+    Centering subtracts each group's minimum before the mean is taken, so the mean is computed on values that all
+    lie in [0, range of the group]: a group whose values are all equal is exactly 0 after centering, and the
+    rounding error of the mean is relative to the group's range, not to the size of its values.
+    """
 
     def __init__(self, group: Tensor):
         self.ids, self.inverse, counts = torch.unique(group, return_inverse=True, return_counts=True)
-        self.counts = counts.to(torch.float32)
+        self.counts = counts.to(_COMPUTE)
         self.size = self.counts[self.inverse]  # [N] size of each rollout's group
 
-    def sum(self, x: Tensor) -> Tensor:
-        """Per-group sum of x [N] -> [G]."""
-        out = torch.zeros(self.ids.shape[0], dtype=x.dtype, device=x.device)
-        return out.index_add_(0, self.inverse, x)
+    def _shape(self, x: Tensor) -> tuple[int, ...]:
+        return (self.ids.shape[0], *x.shape[1:])
 
-    def mean(self, x: Tensor) -> Tensor:
-        """Group mean of x [N], gathered back to [N]."""
-        return (self.sum(x) / self.counts)[self.inverse]
+    def _counts(self, x: Tensor) -> Tensor:
+        return self.counts.view(-1, *([1] * (x.dim() - 1)))
+
+    def sum(self, x: Tensor) -> Tensor:
+        """Per-group sum of x [N, ...] -> [G, ...]."""
+        return torch.zeros(self._shape(x), dtype=x.dtype, device=x.device).index_add_(0, self.inverse, x)
+
+    def shift(self, x: Tensor, where: Tensor | None = None) -> Tensor:
+        """Group minimum of x [N, ...] over the rows where ``where`` [N] is true, gathered back to [N, ...]
+        (0 for a group without such rows)."""
+        values = x if where is None else torch.where(where.view(-1, *([1] * (x.dim() - 1))), x, float("inf"))
+        index = self.inverse.view(-1, *([1] * (x.dim() - 1))).expand_as(x)
+        low = torch.full(self._shape(x), float("inf"), dtype=x.dtype, device=x.device)
+        low = low.scatter_reduce_(0, index, values, "amin")
+        return torch.where(torch.isinf(low), 0.0, low)[self.inverse]
+
+    def center(self, x: Tensor) -> Tensor:
+        """x - group mean of x, [N, ...] -> [N, ...]; exactly 0 for a group whose values are all equal."""
+        y = x - self.shift(x)
+        return y - (self.sum(y) / self._counts(y))[self.inverse]
 
     def std(self, x: Tensor) -> Tensor:
-        """Unbiased group std of x [N], gathered back to [N]; 0 for groups of size 1."""
-        centered = x - self.mean(x)
-        var = self.sum(centered * centered) / (self.counts - 1).clamp(min=1)
+        """Unbiased group std of x [N, ...], gathered back to [N, ...]; 0 for groups of size 1."""
+        centered = self.center(x)
+        var = self.sum(centered * centered) / (self._counts(x) - 1).clamp(min=1)
         return var.sqrt()[self.inverse]
 
     def leave_one_out_mean(self, x: Tensor, estimator: str) -> Tensor:
@@ -141,7 +198,14 @@ class _Groups:
                 f"advantage estimator {estimator!r} needs at least 2 rollouts per group; "
                 f"group(s) {bad}{more} have 1"
             )
-        return (self.sum(x)[self.inverse] - x) / (self.size - 1)
+        s = self.shift(x)
+        y = x - s
+        return s + (self.sum(y)[self.inverse] - y) / (self.size - 1)
+
+
+def _scaled(centered: Tensor, std: Tensor, eps: float) -> Tensor:
+    """centered / (std + eps), and exactly 0 where std is 0 (then centered is 0 too; this keeps eps = 0 finite)."""
+    return torch.where(std > 0, centered / (std + eps), torch.zeros_like(centered))
 
 
 def _sequence_reward(r: Tensor) -> Tensor:
@@ -169,23 +233,37 @@ def _reverse_discounted_sum(x: Tensor, m: Tensor, gamma: float) -> Tensor:
 
 
 def _whiten_tokens(x: Tensor, m: Tensor, eps: float) -> Tensor:
-    """(x - masked mean) / (unbiased masked std + eps) over all response tokens of the batch; 0 outside the mask."""
+    """(x - masked mean) / (unbiased masked std + eps) over all response tokens of the batch; 0 outside the mask.
+
+    The mean is taken after subtracting the masked minimum, so equal values whiten to exactly 0.
+    """
+    on = m > 0
+    if not bool(on.any()):
+        return torch.zeros_like(x)
     n = m.sum()
-    mean = (x * m).sum() / n.clamp(min=1)
-    centered = (x - mean) * m
+    y = (x - x[on].min()) * m
+    centered = (y - y.sum() / n) * m
     var = (centered * centered).sum() / (n - 1).clamp(min=1)
-    return centered / (var.sqrt() + eps)
+    return _scaled(centered, var.sqrt(), eps)
 
 
 def _std(x: Tensor) -> Tensor:
     """Unbiased std over the N entries of x [N] (0 when N == 1)."""
-    centered = x - x.mean()
+    centered = _center(x)
     return ((centered * centered).sum() / max(x.shape[0] - 1, 1)).sqrt()
 
 
+def _center(x: Tensor) -> Tensor:
+    """x - mean over the N entries of x [N], with the mean taken after subtracting the minimum (equal -> 0)."""
+    if x.numel() == 0:
+        return x
+    y = x - x.min()
+    return y - y.mean()
+
+
 def _whiten_vector(x: Tensor, eps: float) -> Tensor:
-    """(x - mean) / (unbiased std + eps) over the N entries of x [N]."""
-    return (x - x.mean()) / (_std(x) + eps)
+    """(x - mean) / (unbiased std + eps) over the N entries of x [N]; exactly 0 when all entries are equal."""
+    return _scaled(_center(x), _std(x), eps)
 
 
 def _first_token_value(g: Tensor, m: Tensor) -> Tensor:
@@ -195,10 +273,14 @@ def _first_token_value(g: Tensor, m: Tensor) -> Tensor:
 
 
 def _step_rewards(options: dict, m: Tensor, estimator: str) -> tuple[Tensor, Tensor]:
-    """Return (p, sm): step rewards on steps' last tokens and the step mask, both [N, T] float32, 0 off-response."""
-    step_rewards = _check_like("step_rewards", _require(options, "step_rewards", estimator), m.shape)
+    """Return (p, sm): step rewards on steps' last tokens and the step mask, both [N, T] float64, 0 off-response.
+
+    Raises ValueError on a NaN/inf step reward on a step's last response token.
+    """
+    raw_rewards = _require(options, "step_rewards", estimator)
     step_mask = _check_like("step_mask", _require(options, "step_mask", estimator), m.shape)
-    sm = (step_mask > 0).to(torch.float32) * m
+    sm = (step_mask > 0).to(_COMPUTE) * m
+    step_rewards = _check_like("step_rewards", raw_rewards, m.shape, sm > 0)
     p = torch.where(sm > 0, step_rewards, 0.0)
     return p, sm
 
@@ -209,11 +291,12 @@ def _step_rewards(options: dict, m: Tensor, estimator: str) -> tuple[Tensor, Ten
 
 @register_estimator("grpo")
 def grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEFAULT_EPS,
-         scale: str = "group", **_) -> Tensor:
+         scale: str = "group") -> Tensor:
     """Group Relative Policy Optimization advantage (Shao et al., 2024, DeepSeekMath).
 
     A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps), R_i = sum_t token_rewards[i, t],
-    broadcast over response tokens. std is unbiased; a group of size 1 gets A = 0.
+    broadcast over response tokens. std is unbiased; a group of size 1 gets A = 0, and so does a group whose
+    rewards are all equal (exactly, also with eps = 0). Statistics are computed in float64.
     ``scale="batch"`` divides by (std of R over the whole batch + eps) instead; ``scale="none"`` does not divide
     (then A is the Dr. GRPO advantage).
 
@@ -226,29 +309,30 @@ def grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEF
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: on shape mismatch or an unknown ``scale``.
+        ValueError: on shape mismatch, an unknown ``scale``, or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     groups = _Groups(group)
     R = _sequence_reward(r)
-    centered = R - groups.mean(R)
+    centered = groups.center(R)
     if scale == "group":
-        a = centered / (groups.std(R) + eps)
+        a = _scaled(centered, groups.std(R), eps)
     elif scale == "batch":
-        a = centered / (_std(R) + eps)
+        a = _scaled(centered, _std(R).expand_as(centered), eps)
     elif scale == "none":
         a = centered
     else:
         raise ValueError(f"grpo: unknown scale {scale!r}; valid: batch, group, none")
     a = torch.where(groups.size > 1, a, torch.zeros_like(a))
-    return _broadcast(a, m)
+    return _broadcast(a, m).float()
 
 
 @register_estimator("dr_grpo")
-def dr_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
+def dr_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     """GRPO Done Right (Liu et al., 2025, "Understanding R1-Zero-Like Training").
 
-    A_i = R_i - mean_{j in g(i)} R_j, broadcast over response tokens (no std division). A group of size 1 gets 0.
+    A_i = R_i - mean_{j in g(i)} R_j, broadcast over response tokens (no std division). A group of size 1, or one
+    whose rewards are all equal, gets exactly 0. Statistics are computed in float64.
 
     Args:
         token_rewards: [N, T] float, rewards on response tokens.
@@ -257,19 +341,20 @@ def dr_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tenso
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: on shape mismatch.
+        ValueError: on shape mismatch or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     groups = _Groups(group)
     R = _sequence_reward(r)
-    return _broadcast(R - groups.mean(R), m)
+    return _broadcast(groups.center(R), m).float()
 
 
-@register_estimator("rloo")
-def rloo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
+@register_estimator("rloo", min_group_size=2)
+def rloo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     """REINFORCE leave-one-out (Ahmadian et al., 2024, "Back to Basics").
 
     A_i = R_i - mean_{j in g(i), j != i} R_j, with R_i = sum_t token_rewards[i, t], broadcast over response tokens.
+    A group whose rewards are all equal gets exactly 0. Statistics are computed in float64.
 
     Args:
         token_rewards: [N, T] float, rewards on response tokens.
@@ -278,21 +363,23 @@ def rloo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: if a group has fewer than 2 rollouts (the message names the group id), or on shape mismatch.
+        ValueError: if a group has fewer than 2 rollouts (the message names the group id), on shape mismatch,
+            or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     groups = _Groups(group)
     R = _sequence_reward(r)
-    return _broadcast(R - groups.leave_one_out_mean(R, "rloo"), m)
+    return _broadcast(R - groups.leave_one_out_mean(R, "rloo"), m).float()
 
 
 @register_estimator("reinforce_pp")
 def reinforce_pp(*, token_rewards: Tensor, mask: Tensor, group: Tensor, gamma: float = 1.0,
-                 eps: float = DEFAULT_EPS, **_) -> Tensor:
+                 eps: float = DEFAULT_EPS) -> Tensor:
     """REINFORCE++ (Hu, 2025): discounted reward-to-go, whitened over the batch.
 
     G_{i,t} = sum_{k >= t} gamma^(k - t) r_{i,k}; A = (G - mean) / (std + eps), where mean and the unbiased std
-    are taken over all response tokens of the batch. ``group`` is not used.
+    are taken over all response tokens of the batch (in float64); equal G everywhere gives exactly 0. ``group``
+    is not used.
 
     Args:
         token_rewards: [N, T] float, rewards on response tokens (a per-token KL penalty may already be folded in).
@@ -303,19 +390,19 @@ def reinforce_pp(*, token_rewards: Tensor, mask: Tensor, group: Tensor, gamma: f
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: on shape mismatch.
+        ValueError: on shape mismatch or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
-    return _whiten_tokens(_reverse_discounted_sum(r, m, float(gamma)), m, eps)
+    return _whiten_tokens(_reverse_discounted_sum(r, m, float(gamma)), m, eps).float()
 
 
 @register_estimator("reinforce_pp_baseline")
-def reinforce_pp_baseline(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEFAULT_EPS,
-                          **_) -> Tensor:
+def reinforce_pp_baseline(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     """REINFORCE++ with a group-mean baseline (Hu, 2025).
 
     A_i = R_i - mean_{j in g(i)} R_j broadcast over response tokens, then whitened over all response tokens of
-    the batch: A <- (A - mean) / (unbiased std + eps).
+    the batch: A <- (A - mean) / (unbiased std + eps). A group whose rewards are all equal has A_i = 0 exactly
+    before whitening; a batch whose rewards are all equal gets exactly 0. Statistics are computed in float64.
 
     Args:
         token_rewards: [N, T] float, rewards on response tokens.
@@ -325,16 +412,16 @@ def reinforce_pp_baseline(*, token_rewards: Tensor, mask: Tensor, group: Tensor,
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: on shape mismatch.
+        ValueError: on shape mismatch or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     groups = _Groups(group)
     R = _sequence_reward(r)
-    return _whiten_tokens(_broadcast(R - groups.mean(R), m), m, eps)
+    return _whiten_tokens(_broadcast(groups.center(R), m), m, eps).float()
 
 
 @register_estimator("remax", needs=("baseline",))
-def remax(*, token_rewards: Tensor, mask: Tensor, group: Tensor, baseline: Tensor | None = None, **_) -> Tensor:
+def remax(*, token_rewards: Tensor, mask: Tensor, group: Tensor, baseline: Tensor | None = None) -> Tensor:
     """ReMax (Li et al., 2023): REINFORCE with the greedy rollout's reward as baseline.
 
     A_i = R_i - b_i, b_i = reward of the greedy (argmax) completion of rollout i's prompt; broadcast over tokens.
@@ -347,22 +434,24 @@ def remax(*, token_rewards: Tensor, mask: Tensor, group: Tensor, baseline: Tenso
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: if ``baseline`` is missing or not [N], or on shape mismatch.
+        ValueError: if ``baseline`` is missing, not [N] or not finite, on shape mismatch, or a NaN/inf reward
+            inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     if baseline is None:
         raise ValueError("advantage estimator 'remax' requires option 'baseline' ([N] greedy-rollout rewards)")
     b = _check_like("baseline", baseline, (r.shape[0],))
-    return _broadcast(_sequence_reward(r) - b, m)
+    return _broadcast(_sequence_reward(r) - b, m).float()
 
 
 @register_estimator("opo")
-def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
+def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     """On-Policy RL with Optimal reward Baseline (Hao et al., 2025).
 
     A_i = R_i - sum_{j in g(i)} L_j R_j / sum_{j in g(i)} L_j, L_j = number of response tokens of rollout j
     (the length-weighted group mean), broadcast over response tokens. A group whose rollouts are all empty uses
-    a baseline of 0.
+    a baseline of 0; a group whose non-empty rollouts all have the same reward gets exactly 0. Computed in
+    float64.
 
     Args:
         token_rewards: [N, T] float, rewards on response tokens.
@@ -371,25 +460,28 @@ def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, **_) -> Tensor:
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: on shape mismatch.
+        ValueError: on shape mismatch or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     groups = _Groups(group)
     R = _sequence_reward(r)
     L = m.sum(dim=1)
-    b = groups.sum(L * R)[groups.inverse] / groups.sum(L)[groups.inverse].clamp(min=1)
-    return _broadcast(R - b, m)
+    y = R - groups.shift(R, where=L > 0)  # shift-invariant: A = y - weighted mean of y
+    b = groups.sum(L * y)[groups.inverse] / groups.sum(L)[groups.inverse].clamp(min=1)
+    return _broadcast(y - b, m).float()
 
 
 @register_estimator("gdpo", needs=("components", "weights"))
 def gdpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, components: Tensor | None = None,
-         weights: Tensor | None = None, batch_whiten: bool = True, eps: float = DEFAULT_EPS, **_) -> Tensor:
+         weights: Tensor | None = None, batch_whiten: bool = True, eps: float = DEFAULT_EPS) -> Tensor:
     """Group reward-Decoupled normalization Policy Optimization (NVIDIA, 2025, GDPO).
 
     Each reward component is group-normalized on its own, then the normalized components are summed:
     Ahat_{ik} = (r_{ik} - mean_{j in g(i)} r_{jk}) / (std_{j in g(i)} r_{jk} + eps)   (0 for a group of size 1),
     A_i = sum_k w_k Ahat_{ik}; if ``batch_whiten``, A <- (A - mean_i A) / (unbiased std_i A + eps) over the N
-    values. Broadcast over response tokens. ``token_rewards`` is not used beyond shape checks.
+    values. Broadcast over response tokens. ``token_rewards`` is not used beyond shape checks. A component whose
+    values are all equal within a group gives Ahat = 0 exactly there, and whitening N equal values gives exactly 0.
+    Statistics are computed in float64.
 
     Args:
         token_rewards: [N, T] float, rewards on response tokens (shape only).
@@ -402,40 +494,37 @@ def gdpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, components: Tens
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: if ``components`` is missing or not [N, K], ``weights`` is not [K], or on shape mismatch.
+        ValueError: if ``components`` is missing or not [N, K], ``weights`` is not [K], on shape mismatch, or if
+            ``components`` or ``weights`` hold NaN/inf.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     if components is None:
         raise ValueError("advantage estimator 'gdpo' requires option 'components' ([N, K] reward components)")
     if components.dim() != 2 or components.shape[0] != r.shape[0]:
         raise ValueError(f"option 'components' must be [N={r.shape[0]}, K], got {tuple(components.shape)}")
-    c = components.to(torch.float32)
+    c = _check_like("components", components, components.shape)
     k = c.shape[1]
     if weights is None:
-        w = torch.ones(k, dtype=torch.float32, device=c.device)
+        w = torch.ones(k, dtype=_COMPUTE, device=c.device)
     else:
         w = _check_like("weights", weights, (k,))
     groups = _Groups(group)
-    # Group statistics of all K components at once: index_add_ works on [N, K] along dim 0.
-    sums = torch.zeros(groups.ids.shape[0], k, dtype=torch.float32, device=c.device).index_add_(0, groups.inverse, c)
-    mean = (sums / groups.counts[:, None])[groups.inverse]
-    centered = c - mean
-    sq = torch.zeros_like(sums).index_add_(0, groups.inverse, centered * centered)
-    std = (sq / (groups.counts[:, None] - 1).clamp(min=1)).sqrt()[groups.inverse]
-    normalized = torch.where(groups.size[:, None] > 1, centered / (std + eps), torch.zeros_like(centered))
+    # Group statistics of all K components at once: the _Groups reductions work on [N, K] along dim 0.
+    normalized = _scaled(groups.center(c), groups.std(c), eps)
+    normalized = torch.where(groups.size[:, None] > 1, normalized, torch.zeros_like(normalized))
     a = normalized @ w.to(c.device)
     if batch_whiten:
         a = _whiten_vector(a, eps)
-    return _broadcast(a, m)
+    return _broadcast(a, m).float()
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # process-reward estimators
 
 
-@register_estimator("pure", needs=("step_rewards", "step_mask"))
+@register_estimator("pure", needs=("step_rewards", "step_mask"), min_group_size=2)
 def pure(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Tensor | None = None,
-         step_mask: Tensor | None = None, temperature: float = 0.1, **_) -> Tensor:
+         step_mask: Tensor | None = None, temperature: float = 0.1) -> Tensor:
     """PURE min-form credit assignment (Cheng et al., 2025, "Stop Summation").
 
     Per response i with step rewards p_s (step_rewards where step_mask = 1):
@@ -455,7 +544,8 @@ def pure(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Te
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
         ValueError: if ``step_rewards``/``step_mask`` are missing or misshapen, ``temperature`` <= 0, a group has
-            fewer than 2 rollouts (naming the group id), or on shape mismatch.
+            fewer than 2 rollouts (naming the group id), on shape mismatch, or a NaN/inf reward or step reward
+            inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     p, sm = _step_rewards({"step_rewards": step_rewards, "step_mask": step_mask}, m, "pure")
@@ -467,12 +557,12 @@ def pure(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Te
     g = _reverse_discounted_sum(weights * p + r, m, 1.0)
     groups = _Groups(group)
     baseline = groups.leave_one_out_mean(_first_token_value(g, m), "pure")
-    return (g - baseline[:, None]) * m
+    return ((g - baseline[:, None]) * m).float()
 
 
-@register_estimator("process_sum", needs=("step_rewards", "step_mask"))
+@register_estimator("process_sum", needs=("step_rewards", "step_mask"), min_group_size=2)
 def process_sum(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Tensor | None = None,
-                step_mask: Tensor | None = None, gamma: float = 1.0, **_) -> Tensor:
+                step_mask: Tensor | None = None, gamma: float = 1.0) -> Tensor:
     """Summation-form process credit, the canonical baseline that PURE (Cheng et al., 2025) compares against.
 
     G_{i,t} = sum_{k >= t} gamma^(k - t) (p_{i,k} + r_{i,k}), p = step_rewards on steps' last tokens, r =
@@ -490,14 +580,14 @@ def process_sum(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewa
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
         ValueError: if ``step_rewards``/``step_mask`` are missing or misshapen, a group has fewer than 2 rollouts
-            (naming the group id), or on shape mismatch.
+            (naming the group id), on shape mismatch, or a NaN/inf reward or step reward inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     p, _sm = _step_rewards({"step_rewards": step_rewards, "step_mask": step_mask}, m, "process_sum")
     g = _reverse_discounted_sum(p + r, m, float(gamma))
     groups = _Groups(group)
     baseline = groups.leave_one_out_mean(_first_token_value(g, m), "process_sum")
-    return (g - baseline[:, None]) * m
+    return ((g - baseline[:, None]) * m).float()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -506,12 +596,12 @@ def process_sum(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewa
 
 @register_estimator("gae", needs=("values",))
 def gae(*, token_rewards: Tensor, mask: Tensor, group: Tensor, values: Tensor | None = None, gamma: float = 1.0,
-        lam: float = 1.0, whiten: bool = True, eps: float = DEFAULT_EPS, **_) -> Tensor:
+        lam: float = 1.0, whiten: bool = True, eps: float = DEFAULT_EPS) -> Tensor:
     """Generalized Advantage Estimation (Schulman et al., 2016).
 
     delta_t = r_t + gamma * V_{t+1} - V_t, with V after the last response token = 0;
     A_t = sum_{l >= 0} (gamma * lam)^l delta_{t+l}. If ``whiten``, A <- (A - mean) / (unbiased std + eps) over all
-    response tokens of the batch. ``group`` is not used.
+    response tokens of the batch (in float64; equal A everywhere whitens to exactly 0). ``group`` is not used.
 
     Args:
         token_rewards: [N, T] float, rewards on response tokens.
@@ -525,15 +615,16 @@ def gae(*, token_rewards: Tensor, mask: Tensor, group: Tensor, values: Tensor | 
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
-        ValueError: if ``values`` is missing or not [N, T], or on shape mismatch.
+        ValueError: if ``values`` is missing or not [N, T], on shape mismatch, or a NaN/inf reward or value
+            inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
     if values is None:
         raise ValueError("advantage estimator 'gae' requires option 'values' ([N, T] critic values)")
-    v = _check_like("values", values, r.shape).detach()
+    v = _check_like("values", values, r.shape, m > 0).detach()
     v = torch.where(m > 0, v, 0.0)
     v_next = torch.zeros_like(v)
     v_next[:, :-1] = v[:, 1:]  # 0 after the last response token because v is 0 off the mask
     delta = r + float(gamma) * v_next - v
     a = _reverse_discounted_sum(delta, m, float(gamma) * float(lam))
-    return _whiten_tokens(a, m, eps) if whiten else a
+    return (_whiten_tokens(a, m, eps) if whiten else a).float()

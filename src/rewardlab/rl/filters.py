@@ -3,9 +3,11 @@
 
 Registries, looked up by name from the training config:
 
-    GROUP_FILTERS[name](metric=[N] float, group=[N] int64, **options) -> keep [N] bool
-    CURRICULA[name](rows, seed, **options) -> a prompt sampler with
+    GROUP_FILTERS[name](metric=[N] float, group=[N] int64, <options>) -> keep [N] bool
+    CURRICULA[name](rows, seed, <options>) -> a prompt sampler with
         next_indices(k) -> list[int]; update(indices, pass_rates); state_dict(); load_state_dict(state)
+
+Every entry declares its options by name; `filter_groups` and `make_curriculum` refuse an option it does not declare.
 """
 
 from __future__ import annotations
@@ -17,31 +19,49 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rewardlab.registry import Registry
 from rewardlab.tasks.sampler import RowSampler
 
-GROUP_FILTERS: dict[str, Callable[..., Tensor]] = {}
-CURRICULA: dict[str, Callable[..., Any]] = {}
+GROUP_FILTERS: Registry[Callable[..., Tensor]] = Registry("group filter", reserved=("metric", "group"))
+CURRICULA: Registry[Callable[..., Any]] = Registry("curriculum", reserved=("rows", "seed"))
 
 
-def _registrar(registry: dict, kind: str) -> Callable[[str], Callable]:
-    def register(name: str) -> Callable:
-        def wrap(fn: Callable) -> Callable:
-            if name in registry:
-                raise ValueError(f"{kind} {name!r} is already registered")
-            registry[name] = fn
-            return fn
-
-        return wrap
-
-    return register
+def register_group_filter(name: str) -> Callable:
+    """Register `fn(*, metric, group, <options>) -> keep [N] bool` in `GROUP_FILTERS`. Raises ValueError if taken."""
+    return GROUP_FILTERS.register(name)
 
 
-register_group_filter = _registrar(GROUP_FILTERS, "group filter")
-register_curriculum = _registrar(CURRICULA, "curriculum")
+def register_curriculum(name: str) -> Callable:
+    """Register `factory(rows, seed, <options>) -> sampler` in `CURRICULA`. Raises ValueError if taken."""
+    return CURRICULA.register(name)
+
+
+def filter_groups(name: str, *, metric: Tensor, group: Tensor, **options: Any) -> Tensor:
+    """Apply group filter `name` (see `GROUP_FILTERS`): [N] float metric, [N] int64 group -> keep [N] bool.
+
+    Raises:
+        ValueError: an unknown `name` (the message lists the valid ones), or an option the filter does not declare
+            (the message names it and lists the valid ones).
+    """
+    fn = GROUP_FILTERS.get(name)
+    GROUP_FILTERS.check(name, options, field="rl.group_filter_options")
+    return fn(metric=metric, group=group, **options)
+
+
+def make_curriculum(name: str, rows: Sequence[Any], seed: int, **options: Any) -> Any:
+    """The prompt sampler of curriculum `name` (see `CURRICULA`) over `rows`, seeded with `seed`.
+
+    Raises:
+        ValueError: an unknown `name` (the message lists the valid ones), an option the curriculum does not declare
+            (the message names it and lists the valid ones), or what the curriculum raises for a bad value.
+    """
+    factory = CURRICULA.get(name)
+    CURRICULA.check(name, options, field="rl.curriculum_options")
+    return factory(rows, seed, **options)
 
 
 @register_group_filter("dapo")
-def dapo(*, metric: Tensor, group: Tensor, **_) -> Tensor:
+def dapo(*, metric: Tensor, group: Tensor) -> Tensor:
     """DAPO dynamic sampling (Yu et al. 2025): keep only groups whose metric is not constant.
 
     A group whose G rollouts all score the same has zero group-normalized advantage and contributes no gradient, so
@@ -65,10 +85,8 @@ def dapo(*, metric: Tensor, group: Tensor, **_) -> Tensor:
 
 
 @register_curriculum("uniform")
-def uniform(rows: Sequence[Any], seed: int, **options: Any) -> RowSampler:
-    """Every prompt once per epoch, in a seeded random order (no curriculum)."""
-    if options:
-        raise ValueError(f"rl.curriculum_options: 'uniform' takes no options, got {sorted(options)}")
+def uniform(rows: Sequence[Any], seed: int) -> RowSampler:
+    """Every prompt once per epoch, in a seeded random order (no curriculum, no options)."""
     return RowSampler(list(rows), seed=seed)
 
 

@@ -7,22 +7,32 @@ Three registries of pure tensor functions, keyed by the names papers use:
     AGGREGATIONS[mode](per_token_loss=, mask=, **options) -> 0-dim loss
 
 All tensors are [N, T] over completion tokens (right-padded); ``mask`` (bool or 0/1) marks response tokens.
-Policy losses compute in float32 (inputs are upcast), return 0 outside the mask, and ignore options they do not
-use, so ``compute_policy_loss`` can pass one set of options to both the loss and the aggregation.
+Policy losses compute in float32 (inputs are upcast) and return 0 outside the mask. Every loss and aggregation
+declares its options by name; ``compute_policy_loss`` hands each option to the loss or the aggregation that declares
+it, and refuses one that neither declares (a ValueError naming it and listing the valid ones).
 
 Stats (python floats, computed without gradient, over masked tokens):
 ``policy/clip_frac_low``, ``policy/clip_frac_high``, ``policy/clip_frac_dual`` (fraction of response tokens where
 that clip decides the loss), ``policy/clip_frac`` (any of them), ``policy/approx_kl`` (k3 estimate of
 KL(old || new) from tokens sampled by the old policy: mean of exp(d) - 1 - d, d = logprobs - old_logprobs),
-``policy/ratio_mean``, ``policy/ratio_min``, ``policy/ratio_max`` (of the importance ratio the loss uses).
+``policy/ratio_mean``, ``policy/ratio_min``, ``policy/ratio_max`` (of the importance ratio the loss uses),
+``policy/log_ratio_clamped`` (number of response tokens whose log-ratio reached the bound, see below).
+
+Extreme log-ratios are clamped, following verl: the policy losses use d = clamp(logprobs - old_logprobs, -20, 20)
+(so an old log-prob of -inf on a response token gives a ratio of e^20, a finite loss and a zero gradient on that
+token instead of inf/NaN), and the KL estimators use d = clamp(logprobs - ref_logprobs, -20, 20), with k3's value
+further clamped to [-10, 10]. ``kl_clamped`` counts the response tokens where a KL estimator's clamp is active.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
+
+from rewardlab.registry import Registry, unknown_options
 
 __all__ = [
     "POLICY_LOSSES",
@@ -32,69 +42,96 @@ __all__ = [
     "register_kl_estimator",
     "register_aggregation",
     "compute_policy_loss",
+    "split_loss_options",
     "kl_penalty",
+    "kl_clamped",
     "aggregate",
+    "LOG_RATIO_BOUND",
+    "K3_BOUND",
 ]
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {}
-KL_ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
-AGGREGATIONS: dict[str, Callable[..., Tensor]] = {}
+POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, dict[str, float]]]] = Registry(
+    "policy loss", reserved=("logprobs", "old_logprobs", "advantages", "mask"))
+KL_ESTIMATORS: Registry[Callable[..., Tensor]] = Registry("KL estimator", reserved=("logprobs", "ref_logprobs"))
+AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("aggregation mode", reserved=("per_token_loss", "mask"))
 
-
-def _registrar(registry: dict, kind: str, name: str) -> Callable:
-    def decorator(fn: Callable) -> Callable:
-        if name in registry:
-            raise ValueError(f"{kind} {name!r} is already registered")
-        registry[name] = fn
-        return fn
-
-    return decorator
+#: |log-ratio| bound (nats) of the policy losses and the KL estimators: exp(20) = 4.9e8 stays finite in float32.
+LOG_RATIO_BOUND = 20.0
+#: Bound of the k3 KL estimate (verl's convention).
+K3_BOUND = 10.0
+#: KL estimator name -> the bound its value is clamped to (those not listed clamp only d).
+KL_VALUE_BOUNDS: dict[str, float] = {"k3": K3_BOUND}
 
 
 def register_policy_loss(name: str) -> Callable:
-    """Register ``fn(*, logprobs, old_logprobs, advantages, mask, **options) -> (loss [N, T], stats)``.
+    """Register ``fn(*, logprobs, old_logprobs, advantages, mask, <options>) -> (loss [N, T], stats)`` in
+    ``POLICY_LOSSES``; every option is declared by name (no ``**kwargs``).
 
     Raises:
         ValueError: if ``name`` is already registered.
     """
-    return _registrar(POLICY_LOSSES, "policy loss", name)
+    return POLICY_LOSSES.register(name)
 
 
 def register_kl_estimator(name: str) -> Callable:
-    """Register ``fn(*, logprobs, ref_logprobs) -> [N, T]``.
+    """Register ``fn(*, logprobs, ref_logprobs) -> [N, T]`` in ``KL_ESTIMATORS``.
 
     Raises:
         ValueError: if ``name`` is already registered.
     """
-    return _registrar(KL_ESTIMATORS, "KL estimator", name)
+    return KL_ESTIMATORS.register(name)
 
 
 def register_aggregation(name: str) -> Callable:
-    """Register ``fn(*, per_token_loss, mask, **options) -> 0-dim Tensor``.
+    """Register ``fn(*, per_token_loss, mask, <options>) -> 0-dim Tensor`` in ``AGGREGATIONS``; every option is
+    declared by name (no ``**kwargs``).
 
     Raises:
         ValueError: if ``name`` is already registered.
     """
-    return _registrar(AGGREGATIONS, "aggregation mode", name)
-
-
-def _lookup(registry: dict, kind: str, name: str) -> Callable:
-    fn = registry.get(name)
-    if fn is None:
-        raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(registry))}")
-    return fn
+    return AGGREGATIONS.register(name)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # public entry points
 
 
+def split_loss_options(name: str, agg: str, options: Mapping[str, Any], *,
+                       field: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``options`` into those of policy loss ``name`` and those of aggregation mode ``agg``.
+
+    An option both declare goes to both; a loss or aggregation with ``**kwargs`` takes every option.
+
+    Args:
+        name: a registered policy loss.
+        agg: a registered aggregation mode.
+        options: option name -> value.
+        field: a config key to start an error message with, e.g. "rl.loss_options".
+    Returns:
+        (loss options, aggregation options).
+    Raises:
+        ValueError: an unknown ``name`` or ``agg`` (the message lists the valid names), or an option neither
+            declares: "unknown option 'foo' for policy loss 'gspo'; valid: clip, clip_high, clip_low" (the
+            aggregation is named too when it declares options).
+    """
+    POLICY_LOSSES.get(name)
+    AGGREGATIONS.get(agg)
+    loss_names, agg_names = POLICY_LOSSES.options(name), AGGREGATIONS.options(agg)
+    to_loss = {k: v for k, v in options.items() if loss_names is None or k in loss_names}
+    to_agg = {k: v for k, v in options.items() if agg_names is None or k in agg_names}
+    unknown = [k for k in options if k not in to_loss and k not in to_agg]
+    if unknown:
+        owner = f"policy loss {name!r}" + (f" or aggregation mode {agg!r}" if agg_names else "")
+        raise ValueError(unknown_options(unknown, owner, [*(loss_names or ()), *(agg_names or ())], field))
+    return to_loss, to_agg
+
+
 def compute_policy_loss(name: str, *, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                        agg: str = "token-mean", **options) -> tuple[Tensor, dict[str, float]]:
+                        agg: str = "token-mean", **options: Any) -> tuple[Tensor, dict[str, float]]:
     """Per-token policy loss ``POLICY_LOSSES[name]`` reduced with ``AGGREGATIONS[agg]``.
 
-    ``options`` go to both the loss (e.g. ``clip_low``) and the aggregation (e.g. ``max_len``); each ignores
-    the options it does not use.
+    Each option goes to the loss (e.g. ``clip_low``) or the aggregation (e.g. ``max_len``) that declares it (see
+    ``split_loss_options``).
 
     Args:
         name: registered policy loss, e.g. ``"ppo_clip"``.
@@ -103,15 +140,17 @@ def compute_policy_loss(name: str, *, logprobs: Tensor, old_logprobs: Tensor, ad
         advantages: [N, T] float.
         mask: [N, T] bool/0-1, response tokens.
         agg: aggregation mode (default ``"token-mean"``).
+        **options: options of the loss and of the aggregation.
     Returns:
         (loss, stats): 0-dim float32 Tensor, and dict[str, float] of the loss's stats.
     Raises:
-        ValueError: if ``name`` or ``agg`` is unknown (the message lists the valid names), or on bad inputs.
+        ValueError: if ``name`` or ``agg`` is unknown (the message lists the valid names), an option is declared by
+            neither (the message names it and lists the valid ones), or on bad inputs.
     """
-    fn = _lookup(POLICY_LOSSES, "policy loss", name)
-    reduce = _lookup(AGGREGATIONS, "aggregation mode", agg)
-    per_token, stats = fn(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask, **options)
-    loss = reduce(per_token_loss=per_token, mask=mask, **options)
+    loss_options, agg_options = split_loss_options(name, agg, options)
+    per_token, stats = POLICY_LOSSES[name](logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
+                                           mask=mask, **loss_options)
+    loss = AGGREGATIONS[agg](per_token_loss=per_token, mask=mask, **agg_options)
     return loss, dict(stats)
 
 
@@ -127,10 +166,34 @@ def kl_penalty(name: str, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     Raises:
         ValueError: if ``name`` is unknown (the message lists the valid names) or the shapes differ.
     """
-    return _lookup(KL_ESTIMATORS, "KL estimator", name)(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    return KL_ESTIMATORS.get(name)(logprobs=logprobs, ref_logprobs=ref_logprobs)
 
 
-def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options) -> Tensor:
+@torch.no_grad()
+def kl_clamped(name: str, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> int:
+    """Number of response tokens where ``kl_penalty(name, ...)`` is clamped, for logging (``policy/kl_clamped``).
+
+    A token counts when |logprobs - ref_logprobs| > LOG_RATIO_BOUND (20), or when the estimator has a value bound
+    (``KL_VALUE_BOUNDS``: k3 -> 10) and its value reached it.
+
+    Args:
+        name: registered KL estimator.
+        logprobs, ref_logprobs: [N, T] float, as for ``kl_penalty``.
+        mask: [N, T] bool/0-1, response tokens.
+    Returns:
+        int count of masked tokens.
+    Raises:
+        ValueError: as ``kl_penalty``.
+    """
+    value = kl_penalty(name, logprobs, ref_logprobs)
+    hit = (logprobs - ref_logprobs).abs() > LOG_RATIO_BOUND
+    bound = KL_VALUE_BOUNDS.get(name)
+    if bound is not None:
+        hit = hit | (value.abs() >= bound)
+    return int((hit & (mask > 0)).sum())
+
+
+def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options: Any) -> Tensor:
     """Reduce a per-token loss [N, T] to a scalar with ``AGGREGATIONS[mode]``.
 
     Args:
@@ -138,13 +201,16 @@ def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options) -> Ten
         mask: [N, T] bool/0-1, response tokens.
         mode: ``"token-mean"``, ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or
             ``"seq-mean-token-sum-norm"``.
-        **options: mode options (``max_len`` for ``seq-mean-token-sum-norm``); others are ignored.
+        **options: options the mode declares (``max_len`` for ``seq-mean-token-sum-norm``).
     Returns:
         0-dim Tensor.
     Raises:
-        ValueError: if ``mode`` is unknown (the message lists the valid names) or the shapes differ.
+        ValueError: if ``mode`` is unknown (the message lists the valid names), an option is not one the mode
+            declares (the message names it and lists the valid ones), or the shapes differ.
     """
-    return _lookup(AGGREGATIONS, "aggregation mode", mode)(per_token_loss=per_token_loss, mask=mask, **options)
+    fn = AGGREGATIONS.get(mode)
+    AGGREGATIONS.check(mode, options)
+    return fn(per_token_loss=per_token_loss, mask=mask, **options)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -154,7 +220,9 @@ def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options) -> Ten
 def _prepare(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor):
     """Check shapes; return (m, lp, log_ratio, adv) as float32 with off-mask entries set to 0.
 
-    Zeroing before exp() keeps padding values (e.g. -inf) from producing inf/NaN in values or gradients.
+    log_ratio = clamp(logprobs - old_logprobs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND) = clamp(d, -20, 20), so exp() of
+    it is finite even for an old log-prob of -inf on a response token (such a token gets no gradient through the
+    ratio). Zeroing before exp() keeps padding values (e.g. -inf) from producing inf/NaN in values or gradients.
     """
     shape = logprobs.shape
     if logprobs.dim() != 2:
@@ -168,7 +236,7 @@ def _prepare(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
     lp = torch.where(on, logprobs.to(torch.float32), zero)
     old = torch.where(on, old_logprobs.detach().to(torch.float32), zero)
     adv = torch.where(on, advantages.detach().to(torch.float32), zero)
-    return m, lp, lp - old, adv
+    return m, lp, torch.clamp(lp - old, -LOG_RATIO_BOUND, LOG_RATIO_BOUND), adv
 
 
 def _masked_mean(x: Tensor, m: Tensor) -> float:
@@ -177,7 +245,11 @@ def _masked_mean(x: Tensor, m: Tensor) -> float:
 
 @torch.no_grad()
 def _stats(ratio: Tensor, log_ratio: Tensor, m: Tensor, low: Tensor, high: Tensor, dual: Tensor) -> dict[str, float]:
-    """Stats over masked tokens; ``low``/``high``/``dual`` are [N, T] bool masks of where each clip is active."""
+    """Stats over masked tokens; ``low``/``high``/``dual`` are [N, T] bool masks of where each clip is active.
+
+    ``log_ratio`` is the clamped one from ``_prepare``: a token at the bound +-20 counts in
+    ``policy/log_ratio_clamped``.
+    """
     on = m > 0
     ratios = ratio.detach()[on]
     has = ratios.numel() > 0
@@ -193,6 +265,7 @@ def _stats(ratio: Tensor, log_ratio: Tensor, m: Tensor, low: Tensor, high: Tenso
         "policy/ratio_mean": float(ratios.mean()) if has else 1.0,
         "policy/ratio_min": float(ratios.min()) if has else 1.0,
         "policy/ratio_max": float(ratios.max()) if has else 1.0,
+        "policy/log_ratio_clamped": float(((d.abs() >= LOG_RATIO_BOUND) & on).sum()),
     }
 
 
@@ -206,11 +279,11 @@ def _no_clip(m: Tensor) -> Tensor:
 
 @register_policy_loss("ppo_clip")
 def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_low: float = 0.2,
-             clip_high: float = 0.2, dual_clip: float | None = None, **_) -> tuple[Tensor, dict[str, float]]:
+             clip_high: float = 0.2, dual_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate objective (Schulman et al., 2017, PPO), with asymmetric "clip-higher" bounds
     (Yu et al., 2025, DAPO) and optional dual clip (Ye et al., 2020).
 
-    rho = exp(logprobs - old_logprobs);
+    rho = exp(clamp(logprobs - old_logprobs, -20, 20));
     l = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A);
     with ``dual_clip = c`` (c > 1): where A < 0, l = min(l, -c * A).
 
@@ -251,28 +324,43 @@ def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     return loss, _stats(ratio, log_ratio, m, low, high, dual)
 
 
+#: GSPO's clip range from the paper (Zheng et al., 2025): s_i is kept within [1 - 3e-4, 1 + 4e-4].
+GSPO_CLIP_LOW, GSPO_CLIP_HIGH = 3e-4, 4e-4
+
+
 @register_policy_loss("gspo")
-def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_low: float = 3e-4,
-         clip_high: float = 4e-4, **_) -> tuple[Tensor, dict[str, float]]:
+def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip: float | None = None,
+         clip_low: float | None = None, clip_high: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Group Sequence Policy Optimization (Zheng et al., 2025, GSPO).
 
-    Sequence-level, length-normalized ratio s_i = exp(mean_{t in mask_i}(logprobs - old_logprobs)) and sequence
+    Sequence-level, length-normalized ratio s_i = exp(mean_{t in mask_i} d_t), d = clamp(logprobs - old_logprobs,
+    -20, 20), and sequence
     advantage A_i = masked mean over t of advantages[i, t] (equal to the value at any token when A is broadcast);
     l_{i,t} = -min(s_i * A_i, clip(s_i, 1 - clip_low, 1 + clip_high) * A_i) on every response token of i.
-    Defaults are the paper's clip range (3e-4, 4e-4). Ratio stats describe s_i (counted once per token).
+    ``clip = eps`` is the symmetric form of the paper's formula, clip(s_i, 1 - eps, 1 + eps): clip_low = clip_high
+    = eps. Defaults are the paper's clip range (clip_low 3e-4, clip_high 4e-4). Ratio stats describe s_i (counted
+    once per token).
 
     Args:
         logprobs: [N, T] float, current policy (carries gradient).
         old_logprobs: [N, T] float, behaviour policy (treated as constant).
         advantages: [N, T] float (treated as constant).
         mask: [N, T] bool/0-1, response tokens.
+        clip: float >= 0 or None, symmetric epsilon; exclusive with clip_low/clip_high (default None).
         clip_low: float >= 0 (default 3e-4).
         clip_high: float >= 0 (default 4e-4).
     Returns:
         ([N, T] float32 per-token loss, 0 off the mask; dict of stats).
     Raises:
-        ValueError: if a clip epsilon is negative or shapes differ.
+        ValueError: if ``clip`` is given together with ``clip_low`` or ``clip_high``, a clip epsilon is negative,
+            or shapes differ.
     """
+    if clip is not None:
+        if clip_low is not None or clip_high is not None:
+            raise ValueError("gspo: give clip (symmetric) or clip_low/clip_high, not both")
+        clip_low = clip_high = clip
+    clip_low = GSPO_CLIP_LOW if clip_low is None else clip_low
+    clip_high = GSPO_CLIP_HIGH if clip_high is None else clip_high
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"gspo: clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
     m, _lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
@@ -292,10 +380,11 @@ def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Te
 
 @register_policy_loss("cispo")
 def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_high: float = 0.2,
-          clip_low: float | None = None, **_) -> tuple[Tensor, dict[str, float]]:
+          clip_low: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Clipped IS-weight Policy Optimization (MiniMax, 2025, MiniMax-M1).
 
-    rho = exp(logprobs - old_logprobs); l = -sg(min(rho, 1 + clip_high)) * A * logprobs, sg = stop-gradient.
+    rho = exp(clamp(logprobs - old_logprobs, -20, 20)); l = -sg(min(rho, 1 + clip_high)) * A * logprobs,
+    sg = stop-gradient.
     Every token keeps its gradient; only the importance weight is bounded. The paper sets no lower bound; pass
     ``clip_low`` to also bound the weight below by 1 - clip_low. The default clip_high = 0.2 is ours (the paper
     tunes it and reports no single value).
@@ -331,8 +420,8 @@ def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
 
 
 @register_policy_loss("reinforce")
-def reinforce(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-              **_) -> tuple[Tensor, dict[str, float]]:
+def reinforce(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
+              mask: Tensor) -> tuple[Tensor, dict[str, float]]:
     """Vanilla policy gradient, REINFORCE (Williams, 1992).
 
     l = -A * logprobs (no importance weight; on-policy). Its gradient equals ppo_clip's when logprobs ==
@@ -360,14 +449,16 @@ def reinforce(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mas
 
 
 def _kl_inputs(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """d = clamp(logprobs - ref_logprobs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND) = clamp(d, -20, 20), [N, T]."""
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"ref_logprobs shape {tuple(ref_logprobs.shape)} != logprobs shape {tuple(logprobs.shape)}")
-    return logprobs - ref_logprobs
+    return torch.clamp(logprobs - ref_logprobs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 @register_kl_estimator("k1")
 def kl_k1(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """k1 = d, d = logprobs - ref_logprobs (Schulman, 2020). Unbiased for KL(pi || pi_ref), high variance.
+    """k1 = d, d = clamp(logprobs - ref_logprobs, -20, 20) (Schulman, 2020). Unbiased for KL(pi || pi_ref) (up to
+    the clamp), high variance.
 
     Args: logprobs, ref_logprobs: [N, T] float. Returns: [N, T]. Raises: ValueError if shapes differ.
     """
@@ -376,7 +467,8 @@ def kl_k1(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 @register_kl_estimator("k2")
 def kl_k2(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """k2 = d^2 / 2, d = logprobs - ref_logprobs (Schulman, 2020). Biased, low variance, >= 0.
+    """k2 = d^2 / 2, d = clamp(logprobs - ref_logprobs, -20, 20) (Schulman, 2020). Biased, low variance, in
+    [0, 200].
 
     Args: logprobs, ref_logprobs: [N, T] float. Returns: [N, T]. Raises: ValueError if shapes differ.
     """
@@ -386,12 +478,14 @@ def kl_k2(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 @register_kl_estimator("k3")
 def kl_k3(*, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """k3 = exp(-d) + d - 1, d = logprobs - ref_logprobs (Schulman, 2020). Unbiased for KL(pi || pi_ref), >= 0.
+    """k3 = clamp(exp(-d) + d - 1, -10, 10), d = clamp(logprobs - ref_logprobs, -20, 20) (Schulman, 2020; the
+    clamps are verl's). Unbiased for KL(pi || pi_ref) up to the clamps, in [0, 10]. The value clamp is active for
+    d > ~11.0 and d < ~-2.6; there the gradient is 0.
 
     Args: logprobs, ref_logprobs: [N, T] float. Returns: [N, T]. Raises: ValueError if shapes differ.
     """
     d = _kl_inputs(logprobs, ref_logprobs)
-    return torch.expm1(-d) + d
+    return torch.clamp(torch.expm1(-d) + d, -K3_BOUND, K3_BOUND)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -408,7 +502,7 @@ def _agg_inputs(per_token_loss: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @register_aggregation("token-mean")
-def token_mean(*, per_token_loss: Tensor, mask: Tensor, **_) -> Tensor:
+def token_mean(*, per_token_loss: Tensor, mask: Tensor) -> Tensor:
     """sum_{i,t} l*m / sum_{i,t} m: every response token weighs the same (DAPO, Yu et al., 2025).
 
     Args: per_token_loss [N, T] float; mask [N, T] bool/0-1. Returns: 0-dim Tensor (0 for an empty mask).
@@ -419,7 +513,7 @@ def token_mean(*, per_token_loss: Tensor, mask: Tensor, **_) -> Tensor:
 
 
 @register_aggregation("seq-mean-token-mean")
-def seq_mean_token_mean(*, per_token_loss: Tensor, mask: Tensor, **_) -> Tensor:
+def seq_mean_token_mean(*, per_token_loss: Tensor, mask: Tensor) -> Tensor:
     """mean_i (sum_t l*m / sum_t m): every sequence weighs the same (GRPO, Shao et al., 2024).
 
     Rows with an empty mask contribute 0 and still count in the mean over N.
@@ -431,7 +525,7 @@ def seq_mean_token_mean(*, per_token_loss: Tensor, mask: Tensor, **_) -> Tensor:
 
 
 @register_aggregation("seq-mean-token-sum")
-def seq_mean_token_sum(*, per_token_loss: Tensor, mask: Tensor, **_) -> Tensor:
+def seq_mean_token_sum(*, per_token_loss: Tensor, mask: Tensor) -> Tensor:
     """mean_i sum_t l*m.
 
     Args: per_token_loss [N, T] float; mask [N, T] bool/0-1. Returns: 0-dim Tensor.
@@ -442,7 +536,7 @@ def seq_mean_token_sum(*, per_token_loss: Tensor, mask: Tensor, **_) -> Tensor:
 
 
 @register_aggregation("seq-mean-token-sum-norm")
-def seq_mean_token_sum_norm(*, per_token_loss: Tensor, mask: Tensor, max_len: int | None = None, **_) -> Tensor:
+def seq_mean_token_sum_norm(*, per_token_loss: Tensor, mask: Tensor, max_len: int | None = None) -> Tensor:
     """sum_{i,t} l*m / (N * max_len): a constant normalizer, free of length bias (Liu et al., 2025, Dr. GRPO).
 
     Args: per_token_loss [N, T] float; mask [N, T] bool/0-1; max_len: int tokens > 0 (default T).

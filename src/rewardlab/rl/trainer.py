@@ -1,17 +1,18 @@
 """The RL training loop (GRPO family), top to bottom in one function.
 
 Per step: draw prompts (curriculum looked up by name) -> generate G rollouts each -> score -> keep groups (group
-filter looked up by name, generating more rounds when it drops some) -> token rewards (optionally minus beta * KL)
--> advantages (estimator looked up by name; its extra inputs such as a greedy baseline or step rewards computed by
-the providers below, looked up by input name) -> mu epochs of policy-loss minimization (loss, aggregation and KL
-estimator looked up by name; optional entropy bonus) -> log, checkpoint. The loop never branches on an algorithm
-name.
+filter looked up by name, generating more rounds when it drops some) -> leave out errored rollouts (on_error=skip)
+and groups left below the estimator's minimum size -> token rewards (optionally minus beta * KL) -> advantages
+(estimator looked up by name; its extra inputs such as a greedy baseline or step rewards computed by the providers
+below, looked up by input name) -> mu epochs of policy-loss minimization (loss, aggregation and KL estimator looked
+up by name; optional entropy bonus) -> log, checkpoint. The loop never branches on an algorithm name.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,12 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
-from rewardlab.rewards.compose import error_sources
-from rewardlab.rl.advantages import ESTIMATOR_INPUTS, ESTIMATORS, compute_advantages
+from rewardlab.rewards.compose import check_specs, error_sources
+from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
-from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
-from rewardlab.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss, kl_penalty
+from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, filter_groups, make_curriculum
+from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
+                                 kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir
 from rewardlab.tasks import load as load_task
 from rewardlab.types import Rollout, RewardOutput
@@ -36,9 +38,26 @@ from rewardlab.types import Rollout, RewardOutput
 STATE_FILE = "trainer_state.pt"
 
 
+def estimator_needs(name: str) -> tuple[str, ...]:
+    """The inputs estimator `name` needs beyond token_rewards/mask/group that only a trainer can compute
+    (`ESTIMATORS.meta(name)["needs"]`, e.g. ("values",) for gae)."""
+    return tuple(ESTIMATORS.meta(name).get("needs", ()))
+
+
+def estimator_min_group_size(name: str) -> int:
+    """The fewest rollouts a prompt group needs for estimator `name` (`ESTIMATORS.meta(name)["min_group_size"]`,
+    e.g. 2 for rloo; 1 when the estimator declares none)."""
+    return int(ESTIMATORS.meta(name).get("min_group_size", 1))
+
+
 def check_names(cfg: TrainConfig) -> None:
-    """Fail fast, with the valid names, when an algorithm name in `cfg.rl` is not registered or an estimator needs
-    an input the trainer cannot supply."""
+    """Fail fast, with the valid names, when an algorithm name in `cfg.rl` is not registered, an estimator needs
+    an input the trainer cannot supply, or `rl.group_size` is below the estimator's minimum group size; then check
+    every algorithm option (`check_options`).
+
+    Raises:
+        ValueError: one line naming the config key, e.g. "rl.loss: unknown name 'x'; valid: ...".
+    """
     rl = cfg.rl
     checks = [
         ("rl.estimator", rl.estimator, ESTIMATORS),
@@ -52,32 +71,109 @@ def check_names(cfg: TrainConfig) -> None:
     for field, name, registry in checks:
         if name not in registry:
             raise ValueError(f"{field}: unknown name {name!r}; valid: {', '.join(sorted(registry))}")
-    needs = [k for k in ESTIMATOR_INPUTS.get(rl.estimator, ()) if k not in rl.estimator_options]
+    needs = [k for k in estimator_needs(rl.estimator) if k not in rl.estimator_options]
     missing = [k for k in needs if k not in INPUT_PROVIDERS]
     if missing:
         raise ValueError(f"rl.estimator: {rl.estimator!r} needs {missing}, which the trainer cannot compute; "
                          f"estimators it can run: {', '.join(sorted(trainable_estimators()))}")
+    least = estimator_min_group_size(rl.estimator)
+    if rl.group_size < least:
+        raise ValueError(f"rl.group_size: estimator {rl.estimator!r} needs at least {least} rollouts per prompt "
+                         f"group, got {rl.group_size}")
     if any(k in ("step_rewards", "step_mask") for k in needs) and rl.step_separator is None:
         raise ValueError(f"rl.step_separator: estimator {rl.estimator!r} needs process rewards on steps; set the "
                          "step separator (e.g. '\\n') and use a reward that returns step_scores")
+    check_options(cfg)
 
 
-def reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], mask: torch.Tensor, skip_errors: bool):
+def check_options(cfg: TrainConfig) -> None:
+    """Check, before anything is loaded or written, that every option in `cfg.rl` is declared by the function it
+    goes to: `rl.estimator_options` by the estimator, `rl.loss_options` (with `rl.clip_eps` and the trainer's
+    `max_len`, see `resolve_loss_options`) by the policy loss or the aggregation, `rl.curriculum_options` by the
+    curriculum, `rl.group_filter_options` by the group filter. The loss options' values are checked too, by
+    evaluating the loss once on a one-token batch; and `cfg.rewards`, when given, by `rewards.compose.check_specs`
+    (names, keys and options of the whole tree, before the task loads; nothing is constructed).
+
+    Raises:
+        ValueError: one line naming the config key and the option and listing the valid ones, e.g.
+            "rl.loss_options: unknown option 'foo' for policy loss 'gspo'; valid: clip, clip_high, clip_low".
+    """
+    rl = cfg.rl
+    ESTIMATORS.check(rl.estimator, rl.estimator_options, field="rl.estimator_options")
+    CURRICULA.check(rl.curriculum, rl.curriculum_options, field="rl.curriculum_options")
+    if rl.group_filter is not None:
+        GROUP_FILTERS.check(rl.group_filter, rl.group_filter_options, field="rl.group_filter_options")
+    elif rl.group_filter_options:
+        raise ValueError(f"rl.group_filter_options: {sorted(rl.group_filter_options)} given without rl.group_filter")
+    options = resolve_loss_options(rl)
+    split_loss_options(rl.loss, rl.agg, options, field="rl.loss_options")
+    one = torch.zeros(1, 1)
+    try:
+        compute_policy_loss(rl.loss, logprobs=one, old_logprobs=one, advantages=one, mask=torch.ones(1, 1),
+                            agg=rl.agg, **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"rl.loss_options: {exc}".splitlines()[0]) from None
+    if cfg.rewards is not None:
+        check_specs(cfg.rewards, on_error=cfg.on_error)
+
+
+def resolve_loss_options(rl) -> dict[str, Any]:
+    """The options the trainer passes to `compute_policy_loss`: `rl.loss_options`, plus
+    - `rl.clip_eps` as each of `clip_low`, `clip_high` that the loss declares and `rl.loss_options` does not set
+      (skipped when `rl.loss_options` sets the symmetric `clip`, which takes precedence);
+    - `max_len = rl.max_new_tokens` when the aggregation declares `max_len` and `rl.loss_options` does not set it.
+
+    Raises:
+        ValueError: `rl.clip_eps` with a loss that declares neither `clip_low` nor `clip_high` (e.g. reinforce).
+    """
+    options = dict(rl.loss_options)
+    if rl.clip_eps is not None:
+        declared = POLICY_LOSSES.options(rl.loss)
+        targets = [k for k in ("clip_low", "clip_high") if declared is None or k in declared]
+        if not targets:
+            raise ValueError(f"rl.clip_eps: policy loss {rl.loss!r} has no clip range (its options: "
+                             f"{', '.join(declared) or '(none)'}); unset rl.clip_eps")
+        if "clip" not in options:
+            options = {**{k: rl.clip_eps for k in targets}, **options}
+    if "max_len" in (AGGREGATIONS.options(rl.agg) or ()):
+        options.setdefault("max_len", rl.max_new_tokens)
+    return options
+
+
+def training_rollouts(rollouts: list[Rollout], outputs: list[RewardOutput], *, skip_errors: bool,
+                      min_group_size: int) -> tuple[list[Rollout], list[RewardOutput], int, int]:
+    """The rollouts the estimator and the loss see.
+
+    With `skip_errors` (on_error=skip) a rollout whose reward errored leaves the batch: it has no reward, so it must
+    count in no group statistic and no loss denominator. A prompt group then left with fewer than `min_group_size`
+    rollouts (`estimator_min_group_size`, e.g. 2 for rloo) leaves too: it contributes no gradient
+    this step instead of failing the estimator.
+
+    Returns:
+        (rollouts, outputs, skipped, dropped_groups): the kept rollouts and outputs in their order, the number of
+        errored rollouts left out, and the number of prompt groups with no rollout left.
+    """
+    groups = {r.group for r in rollouts}
+    kept = [(r, o) for r, o in zip(rollouts, outputs) if not (skip_errors and o.error is not None)]
+    skipped = len(rollouts) - len(kept)
+    size = Counter(r.group for r, _ in kept)
+    kept = [(r, o) for r, o in kept if size[r.group] >= min_group_size]
+    dropped_groups = len(groups) - len({r.group for r, _ in kept})
+    return [r for r, _ in kept], [o for _, o in kept], skipped, dropped_groups
+
+
+def reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput],
+                   mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Outcome rewards on the last response token, and the prompt-group ids.
 
     Returns:
-        token_rewards [N, T] float32 (score_i at t = len_i - 1, else 0), mask [N, T] float32 (rows of errored
-        rollouts zeroed when `skip_errors`), group [N] int64 (an errored, skipped rollout gets a group of its own).
+        token_rewards [N, T] float32 (score_i at t = len_i - 1, else 0; 0 where `mask` is 0), group [N] int64.
     """
     token_rewards = torch.zeros_like(mask)
     group = torch.tensor([r.group for r in rollouts], dtype=torch.long)
-    mask = mask.clone()
     for i, (r, o) in enumerate(zip(rollouts, outputs)):
         token_rewards[i, len(r.completion_ids) - 1] = o.score
-        if skip_errors and o.error is not None:
-            mask[i] = 0
-            group[i] = -1 - i
-    return token_rewards * mask, mask, group
+    return token_rewards * mask, group
 
 
 def step_reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], mask: torch.Tensor):
@@ -99,8 +195,8 @@ def step_reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], ma
     return step_rewards * mask, step_mask * mask
 
 
-# Estimator inputs the trainer can compute, by input name (see `rl.advantages.ESTIMATOR_INPUTS`). Each provider
-# gets the step's context and returns a dict of options.
+# Estimator inputs the trainer can compute, by input name (see the `needs` of `ESTIMATORS.meta(name)`). Each
+# provider gets the step's context and returns a dict of options.
 def _greedy_baseline(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
     """ReMax's baseline: the reward of one greedy completion of each prompt, broadcast to its group's rollouts."""
     first: dict[int, Rollout] = {}
@@ -151,14 +247,14 @@ INPUT_PROVIDERS: dict[str, Any] = {
 
 def trainable_estimators() -> list[str]:
     """Estimators whose every extra input the trainer can compute."""
-    return [n for n in ESTIMATORS if all(k in INPUT_PROVIDERS for k in ESTIMATOR_INPUTS.get(n, ()))]
+    return [n for n in ESTIMATORS if all(k in INPUT_PROVIDERS for k in estimator_needs(n))]
 
 
 def estimator_inputs(name: str, ctx: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """The extra options estimator `name` needs (ESTIMATOR_INPUTS), computed by their providers unless `given`."""
+    """The extra options estimator `name` needs (`estimator_needs`), computed by their providers unless `given`."""
     options: dict[str, Any] = {}
     done = set()
-    for key in ESTIMATOR_INPUTS.get(name, ()):
+    for key in estimator_needs(name):
         provider = INPUT_PROVIDERS.get(key)
         if key in given or key in options or provider is None or provider in done:
             continue
@@ -249,12 +345,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
         reference.model.eval().requires_grad_(False)
 
     critic = None  # a value model, only for estimators that need values (gae)
-    if "values" in ESTIMATOR_INPUTS.get(rl.estimator, ()) and "values" not in rl.estimator_options:
+    if "values" in estimator_needs(rl.estimator) and "values" not in rl.estimator_options:
         critic = ValueModel(policy, lr=rl.critic_lr, value_clip=rl.value_clip, weight_decay=rl.weight_decay,
                             path=latest[1] / CRITIC_DIR if latest else None)
     optimizer = make_optimizer(policy.model, rl.lr, rl.weight_decay)
     scheduler = make_scheduler(optimizer, warmup_steps=rl.warmup_steps, total_steps=rl.steps, kind=rl.lr_schedule)
-    sampler = CURRICULA[rl.curriculum](task.train, seed=cfg.seed, **rl.curriculum_options)
+    sampler = make_curriculum(rl.curriculum, task.train, seed=cfg.seed, **rl.curriculum_options)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     if latest is not None:
@@ -271,11 +367,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
     else:
         run.write_config(dump_config(cfg))
 
-    loss_options = dict(rl.loss_options)
-    if rl.clip_eps is not None:
-        loss_options = {"clip_low": rl.clip_eps, "clip_high": rl.clip_eps, **loss_options}
-    loss_options.setdefault("max_len", rl.max_new_tokens)
-    group_filter = GROUP_FILTERS[rl.group_filter] if rl.group_filter is not None else None
+    loss_options = resolve_loss_options(rl)
+    _, agg_options = split_loss_options(rl.loss, rl.agg, loss_options)  # the entropy bonus and KL are aggregated too
 
     def save(step: int) -> Path:
         def write(tmp: Path) -> None:
@@ -320,27 +413,33 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                 all_outputs += scored
                 correct = torch.tensor([float(is_correct(o)) for o in scored]).view(need, rl.group_size)
                 sampler.update(indices, correct.mean(dim=1).tolist())
-                if group_filter is None:
+                if rl.group_filter is None:
                     rollouts, outputs = new, scored
                     break
-                keep = group_filter(metric=torch.tensor([filter_metric(o, rl.filter_metric) for o in scored]),
-                                    group=torch.tensor([r.group for r in new]))
+                keep = filter_groups(rl.group_filter,
+                                     metric=torch.tensor([filter_metric(o, rl.filter_metric) for o in scored]),
+                                     group=torch.tensor([r.group for r in new]), **rl.group_filter_options)
                 dropped += int((~keep).sum()) // rl.group_size
                 rollouts += [r for r, k in zip(new, keep) if k]
                 outputs += [o for o, k in zip(scored, keep) if k]
             rollouts = rollouts[: rl.prompts_per_step * rl.group_size]
             outputs = outputs[: len(rollouts)]
             metrics = step_metrics(all_rollouts, all_outputs, rl.group_size)
-            if group_filter is not None:
+            if rl.group_filter is not None:
                 metrics.update({"filter/rounds": float(rounds), "filter/dropped_groups": float(dropped),
                                 "filter/kept_groups": float(len(rollouts) // rl.group_size)})
+            rollouts, outputs, skipped, dropped_groups = training_rollouts(
+                rollouts, outputs, skip_errors=cfg.on_error == "skip",
+                min_group_size=estimator_min_group_size(rl.estimator))
+            metrics.update({"reward/skipped": float(skipped), "rollout/dropped_groups": float(dropped_groups)})
             sums: dict[str, float] = {}
             updates = 0
             advantages = torch.zeros(0, 1)
             if rollouts:
                 # 2. rewards -> token rewards (- beta * KL) -> advantages
                 batch, old_logprobs = rollout_batch(policy, rollouts)
-                token_rewards, mask, group = reward_tensors(rollouts, outputs, batch.mask, cfg.on_error == "skip")
+                mask = batch.mask
+                token_rewards, group = reward_tensors(rollouts, outputs, mask)
                 ref_logprobs = None
                 if reference is not None:
                     with torch.no_grad():
@@ -349,6 +448,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                         kl_tokens = kl_penalty(rl.kl_estimator, old_logprobs, ref_logprobs) * mask
                         token_rewards = token_rewards - rl.beta * kl_tokens
                         metrics["policy/kl_reward"] = (kl_tokens.sum() / mask.sum().clamp(min=1)).item()
+                        metrics["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, old_logprobs, ref_logprobs,
+                                                                        mask))
                 ctx = {"policy": policy, "reward": reward, "rollouts": rollouts, "outputs": outputs, "mask": mask,
                        "rl": rl, "batch": batch, "critic": critic}
                 options = {**estimator_inputs(rl.estimator, ctx, rl.estimator_options), **rl.estimator_options}
@@ -373,12 +474,14 @@ def train(cfg: TrainConfig, *, resume: bool = False, show_progress: bool = True,
                                                           **loss_options)
                         stats["policy/entropy"] = ((entropy * m).sum() / m.sum().clamp(min=1)).item()
                         if rl.entropy_coef > 0:
-                            loss = loss - rl.entropy_coef * aggregate(entropy, m, rl.agg, **loss_options)
+                            loss = loss - rl.entropy_coef * aggregate(entropy, m, rl.agg, **agg_options)
                         if ref_logprobs is not None and rl.kl_in == "loss":
                             kl = aggregate(kl_penalty(rl.kl_estimator, logprobs, ref_logprobs[idx]), m, rl.agg,
-                                           **loss_options)
+                                           **agg_options)
                             loss = loss + rl.beta * kl
                             stats["policy/kl"] = kl.item()
+                            stats["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, logprobs,
+                                                                          ref_logprobs[idx], m))
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)

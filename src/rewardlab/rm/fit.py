@@ -1,5 +1,6 @@
 """The training loop shared by the reward-model trainers (`rm train`, `prm train`): shuffled minibatches per epoch,
-AdamW with warm-up and the configured schedule, gradient clipping, metrics and periodic evaluation."""
+AdamW with warm-up and the configured schedule, gradient clipping, metrics, periodic evaluation and checkpoints
+that resume exactly."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +16,7 @@ import torch
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.progress import stage
 from rewardlab.runs import RunDir
+from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 
 
 def fit(
@@ -26,42 +29,81 @@ def fit(
     run: RunDir,
     name: str,
     progress_key: str,
+    save_model: Callable[[Path], None],
+    save_every: int,
+    keep_checkpoints: int | None = None,
+    resume_from: Path | None = None,
     evaluate: Callable[[], dict[str, float]] | None = None,
     show_progress: bool = True,
-) -> tuple[int, dict[str, float], dict[str, float]]:
+) -> tuple[int, dict[str, float], dict[str, float], Path]:
     """Train `model` for `params.epochs` passes over `n_rows` rows in shuffled minibatches of `params.batch_size`.
 
     Each step: `batch_loss(row indices)` -> (scalar loss tensor, its `train/*` metrics); AdamW (`params.lr`,
     `params.weight_decay`) with `params.warmup_steps` linear warm-up and `params.lr_schedule`; the global grad norm
     clipped to `params.grad_clip`. Logged per step to `run`'s metrics.jsonl: `train/loss`, the batch metrics, `lr`,
     `time/step_s` (seconds), plus `evaluate()`'s `eval/*` metrics every `params.eval_every` steps and at the end
-    (no evaluation when `evaluate` is None). The row order comes from `rng` (one shuffle per epoch).
+    (no evaluation when `evaluate` is None). The row order comes from `rng` (one shuffle per epoch, at its first
+    step).
+
+    Every `save_every` steps and at the last one, a checkpoint step-K is saved in `run`: `save_model(dir)` (the
+    weights, HF format) and trainer_state.pt (optimizer, schedule, `rng`'s state, the epoch's row order, the torch
+    and Python RNG states, the last metrics); the `keep_checkpoints` most recent are kept. With `resume_from` (a
+    checkpoint directory this function saved, whose weights the caller has already loaded into `model`), training
+    continues after its step, logging what the uninterrupted run logs.
 
     Returns:
-        (steps done, the last step's metrics, the last evaluation's metrics or {}).
+        (steps done, the last step's metrics, the last evaluation's metrics or {}, the final checkpoint's path).
     """
-    steps = params.epochs * math.ceil(n_rows / params.batch_size)
+    per_epoch = math.ceil(n_rows / params.batch_size)
+    steps = params.epochs * per_epoch
     optimizer = make_optimizer(model, params.lr, params.weight_decay)
     scheduler = make_scheduler(optimizer, warmup_steps=params.warmup_steps, total_steps=steps, kind=params.lr_schedule)
-    step, last, last_eval = 0, {}, {}
+    step, last, last_eval, order, final = 0, {}, {}, list(range(n_rows)), resume_from
+    if resume_from is not None:
+        state = load_state(resume_from)
+        if (state["rows"], state["batch_size"]) != (n_rows, params.batch_size):
+            raise ValueError(f"--resume: {resume_from} was saved by a run over {state['rows']} rows in batches of "
+                             f"{state['batch_size']}; this config gives {n_rows} rows in batches of "
+                             f"{params.batch_size}")
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        rng.setstate(state["order_rng"])
+        set_rng_state(state["rng"])
+        step, order, last, last_eval = state["step"], state["order"], state["last"], state["last_eval"]
+
+    def save() -> Path:
+        def write(tmp: Path) -> None:
+            save_model(tmp)
+            save_state(tmp, {"step": step, "rows": n_rows, "batch_size": params.batch_size,
+                             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                             "order_rng": rng.getstate(), "order": order, "rng": rng_state(), "last": last,
+                             "last_eval": last_eval})
+
+        return run.save_checkpoint(step, write, keep=keep_checkpoints)
+
     with stage(name, steps, enabled=show_progress) as bar:
-        for _ in range(params.epochs):
-            order = list(range(n_rows))
-            rng.shuffle(order)
-            for s in range(0, n_rows, params.batch_size):
-                t0 = time.perf_counter()
-                loss, metrics = batch_loss(order[s : s + params.batch_size])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), params.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                last = {"train/loss": loss.item(), **metrics, "lr": scheduler.get_last_lr()[0],
-                        "time/step_s": time.perf_counter() - t0}
-                if evaluate is not None and ((params.eval_every and step % params.eval_every == 0) or step == steps):
-                    last_eval = evaluate()
-                    last.update(last_eval)
-                run.log_metrics(step, last)
-                bar.advance(1, loss=last["train/loss"], acc=last[progress_key])
-    return step, last, last_eval
+        bar.advance(step)
+        while step < steps:
+            s = (step % per_epoch) * params.batch_size
+            if s == 0:  # a new epoch
+                order = list(range(n_rows))
+                rng.shuffle(order)
+            t0 = time.perf_counter()
+            loss, metrics = batch_loss(order[s : s + params.batch_size])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), params.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            last = {"train/loss": loss.item(), **metrics, "lr": scheduler.get_last_lr()[0],
+                    "time/step_s": time.perf_counter() - t0}
+            if evaluate is not None and ((params.eval_every and step % params.eval_every == 0) or step == steps):
+                last_eval = evaluate()
+                last.update(last_eval)
+            run.log_metrics(step, last)
+            bar.advance(1, loss=last["train/loss"], acc=last[progress_key])
+            if step % save_every == 0 or step == steps:
+                final = save()
+    assert final is not None  # steps >= 1: the last step saved one, or the run resumed from it
+    return step, last, last_eval, final

@@ -13,7 +13,6 @@ counted (`PrefixEstimator.rollouts`), so the two methods' costs can be compared 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -30,9 +29,10 @@ from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.steps import answer_correct, check_steps, first_error, row_expression, row_final
 from rewardlab.rm.data import json_safe, make_rollout
-from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.runs import RunDir
 from rewardlab.tasks.steps import parse_chain
 from rewardlab.tasks import load as load_task
+from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 from rewardlab.types import split_steps
 
 METHODS = ("mc", "binary", "reference")
@@ -191,15 +191,29 @@ def reference_first_error(row: dict[str, Any], steps: Sequence[str]) -> int:
         ValueError: (one line, naming label.method=reference) a row without an expression or a final answer, an
             expression that is not an integer `+`/`-` chain, or no steps.
     """
+    expression, final, n_worked = reference_chain(row)
+    try:
+        scores = check_steps(list(steps), expression, cumulative=True)
+        return first_error(scores, len(steps) == n_worked and answer_correct(steps[-1], final))
+    except ValueError as exc:
+        raise ValueError(f"label.method=reference: {exc}") from None
+
+
+def reference_chain(row: dict[str, Any]) -> tuple[str, Any, int]:
+    """What `reference_first_error` reads from a row: (its `+`/`-` chain expression, its final answer, the number of
+    steps of the worked solution).
+
+    Raises:
+        ValueError: (one line, naming label.method=reference) no expression or final answer, or an expression that
+            is not an integer `+`/`-` chain.
+    """
     try:
         expression, final = row_expression(row), row_final(row)
     except KeyError as exc:
         raise ValueError(f"label.method=reference: {exc.args[0]}; it needs rows with an integer +/- chain, e.g. "
                          "reasoning_gym:chain_sum with target: steps, or worked:chain_sum") from None
     try:
-        n_worked = max(1, len(parse_chain(expression)[1]))
-        scores = check_steps(list(steps), expression, cumulative=True)
-        return first_error(scores, len(steps) == n_worked and answer_correct(steps[-1], final))
+        return expression, final, max(1, len(parse_chain(expression)[1]))
     except ValueError as exc:
         raise ValueError(f"label.method=reference: {exc}") from None
 
@@ -271,18 +285,28 @@ def worst_case_rollouts(method: str, n_steps: int, k: int) -> int:
     return 0
 
 
-def run_prm_label(cfg, *, show_progress: bool = True) -> dict[str, Any]:
+def run_prm_label(cfg, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab prm label`: sample solutions of `cfg.task` questions from `cfg.model`, split them into steps and label
     them with `cfg.label.method`; write the PRM-training JSONL.
 
-    Writes `cfg.out`: config.yaml, labels.jsonl (one row per solution, see `label_solutions`; written atomically at
-    the end), metrics.jsonl (one line per batch: rollouts spent so far), summary.json (solutions, rollouts spent,
+    The questions are labelled in batches of `label.question_batch`. Writes the run directory `cfg.out`: config.yaml,
+    labels.jsonl (one row per solution, see `label_solutions`; each batch's rows appended as the batch finishes),
+    metrics.jsonl (one line per batch: solutions and rollouts so far), checkpoints/step-B after every
+    `cfg.save_every` batches and the last one (trainer_state.pt: the next question, the RNG states, the rollouts and
+    prefix evaluations spent; the `cfg.keep_checkpoints` most recent kept), summary.json (solutions, rollouts spent,
     per solution, prefix evaluations, budget, share of correct solutions, and, when the task rows have an integer
     `+`/`-` chain, the agreement of the labels' first errors with the exact ones, `reference_first_error`).
 
+    The directory is opened with `RunDir.start` once the task, the policy and the method's needs are checked. With
+    `resume`, the rows written after the newest valid checkpoint are rolled back (kept in rolled_back/) and
+    labelling goes on from the next question with the saved RNG states and budget, so labels.jsonl ends up equal to
+    the uninterrupted run's; `overwrite` replaces the run there.
+
     Raises:
         ValueError: an unknown method, a chat-format policy, "reference" on a task without an integer +/- chain
-            expression (see `reference_first_error`).
+            expression (see `reference_first_error`); `RunDirError`: the directory holds a run and neither `resume`
+            nor `overwrite` is given, is in use, or has nothing to resume; a resume with another
+            `label.question_batch`.
     """
     p = cfg.label
     if p.method not in METHODS:
@@ -290,17 +314,55 @@ def run_prm_label(cfg, *, show_progress: bool = True) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     task = load_task(cfg.task.spec, **cfg.task.options)
     rows = task.split(cfg.split)[: p.limit]
+    if p.method == "reference":
+        for i, row in enumerate(rows):
+            try:
+                reference_chain(row)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (question {i} of the {cfg.split} split of {cfg.task.spec})") from None
     verifier = build_reward(task.reward)
     policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
                          device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     estimator = PrefixEstimator(policy, verifier, k=p.k, temperature=p.temperature, top_p=p.top_p,
                                 max_new_tokens=p.max_new_tokens, separator=p.separator, batch_size=p.batch_size)
-    run = RunDir(cfg.out)
-    run.write_config(dump_config(cfg))
-    out: list[dict[str, Any]] = []
-    stopped_by_budget, batch_no, t0 = False, 0, time.perf_counter()
+    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once the inputs are checked
+        return _label(cfg, rows, policy, estimator, run, resume, show_progress)
+
+
+LABELS = "labels.jsonl"
+
+
+def _label(cfg, rows, policy, estimator: PrefixEstimator, run: RunDir, resume: bool,
+           show_progress: bool) -> dict[str, Any]:
+    p = cfg.label
+    first, batch_no, stopped_by_budget, out = 0, 0, False, []
+    if resume:
+        _, checkpoint = run.resume_checkpoint()
+        state = load_state(checkpoint)
+        if state["question_batch"] != p.question_batch:
+            raise ValueError(f"--resume: {run.path} was labelled in batches of label.question_batch="
+                             f"{state['question_batch']} questions; resume it with the same setting")
+        out = run.read_jsonl(LABELS)
+        if len(out) != state["solutions"]:
+            raise ValueError(f"--resume: {run.path / LABELS} holds {len(out)} rows where its checkpoint "
+                             f"{checkpoint.name} says {state['solutions']}")
+        first, batch_no, stopped_by_budget = state["next_question"], state["batches"], state["stopped_by_budget"]
+        estimator.rollouts, estimator.evaluations = state["rollouts"], state["evaluations"]
+        set_rng_state(state["rng"])
+    else:
+        run.write_config(dump_config(cfg))
+        (run.path / LABELS).touch()  # an empty file when no solution gets labelled
+
+    def save(next_question: int) -> None:
+        state = {"next_question": next_question, "batches": batch_no, "question_batch": p.question_batch,
+                 "solutions": len(out), "rollouts": estimator.rollouts, "evaluations": estimator.evaluations,
+                 "stopped_by_budget": stopped_by_budget, "rng": rng_state()}
+        run.save_checkpoint(batch_no, lambda tmp: save_state(tmp, state), keep=cfg.keep_checkpoints)
+
+    t0 = time.perf_counter()
     with stage("PRM label", len(rows), enabled=show_progress) as bar:
-        for start in range(0, len(rows), p.question_batch):
+        bar.advance(min(first, len(rows)))
+        for start in range(first, first if stopped_by_budget else len(rows), p.question_batch):
             chunk = rows[start : start + p.question_batch]
             sampled = policy.generate([r["prompt"] for r in chunk], n=p.solutions_per_question,
                                       temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens,
@@ -322,16 +384,20 @@ def run_prm_label(cfg, *, show_progress: bool = True) -> dict[str, Any]:
                         room -= cost
                 stopped_by_budget = len(kept) < len(solutions)
                 solutions = kept
-            out.extend(label_solutions(p.method, estimator, solutions, kind=p.kind))
+            labelled = label_solutions(p.method, estimator, solutions, kind=p.kind)
+            out.extend(labelled)
+            run.append_jsonl(LABELS, labelled)
             batch_no += 1
             run.log_metrics(batch_no, {"label/solutions": len(out), "label/rollouts": estimator.rollouts,
                                        "label/prefix_evaluations": estimator.evaluations,
                                        "time/elapsed_s": time.perf_counter() - t0})
             bar.advance(len(chunk), solutions=len(out), rollouts=estimator.rollouts)
+            end = start + p.question_batch
+            if batch_no % cfg.save_every == 0 or stopped_by_budget or end >= len(rows):
+                save(end)
             if stopped_by_budget:
                 break
-    path = run.path / "labels.jsonl"
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
+    path = run.path / LABELS
     summary: dict[str, Any] = {
         "stage": "prm_label", "method": p.method, "kind": p.kind, "k": p.k, "split": cfg.split,
         "solutions": len(out), "rollouts": estimator.rollouts, "prefix_evaluations": estimator.evaluations,

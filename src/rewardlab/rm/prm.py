@@ -24,6 +24,7 @@ from rewardlab.rm.backbone import load_backbone
 from rewardlab.rm.data import StepRow, load_step_rows
 from rewardlab.rm.fit import fit
 from rewardlab.runs import RunDir
+from rewardlab.train_state import load_weights
 
 
 def step_logits(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> list[torch.Tensor]:
@@ -78,16 +79,20 @@ def evaluate_steps(model, tokenizer, rows: Sequence[StepRow], encoded, *, batch_
             "error_acc@0.5": fe["error_acc"], "correct_acc@0.5": fe["correct_acc"]}
 
 
-def run_prm_train(cfg, *, show_progress: bool = True) -> dict[str, Any]:
+def run_prm_train(cfg, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab prm train`: fit a PRM on `cfg.data` step-labelled rows; evaluate on `cfg.eval_data`.
 
-    Writes `cfg.out`: config.yaml, metrics.jsonl (`train/loss`, `train/step_accuracy`, `lr`, `time/step_s`,
-    `eval/*`), checkpoints/step-N (HF format with `step_tag` and `step_separator` in config.json; loads with
-    `process_reward_model`), plots/prm_train.png and summary.json.
+    Writes the run directory `cfg.out`: config.yaml, metrics.jsonl (`train/loss`, `train/step_accuracy`, `lr`,
+    `time/step_s`, `eval/*`), checkpoints/step-K every `cfg.save_every` steps and at the end (HF format with
+    `step_tag` and `step_separator` in config.json, loads with `process_reward_model`, plus trainer_state.pt; the
+    `cfg.keep_checkpoints` most recent kept), plots/prm_train.png and summary.json. The directory is opened with
+    `RunDir.start` once the data and backbone load; `resume` continues from its newest valid checkpoint and logs what
+    the uninterrupted run logs (see `rm.fit.fit`), `overwrite` replaces the run there.
 
     Raises:
         ValueError / FileNotFoundError: bad data (FILE:LINE), a bad step tag, an unknown backbone, or no row that
-            fits `train.max_length`.
+            fits `train.max_length`; `RunDirError`: the directory holds a run and neither `resume` nor `overwrite` is
+            given, is in use, or has nothing to resume.
     """
     t = cfg.train
     check_step_tag(t.step_tag)
@@ -103,31 +108,38 @@ def run_prm_train(cfg, *, show_progress: bool = True) -> dict[str, Any]:
         raise ValueError(f"{cfg.data}: no row fits train.max_length={max_length} tokens")
     model.config.step_tag = t.step_tag
     model.config.step_separator = t.separator
-    run = RunDir(cfg.out)
-    run.write_config(dump_config(cfg))
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
+    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once data and backbone load
+        start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
+        if checkpoint is not None:
+            load_weights(model, checkpoint)
+        else:
+            run.write_config(dump_config(cfg))
+        torch.manual_seed(cfg.seed)
+        rng = random.Random(cfg.seed)
 
-    def evaluate() -> dict[str, float]:
-        res = evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size)
-        return {f"eval/{k}": v for k, v in res.items()}
+        def evaluate() -> dict[str, float]:
+            res = evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size)
+            return {f"eval/{k}": v for k, v in res.items()}
 
-    def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, dict[str, float]]:
-        z = torch.cat(step_logits(model, [train_enc[i] for i in idx], tokenizer.pad_token_id))
-        y = torch.tensor([v for i in idx for v in train_rows[i].labels], device=z.device)
-        acc = ((z.detach() >= 0) == (y >= 0.5)).float().mean().item()
-        return prm_loss(z, y), {"train/step_accuracy": acc}
+        def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, dict[str, float]]:
+            z = torch.cat(step_logits(model, [train_enc[i] for i in idx], tokenizer.pad_token_id))
+            y = torch.tensor([v for i in idx for v in train_rows[i].labels], device=z.device)
+            acc = ((z.detach() >= 0) == (y >= 0.5)).float().mean().item()
+            return prm_loss(z, y), {"train/step_accuracy": acc}
 
-    wall0 = time.perf_counter()
-    step, last, last_eval = fit(model, t, len(train_rows), batch_loss, rng=rng, run=run, name="PRM train",
-                                progress_key="train/step_accuracy", evaluate=evaluate if eval_rows else None,
-                                show_progress=show_progress)
-    final = run.save_checkpoint(step, lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)))
-    run.plot(["train/loss", "train/step_accuracy", "eval/step_accuracy"], "prm_train.png")
-    summary = {"stage": "prm_train", "backbone": cfg.model.path, "steps": step, "train_rows": len(train_rows),
-               "train_rows_too_long": dropped, "eval_rows": len(eval_rows), "eval_rows_too_long": eval_dropped,
-               "step_tag": t.step_tag, "wall_s": time.perf_counter() - wall0,
-               "final_train": {k: v for k, v in last.items() if not k.startswith("eval/")},
-               "final_eval": last_eval, "final_checkpoint": str(final)}
-    run.write_summary(summary)
+        wall0 = time.perf_counter()
+        step, last, last_eval, final = fit(
+            model, t, len(train_rows), batch_loss, rng=rng, run=run, name="PRM train",
+            progress_key="train/step_accuracy",
+            save_model=lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)),
+            save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, resume_from=checkpoint,
+            evaluate=evaluate if eval_rows else None, show_progress=show_progress)
+        run.plot(["train/loss", "train/step_accuracy", "eval/step_accuracy"], "prm_train.png")
+        summary = {"stage": "prm_train", "backbone": cfg.model.path, "steps": step, "train_rows": len(train_rows),
+                   "train_rows_too_long": dropped, "eval_rows": len(eval_rows), "eval_rows_too_long": eval_dropped,
+                   "step_tag": t.step_tag, "wall_s": time.perf_counter() - wall0,
+                   "final_train": {k: v for k, v in last.items() if not k.startswith("eval/")},
+                   "final_eval": last_eval, "final_checkpoint": str(final),
+                   "resumed_from": start_step if resume else None}
+        run.write_summary(summary)
     return summary

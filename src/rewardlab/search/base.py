@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rewardlab.registry import Registry
 from rewardlab.rewards.base import Reward
 from rewardlab.types import Rollout, RewardOutput
 
@@ -49,22 +50,30 @@ class SearchResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+#: Step-score aggregations for whole solutions (Snell et al. 2024; search-and-learn, Beeching et al. 2024):
+#: min over steps, the last step's score, the product over steps, the mean over steps. `fn(scores) -> float`.
+AGGREGATIONS: Registry[Callable[[Sequence[float]], float]] = Registry("step-score aggregation",
+                                                                      reserved=("scores",))
+
+
+@AGGREGATIONS.register("min")
+def _min(scores: Sequence[float]) -> float:
+    return float(min(scores))
+
+
+@AGGREGATIONS.register("last")
 def _last(scores: Sequence[float]) -> float:
     return float(scores[-1])
 
 
+@AGGREGATIONS.register("prod")
+def _prod(scores: Sequence[float]) -> float:
+    return float(math.prod(scores))
+
+
+@AGGREGATIONS.register("mean")
 def _mean(scores: Sequence[float]) -> float:
     return float(sum(scores) / len(scores))
-
-
-#: Step-score aggregations for whole solutions (Snell et al. 2024; search-and-learn, Beeching et al. 2024):
-#: min over steps, the last step's score, the product over steps, the mean over steps.
-AGGREGATIONS: dict[str, Callable[[Sequence[float]], float]] = {
-    "min": lambda s: float(min(s)),
-    "last": _last,
-    "prod": lambda s: float(math.prod(s)),
-    "mean": _mean,
-}
 
 
 def solution_score(output: RewardOutput, aggregate: str = "last") -> float:
@@ -76,12 +85,14 @@ def solution_score(output: RewardOutput, aggregate: str = "last") -> float:
     Raises:
         ValueError: an unknown aggregation (the message lists the valid ones).
     """
-    if aggregate not in AGGREGATIONS:
-        raise ValueError(f"search.aggregate: expected one of {sorted(AGGREGATIONS)}, got {aggregate!r}")
+    try:
+        fn = AGGREGATIONS.get(aggregate)
+    except ValueError as exc:
+        raise ValueError(f"search.aggregate: {exc}") from None
     if output.error is not None:
         return -math.inf
     if output.step_scores:
-        return AGGREGATIONS[aggregate](output.step_scores)
+        return fn(output.step_scores)
     return float(output.score)
 
 

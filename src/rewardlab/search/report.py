@@ -22,23 +22,38 @@ from rewardlab.policy import load_policy
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.steps import final_answer
+from rewardlab.registry import Registry
 from rewardlab.runs import RunDir, atomic_write_text
 from rewardlab.search.base import pick_best, sample_solutions, score_solutions
 from rewardlab.search.beam import beam, dvts
 from rewardlab.search.voting import EQUIVALENCES, VerifierEquivalence, majority_vote, weighted_majority_vote
 
-#: The methods `rewardlab search` can compare, in table order, with their display names.
-METHODS = {
-    "best_of_n": "best-of-N",
-    "majority": "majority",
-    "weighted_majority": "weighted majority",
-    "beam": "beam search",
-    "dvts": "DVTS",
-}
-POOL_METHODS = ("best_of_n", "majority", "weighted_majority")
-_STYLE = {"best_of_n": ("o", "-"), "majority": ("s", "-"), "weighted_majority": ("x", "--"), "beam": ("^", "-"),
-          "dvts": ("D", "-")}
-TREE_METHODS = {"beam": beam, "dvts": dvts}
+#: The methods `rewardlab search` can compare, in table order. Meta: `display` (name in tables and plots), `style`
+#: (matplotlib marker and line style), `pool` (True: a selector `fn(scores, answers, equivalent, row) -> index`
+#: over the first N samples of the shared pool; False: a tree search `fn(policy, rows, scorer, *, n, ...)` run
+#: afresh for each N), `scorer` (whether it calls the scorer).
+METHODS: Registry = Registry("search method")
+
+
+@METHODS.register("best_of_n", display="best-of-N", style=("o", "-"), pool=True, scorer=True)
+def _select_best_of_n(scores, answers, equivalent, row) -> int:
+    return pick_best(scores)
+
+
+@METHODS.register("majority", display="majority", style=("s", "-"), pool=True, scorer=False)
+def _select_majority(scores, answers, equivalent, row) -> int:
+    return majority_vote(answers, equivalent, row).index
+
+
+@METHODS.register("weighted_majority", display="weighted majority", style=("x", "--"), pool=True, scorer=True)
+def _select_weighted_majority(scores, answers, equivalent, row) -> int:
+    return weighted_majority_vote(answers, scores, equivalent, row).index
+
+
+METHODS.register("beam", display="beam search", style=("^", "-"), pool=False, scorer=True)(beam)
+METHODS.register("dvts", display="DVTS", style=("D", "-"), pool=False, scorer=True)(dvts)
+POOL_METHODS = tuple(m for m in METHODS if METHODS.meta(m)["pool"])
+TREE_METHODS = {m: METHODS[m] for m in METHODS if not METHODS.meta(m)["pool"]}
 
 
 class _Memo:
@@ -79,9 +94,11 @@ def run_search(cfg: SearchConfig, *, show_progress: bool = True) -> dict[str, An
             `build_reward` raise.
     """
     s = cfg.search
-    unknown = [m for m in s.methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"search.methods: unknown {unknown}; valid: {', '.join(METHODS)}")
+    for m in s.methods:
+        try:
+            METHODS.get(m)
+        except ValueError as exc:
+            raise ValueError(f"search.methods: {exc}") from None
     if s.equivalence != "verifier" and s.equivalence not in EQUIVALENCES:
         raise ValueError(f"search.equivalence: expected verifier, {', '.join(EQUIVALENCES)}; got {s.equivalence!r}")
     if any(n < 1 for n in s.n):
@@ -125,7 +142,7 @@ def run_search(cfg: SearchConfig, *, show_progress: bool = True) -> dict[str, An
     correct_flat = _correct(verifier, flat)
     correct = [correct_flat[i * n_max : (i + 1) * n_max] for i in range(len(rows))]
     timing["pool_sampling_s"] = time.perf_counter() - t0
-    if any(m in s.methods for m in ("best_of_n", "weighted_majority")):
+    if any(m in s.methods and METHODS.meta(m)["scorer"] for m in POOL_METHODS):
         t0 = time.perf_counter()
         scores_flat = score_solutions(scorer, flat, s.aggregate)
         scores = [scores_flat[i * n_max : (i + 1) * n_max] for i in range(len(rows))]
@@ -139,17 +156,13 @@ def run_search(cfg: SearchConfig, *, show_progress: bool = True) -> dict[str, An
             if m not in s.methods:
                 continue
             t0 = time.perf_counter()
+            select, uses_scorer = METHODS[m], METHODS.meta(m)["scorer"]
             hits = []
             for i, row in enumerate(rows):
-                if m == "best_of_n":
-                    idx = pick_best(scores[i][:n])
-                elif m == "majority":
-                    idx = majority_vote(answers[i][:n], equivalent, row).index
-                else:
-                    idx = weighted_majority_vote(answers[i][:n], scores[i][:n], equivalent, row).index
+                idx = select(scores[i][:n] if uses_scorer else None, answers[i][:n], equivalent, row)
                 hits.append(correct[i][idx])
             results[m][str(n)] = {"accuracy": _mean(hits), "tokens_per_question": tokens,
-                                  "scorer_calls_per_question": 0.0 if m == "majority" else float(n),
+                                  "scorer_calls_per_question": float(n) if uses_scorer else 0.0,
                                   "select_s": time.perf_counter() - t0}
 
     # Beam search and DVTS: a fresh tree search for each N.
@@ -205,9 +218,9 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     for m, per_n in report["methods"].items():
         pts = sorted((int(n), v["accuracy"]) for n, v in per_n.items())
         if pts:  # own marker and line style per method, so coinciding curves stay visible
-            marker, ls = _STYLE.get(m, ("o", "-"))
+            marker, ls = METHODS.meta(m)["style"]
             ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker=marker, ls=ls, ms=5, mfc="none",
-                    label=METHODS[m])
+                    label=METHODS.meta(m)["display"])
     ax.set_xscale("log", base=2)
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel("N (samples / beams per question)")
@@ -234,11 +247,11 @@ def print_report(report: dict[str, Any], where: str | Path | None = None) -> Non
     acc.add_column("N", justify="right")
     acc.add_column("pass@N", justify="right")
     for m in methods:
-        acc.add_column(METHODS[m], justify="right")
+        acc.add_column(METHODS.meta(m)["display"], justify="right")
     cost = Table(title="cost per question: tokens generated / scorer calls")
     cost.add_column("N", justify="right")
     for m in methods:
-        cost.add_column(METHODS[m], justify="right")
+        cost.add_column(METHODS.meta(m)["display"], justify="right")
     for n in ns:
         cells = [report["methods"][m].get(str(n)) for m in methods]
         acc.add_row(str(n), f"{report['pass@N'][str(n)]:.1%}", *(f"{c['accuracy']:.1%}" if c else "-" for c in cells))

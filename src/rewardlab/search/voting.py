@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from rewardlab.registry import Registry
 from rewardlab.rewards.base import Reward
 from rewardlab.rewards.steps import final_answer
 from rewardlab.search.base import SearchPolicy, SearchResult, check_budget, pick_best, sample_solutions, score_solutions
@@ -22,7 +23,11 @@ from rewardlab.types import Rollout
 #: equivalent(a, b, row) -> True when answers a and b (strings) are the same answer to the row's question.
 Equivalence = Callable[[str, str, "dict[str, Any] | None"], bool]
 
+#: Equivalences by config name ("verifier" needs a reward and is built with `VerifierEquivalence`).
+EQUIVALENCES: Registry[Equivalence] = Registry("answer equivalence", reserved=("a", "b", "row"))
 
+
+@EQUIVALENCES.register("exact")
 def exact_equivalent(a: str, b: str, row: dict[str, Any] | None = None) -> bool:
     """Same text after stripping surrounding whitespace."""
     return a.strip() == b.strip()
@@ -35,6 +40,7 @@ def _parse(text: str):
     return parse(text)
 
 
+@EQUIVALENCES.register("math")
 def math_equivalent(a: str, b: str, row: dict[str, Any] | None = None) -> bool:
     """Mathematically equal (math-verify's `parse` + `verify`), or the same text when either does not parse.
 
@@ -68,10 +74,6 @@ class VerifierEquivalence:
                         logprobs=[], row={**(row or {}), "answer": b})
         (out,) = self.verifier([probe])
         return is_correct(out)
-
-
-#: Equivalences by config name ("verifier" needs a reward and is built with `VerifierEquivalence`).
-EQUIVALENCES: dict[str, Equivalence] = {"exact": exact_equivalent, "math": math_equivalent}
 
 
 @dataclass

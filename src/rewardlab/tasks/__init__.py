@@ -10,35 +10,48 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rewardlab.registry import Registry
 from rewardlab.tasks.base import Row, Task, dedup_and_split
 
-LOADERS: dict[str, Callable[..., Task]] = {}
+#: kind -> loader `fn(argument, /, <options>) -> Task`; the argument (the part of the spec after the colon) is
+#: positional-only, so the loader's other parameters are exactly its options (`task.options`).
+LOADERS: Registry[Callable[..., Task]] = Registry("task kind")
 
 
-def register_loader(kind: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
-    """Register a task loader under `kind` (the part of the spec before the colon)."""
+def register_loader(kind: str, *, argument_optional: bool = False) -> Callable[[Callable[..., Task]],
+                                                                              Callable[..., Task]]:
+    """Register a task loader under `kind` (the part of the spec before the colon).
 
-    def wrap(fn: Callable[..., Task]) -> Callable[..., Task]:
-        LOADERS[kind] = fn
-        return fn
+    The loader is `fn(argument, /, <options>) -> Task` with every option declared by name; one with `**options`
+    (forwarding them to a third-party config) must check them itself. `argument_optional`: the spec may be the
+    bare kind (`humaneval`), and the loader then gets "" as its argument.
 
-    return wrap
+    Raises:
+        ValueError: if `kind` is already registered.
+    """
+    return LOADERS.register(kind, argument_optional=argument_optional)
 
 
 def load(spec: str, **options: Any) -> Task:
     """Load a task from a spec `kind:argument`, e.g. `reasoning_gym:chain_sum` or `jsonl:data/train.jsonl`.
 
     Raises:
-        ValueError: when the spec has no `kind:` prefix or the kind is unknown (the message lists valid kinds).
+        ValueError: when the spec has no `kind:` prefix, the kind is unknown (the message lists valid kinds), or an
+            option is not one the loader declares ("task.options: unknown option 'x' for task kind 'jsonl'; valid:
+            ..."), and what the loader raises.
     """
     kind, sep, arg = spec.partition(":")
-    if not sep and getattr(LOADERS.get(kind), "argument_optional", False):  # e.g. `humaneval`
-        return LOADERS[kind]("", **options)
-    if not sep or not arg:
+    optional = kind in LOADERS and LOADERS.meta(kind).get("argument_optional", False)
+    if not sep and optional:  # e.g. `humaneval`
+        arg = ""
+    elif not sep or not arg:
         raise ValueError(f"task spec {spec!r}: expected 'kind:argument', e.g. 'reasoning_gym:chain_sum'")
-    if kind not in LOADERS:
-        raise ValueError(f"task spec {spec!r}: unknown kind {kind!r}; valid: {', '.join(sorted(LOADERS))}")
-    return LOADERS[kind](arg, **options)
+    try:
+        loader = LOADERS.get(kind)
+    except ValueError as exc:
+        raise ValueError(f"task spec {spec!r}: {exc}") from None
+    LOADERS.check(kind, options, field="task.options")
+    return loader(arg, **options)
 
 
 # Registration imports (no other side effects).

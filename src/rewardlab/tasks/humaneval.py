@@ -58,8 +58,8 @@ def read_humaneval(path: str | Path | None = None) -> list[dict[str, Any]]:
     return problems
 
 
-@register_loader("humaneval")
-def load_humaneval(path: str = "", *, test_size: int | float = 0.2, seed: int = 0) -> Task:
+@register_loader("humaneval", argument_optional=True)
+def load_humaneval(path: str = "", /, *, test_size: int | float = 0.2, seed: int = 0) -> Task:
     """Load HumanEval as a Task scored by the `code` reward (`load("humaneval")` or `load("humaneval:FILE")`).
 
     Args:
@@ -80,9 +80,6 @@ def load_humaneval(path: str = "", *, test_size: int | float = 0.2, seed: int = 
     train, test = dedup_and_split(rows, key=lambda r: r["task_id"], test_size=test_size, seed=seed)
     return Task(name="humaneval" + (f":{path}" if path else ""), train=train, test=test, reward="code",
                 info={"problems": len(rows)})
-
-
-load_humaneval.argument_optional = True  # type: ignore[attr-defined]  # `load("humaneval")` needs no argument
 
 
 # ----------------------------------------------------------------------------------------------- mutations

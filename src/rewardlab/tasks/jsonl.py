@@ -85,8 +85,8 @@ def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Ro
 
 @register_loader("jsonl")
 def load_jsonl(
-    path: str, *, test_path: str | None = None, test_size: int | float | None = None, seed: int = 0,
-    reward: str = "exact_match"
+    path: str, /, *, test_path: str | None = None, test_size: int | float | None = None, seed: int = 0,
+    reward: str = "exact_match",
 ) -> Task:
     """Load `jsonl:PATH` as a Task.
 

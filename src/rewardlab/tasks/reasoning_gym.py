@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import lru_cache
 from typing import Any
 
+from rewardlab.registry import unknown_options
 from rewardlab.tasks import register_loader
 from rewardlab.tasks.base import Row, Task, dedup_and_split
 from rewardlab.tasks.steps import worked_steps
@@ -13,6 +15,29 @@ from rewardlab.tasks.steps import worked_steps
 TEMPLATES = ("question", "compact")
 #: Row `target` options: "answer" (no extra field) or "steps" (a worked solution, see `worked_steps`).
 TARGETS = ("answer", "steps")
+
+
+#: The loader's own options; every other option is a field of the dataset's config.
+LOADER_OPTIONS = ("size", "seed", "test_size", "template", "target")
+
+
+def check_config(name: str, config: dict[str, Any]) -> None:
+    """Check that every key of `config` is a field of reasoning-gym dataset `name`'s config dataclass.
+
+    Raises:
+        ValueError: one line, "task reasoning_gym:NAME: unknown option 'x' for reasoning-gym dataset 'NAME'; valid:
+            ..." listing the dataset's fields and the loader's own options. An unknown dataset name is left to
+            `_dataset`, which reports it.
+    """
+    from reasoning_gym.factory import DATASETS
+
+    if name not in DATASETS or not dataclasses.is_dataclass(DATASETS[name][1]):
+        return
+    fields = [f.name for f in dataclasses.fields(DATASETS[name][1]) if f.name not in LOADER_OPTIONS]
+    unknown = [k for k in config if k not in fields]
+    if unknown:
+        raise ValueError(unknown_options(unknown, f"reasoning-gym dataset {name!r}", [*LOADER_OPTIONS, *fields],
+                                         f"task reasoning_gym:{name}"))
 
 
 def _dataset(name: str, config: dict[str, Any]):
@@ -90,6 +115,7 @@ def score_answer(row: Row, answer: str | None) -> float:
 @register_loader("reasoning_gym")
 def load_reasoning_gym(
     name: str,
+    /,
     *,
     size: int = 20000,
     seed: int = 0,
@@ -110,14 +136,17 @@ def load_reasoning_gym(
             `metadata.expression` (`worked_steps`, e.g. "3+4=7\\n7-2=5"), for SFT with `sft.target=target`, and the
             task's verifier becomes `arithmetic_steps` (checks each step; `correct` = the final result). `answer`
             stays the final number. Needs a dataset whose expression is an integer `+`/`-` chain (chain_sum).
-        **config: the dataset's own config fields (e.g. `min_terms=2, max_digits=1` for chain_sum).
+        **config: the dataset's own config fields (e.g. `min_terms=2, max_digits=1` for chain_sum), checked against
+            its config dataclass (`check_config`).
     Returns:
         Task whose rows hold `prompt`, `answer`, `question`, `metadata`, `dataset`, `dataset_config`;
         de-duplicated by question text, train and test disjoint by question.
     Raises:
-        ValueError: unknown dataset, bad dataset option, a template the dataset cannot fill, or an unknown
-            `target` / one the dataset cannot give.
+        ValueError: unknown dataset, an option that is not a field of the dataset's config (the message lists the
+            valid ones), a bad dataset option value, a template the dataset cannot fill, or an unknown `target` /
+            one the dataset cannot give.
     """
+    check_config(name, config)
     if target not in TARGETS:
         raise ValueError(f"task reasoning_gym:{name}: target must be one of {TARGETS}, got {target!r}")
     ds_config = dict(config, size=size, seed=seed)

@@ -36,7 +36,7 @@ def worked_row(row: Row) -> Row:
 
 
 @register_loader("worked")
-def load_worked(name: str, **options: Any) -> Task:
+def load_worked(name: str, /, **options: Any) -> Task:
     """Load `worked:NAME` = `reasoning_gym:NAME` with `template="compact"`, `target="steps"`, rows by `worked_row`.
 
     Args:

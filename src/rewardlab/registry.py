@@ -1,0 +1,187 @@
+"""One registry class for every name -> callable table: estimators, losses, rewards, task loaders, search methods...
+
+    ESTIMATORS = Registry("advantage estimator", reserved=("token_rewards", "mask", "group"))
+
+    @ESTIMATORS.register("grpo")
+    def grpo(*, token_rewards, mask, group, eps=1e-6, scale="group"): ...
+
+    ESTIMATORS.get("grpo")                    # the function; an unknown name is a ValueError listing the valid ones
+    ESTIMATORS.check("grpo", {"eps": 1e-8})   # the options it accepts; an undeclared option is a ValueError
+    "grpo" in ESTIMATORS, ESTIMATORS["grpo"], sorted(ESTIMATORS), len(ESTIMATORS)   # a read-only Mapping
+
+A registered callable declares its options by name in its signature (keyword parameters, or the parameters of a
+class's `__init__`). The options of an entry are its parameters minus the registry's `reserved` inputs (the tensors
+or rows every caller passes, e.g. `token_rewards`, `mask`, `group`) and minus positional-only parameters. A callable
+with `**kwargs` declares that it checks its options itself, and `check` accepts anything for it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Registry", "unknown_options"]
+
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """A table of named callables with one way to register them, look them up and check their options.
+
+    Behaves as a read-only ``Mapping[str, T]`` (``name in R``, ``R[name]``, iteration in registration order,
+    ``len``); entries are added only by ``register``.
+
+    Args:
+        kind: what an entry is, in messages ("advantage estimator" -> "unknown advantage estimator 'x'; valid: ...").
+        reserved: parameter names every entry takes as inputs rather than options (excluded from its options).
+    """
+
+    def __init__(self, kind: str, *, reserved: Iterable[str] = ()) -> None:
+        self.kind = kind
+        self.reserved = tuple(reserved)
+        self._entries: dict[str, T] = {}
+        self._meta: dict[str, Mapping[str, Any]] = {}
+
+    # ------------------------------------------------------------------------------------------------ Mapping
+    def __getitem__(self, name: str) -> T:
+        """The entry registered as ``name``. Raises KeyError (whose text lists the valid names) if there is none."""
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise KeyError(self._unknown(name)) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            return name in self._entries
+        except TypeError:  # an unhashable value is no name
+            return False
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self._entries)})"
+
+    # ------------------------------------------------------------------------------------------------ registering
+    def register(self, name: str, **meta: Any) -> Callable[[T], T]:
+        """Decorator: register the decorated callable (function or class) as ``name`` and return it unchanged.
+
+        ``meta`` holds facts about the entry that callers look up with ``meta(name)`` (e.g. the inputs an estimator
+        needs that only a trainer can compute). ``register(name)(obj)`` registers a callable defined elsewhere.
+
+        Raises:
+            ValueError: if ``name`` is not a non-empty string or is already registered.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+
+        def decorator(obj: T) -> T:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._entries[name] = obj
+            self._meta[name] = MappingProxyType(dict(meta))
+            return obj
+
+        return decorator
+
+    def unregister(self, name: str) -> T:
+        """Remove ``name`` and return its entry (for tests and plugins that register temporarily).
+
+        Raises:
+            ValueError: if ``name`` is not registered (the message lists the valid names).
+        """
+        entry = self.get(name)
+        del self._entries[name]
+        del self._meta[name]
+        return entry
+
+    # ------------------------------------------------------------------------------------------------ lookup
+    def get(self, name: str, default: Any = _MISSING) -> T:
+        """The entry registered as ``name``.
+
+        Without ``default``, an unknown name raises; with one, it is returned instead (``Mapping.get``).
+
+        Raises:
+            ValueError: "unknown <kind> 'x'; valid: a, b, c" (names sorted) when ``name`` is not registered and no
+                ``default`` is given.
+        """
+        if name in self:
+            return self._entries[name]
+        if default is not _MISSING:
+            return default
+        raise ValueError(self._unknown(name))
+
+    def meta(self, name: str) -> Mapping[str, Any]:
+        """The read-only ``meta`` given to ``register`` for ``name`` (empty if none).
+
+        Raises:
+            ValueError: if ``name`` is not registered (the message lists the valid names).
+        """
+        self.get(name)
+        return self._meta[name]
+
+    def options(self, name: str, *, reserved: Iterable[str] = ()) -> tuple[str, ...] | None:
+        """The option names entry ``name`` declares, in signature order, or None when it takes ``**kwargs``.
+
+        Options are the parameters that can be passed by keyword, minus ``self.reserved`` and ``reserved``.
+
+        Raises:
+            ValueError: if ``name`` is not registered (the message lists the valid names).
+        """
+        params = inspect.signature(self.get(name)).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return None
+        skip = {*self.reserved, *reserved}
+        keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return tuple(p.name for p in params if p.kind in keyword and p.name not in skip)
+
+    def check(self, name: str, options: Mapping[str, Any], *, reserved: Iterable[str] = (),
+              field: str | None = None, complete: bool = False) -> tuple[str, ...] | None:
+        """Check that entry ``name`` declares every key of ``options``; return its option names (see ``options``).
+
+        Args:
+            name: a registered name.
+            options: the options a caller means to pass (only the keys are looked at).
+            reserved: more input names to exclude from the options, on top of the registry's own.
+            field: a config key to start the message with, e.g. "rl.loss_options".
+            complete: also require every option the entry has no default for (for entries built from a spec).
+        Returns:
+            The declared option names, or None for an entry with ``**kwargs`` (which checks its options itself).
+        Raises:
+            ValueError: ``name`` is not registered, an option is not declared, or (``complete``) a required option
+                is missing, in one line: "[field: ]unknown option 'foo' for policy loss 'gspo'; valid: clip,
+                clip_high, clip_low" or "[field: ]missing option 'gate' for composition 'gated'".
+        """
+        declared = self.options(name, reserved=reserved)
+        if declared is None:
+            return None
+        unknown = [key for key in options if key not in declared]
+        if unknown:
+            raise ValueError(unknown_options(unknown, f"{self.kind} {name!r}", declared, field))
+        if complete:
+            params = inspect.signature(self._entries[name]).parameters
+            missing = [k for k in declared if params[k].default is inspect.Parameter.empty and k not in options]
+            if missing:
+                head = f"{field}: " if field else ""
+                raise ValueError(f"{head}missing option{'s' if len(missing) > 1 else ''} "
+                                 f"{', '.join(repr(k) for k in missing)} for {self.kind} {name!r}")
+        return declared
+
+    def _unknown(self, name: object) -> str:
+        return f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries)) or '(none)'}"
+
+
+def unknown_options(unknown: Iterable[str], owner: str, valid: Iterable[str], field: str | None = None) -> str:
+    """The one-line message for options nobody declares:
+    "[field: ]unknown option(s) 'a', 'b' for OWNER; valid: x, y" (valid names sorted, "(none)" when empty)."""
+    unknown = list(unknown)
+    head = f"{field}: " if field else ""
+    names = ", ".join(repr(k) for k in unknown)
+    return (f"{head}unknown option{'s' if len(unknown) > 1 else ''} {names} for {owner}; "
+            f"valid: {', '.join(sorted(set(valid))) or '(none)'}")
