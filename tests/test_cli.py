@@ -103,12 +103,12 @@ def test_evaluate_writes_summary(tmp_path, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"{i}=", "answer": str(i)} for i in range(6)])
     out = tmp_path / "eval"
     rc = main(["evaluate", "--no-progress", "--model", "tiny", "--task", f"jsonl:{data}", "--out", str(out),
-               "task.options={test_size: 2}", "eval.n=2", "eval.k=[1, 2]", "eval.max_new_tokens=2",
+               "task.options={test_size: 2}", "split=test", "eval.n=2", "eval.k=[1, 2]", "eval.max_new_tokens=2",
                *TINY_OVERRIDES])
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["n_questions"] == printed["n_questions"] == 2  # test_size 2
+    assert summary["n_questions"] == printed["n_questions"] == 2  # the held-out split asked for: test_size 2
     assert summary["split"] == "test" and 0.0 <= summary["pass@2"] <= 1.0
     assert "examples" in summary and "examples" not in printed
     assert (out / "config.yaml").is_file()

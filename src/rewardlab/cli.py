@@ -17,7 +17,8 @@ VERBS = {
     "quickstart": "tiny model from scratch -> SFT -> GRPO -> evaluate on reasoning-gym chain_sum (offline)",
     "sft": "supervised warm start on task rows (loss on answer tokens)",
     "train": "RL training (GRPO family) against the task's verifier or configured rewards",
-    "evaluate": "greedy exact-match accuracy and pass@k on the held-out split",
+    "evaluate": "greedy exact-match accuracy and pass@k: a jsonl file whole, a generated task's held-out split "
+                "(split=all|train|test to choose)",
     "search": "reward-guided search (best-of-N, majority votes, beam search, DVTS): accuracy against N",
 }
 
@@ -53,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--out", help="run directory (config key: out)")
         p.add_argument("--seed", type=int, help="random seed (config key: seed)")
         if verb != "quickstart":
-            p.add_argument("--model", help='"tiny" or an HF model directory / hub id (config key: model.path)')
+            p.add_argument("--model", help='"tiny" or a local HF model directory (config key: model.path)')
             p.add_argument("--task", help='"reasoning_gym:NAME" or "jsonl:PATH" (config key: task.spec)')
         if verb == "search":
             p.add_argument("--scorer", help="reward that ranks candidates, e.g. arithmetic_steps (config key: scorer)")

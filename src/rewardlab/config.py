@@ -32,7 +32,9 @@ class TinyArch(_Base):
 
 
 class ModelConfig(_Base):
-    path: str = Field("tiny", description='"tiny" (embedded model, fresh weights) or an HF model directory / hub id')
+    path: str = Field("tiny", description='"tiny" (embedded model, fresh weights) or a local Hugging Face model '
+                      "directory (nothing is downloaded at run time: download a hub model first, give its "
+                      "directory)")
     prompt_format: Literal["auto", "raw", "chat"] = Field(
         "auto", description="raw text, the tokenizer's chat template, or auto (chat when the tokenizer has one)"
     )
@@ -131,7 +133,7 @@ class EvalParams(_Base):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(8, gt=0)
     batch_size: int = Field(256, gt=0, description="prompts per generate call")
-    limit: int | None = Field(None, gt=0, description="evaluate only the first N held-out rows")
+    limit: int | None = Field(None, gt=0, description="evaluate only the first N rows of the split")
 
 
 class _Checkpoints(_Base):
@@ -163,10 +165,19 @@ class TrainConfig(_Checkpoints, _Verb):
     on_error: Literal["zero", "skip", "raise"] = "zero"
 
 
+#: The rule shared by `evaluate` and `search` for which rows they score.
+EVAL_SPLIT_DESCRIPTION = (
+    "rows to score: all (every row of the task), train, or test (the held-out split). Default (null): the task "
+    "decides: a jsonl:PATH file is scored whole (all; with task.options.test_path, that test file whole), a "
+    "generated task or benchmark (reasoning_gym, worked, humaneval) its held-out test split. The summary records "
+    "the split used and how many rows it held"
+)
+
+
 class EvaluateConfig(_Verb):
     out: str = "runs/eval"
     eval: EvalParams = Field(default_factory=EvalParams)
-    split: Literal["train", "test"] = "test"
+    split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
 
 
 def _quickstart_task() -> TaskConfig:
@@ -230,14 +241,46 @@ class SearchConfig(_Verb):
     scorer: list[dict[str, Any]] | str | None = Field(
         None, description="reward spec(s) that rank candidates, e.g. arithmetic_steps or [{name: ..., ...}]; "
         "default: the task's own verifier (an oracle: best-of-N then equals pass@N)")
-    split: Literal["train", "test"] = "test"
+    split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
 
 
 VERB_CONFIGS["search"] = SearchConfig
 
 
-def _parse_value(text: str) -> Any:
-    value = yaml.safe_load(text) if text.strip() else ""
+class _YamlError(Exception):
+    """Unparsable YAML text: `line` (1-based, or None) and a one-line `cause`."""
+
+    def __init__(self, line: int | None, cause: str) -> None:
+        super().__init__(cause)
+        self.line, self.cause = line, cause
+
+
+def _yaml_problem(exc: BaseException) -> tuple[int | None, str]:
+    """(1-based line or None, one-line cause) of an exception raised while parsing YAML text."""
+    if isinstance(exc, RecursionError):
+        return None, "nested too deeply"
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    cause = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
+    if isinstance(exc, yaml.reader.ReaderError):  # its str() spans lines; the character is what matters
+        cause = f"unacceptable character #x{exc.character:04x}" if isinstance(exc.character, int) else exc.reason
+    return line, " ".join(str(cause).split())
+
+
+def _safe_load(text: str) -> Any:
+    """`yaml.safe_load`; what it raises for bad text (YAMLError, a ValueError for an impossible date such as
+    2020-13-45, RecursionError for deep nesting) is re-raised as `_YamlError`."""
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise _YamlError(*_yaml_problem(exc)) from None
+
+
+def _parse_value(text: str, key: str = "value") -> Any:
+    try:
+        value = _safe_load(text) if text.strip() else ""
+    except _YamlError as exc:
+        raise ConfigError(f"{key}: cannot parse {text!r} as a YAML value ({exc.cause})") from None
     if isinstance(value, str) and text.strip()[:1] not in ("'", '"'):  # a quoted value stays a string
         try:
             return float(value)  # YAML 1.1 reads "1e-4" as a string
@@ -251,6 +294,8 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {item!r}: expected key=value, e.g. rl.lr=1e-4")
+    if not key.isprintable() or any(c.isspace() for c in key):
+        raise ConfigError(f"override {item!r}: the key {key!r} holds spaces or control characters")
     node = data
     parts = key.split(".")
     for part in parts[:-1]:
@@ -258,11 +303,17 @@ def apply_override(data: dict[str, Any], item: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{key}: {part!r} is a value, not a section")
         node = child
-    node[parts[-1]] = _parse_value(raw)
+    node[parts[-1]] = _parse_value(raw, key)
+
+
+def _key_text(part: Any) -> str:
+    """A key as written in messages: as is when printable, else its repr (a message stays one line)."""
+    text = str(part)
+    return text if text.isprintable() else repr(text)
 
 
 def _describe(err: dict[str, Any], cls: type[BaseModel]) -> str:
-    loc = ".".join(str(p) for p in err["loc"])
+    loc = ".".join(_key_text(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         model: Any = cls
         for part in err["loc"][:-1]:
@@ -341,12 +392,17 @@ def load_config(cls: type[_Base], path: str | Path | None = None, overrides: lis
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path}: not found")
+        raw = path.read_bytes()
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"config file {path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+            text = raw.decode("utf-8-sig")  # a byte-order mark is accepted
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise ConfigError(f"config file {path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+        try:
+            loaded = _safe_load(text)
+        except _YamlError as exc:
+            where = f":{exc.line}" if exc.line is not None else ""
+            raise ConfigError(f"config file {path}{where}: invalid YAML ({exc.cause})") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,8 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
     sft_model = cfg.model.model_copy(update={"path": sft["final_checkpoint"]})
 
     def evaluate(model, name: str) -> dict[str, Any]:
-        return stage(name, run_evaluate, EvaluateConfig(model=model, eval=cfg.eval, out=str(out / name), **common))
+        return stage(name, partial(run_evaluate, announce=False),  # the table below names the split
+                     EvaluateConfig(model=model, eval=cfg.eval, out=str(out / name), **common))
 
     eval_sft = evaluate(sft_model, "eval_sft")
     grpo = stage("grpo", train, TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"), **common))

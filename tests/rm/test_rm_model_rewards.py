@@ -68,7 +68,8 @@ def test_aggregate_steps_rejects_unknown():
 
 
 def test_missing_model_directory_is_a_config_error(tmp_path):
-    with pytest.raises(ValueError, match=r"rewards\[0\] \(reward_model\): reward_model.path: .* \(no config.json\)"):
+    with pytest.raises(ValueError, match=r"rewards\[0\] \(reward_model\): reward_model.path: .* has no config.json "
+                                         r"\(not a Hugging Face"):
         build_reward([{"name": "reward_model", "path": str(tmp_path)}])
 
 

@@ -12,7 +12,7 @@ import torch
 
 from rewardlab.config import EvaluateConfig, dump_config
 from rewardlab.policy import Policy, load_policy
-from rewardlab.progress import StageBar, stage
+from rewardlab.progress import StageBar, console, stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.base import Reward
 from rewardlab.runs import RunDir
@@ -163,22 +163,30 @@ def evaluate_policy(
 
 
 def run_evaluate(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
-                 show_progress: bool = True) -> dict[str, Any]:
+                 show_progress: bool = True, announce: bool = True) -> dict[str, Any]:
     """`rewardlab evaluate`: greedy accuracy and pass@k of `cfg.model` on `cfg.split` of `cfg.task`.
 
-    Writes the run directory `cfg.out` (opened with `RunDir.start`, so one that already holds a run is refused unless
-    `resume` or `overwrite`): config.yaml, batches.jsonl (each finished batch, see `evaluate_policy`) and
-    summary.json (the result of `evaluate_policy` plus model, task, split and wall seconds). With `resume`, the
-    batches logged by an interrupted run with the same settings are not evaluated again and the summary equals the
-    uninterrupted run's (but for wall_s).
+    The split defaults to the task's `eval_split`: a `jsonl:PATH` file is evaluated whole, a generated task on its
+    held-out test split (see `EvaluateConfig.split`). Writes the run directory `cfg.out` (opened with
+    `RunDir.start`, so one that already holds a run is refused unless `resume` or `overwrite`): config.yaml,
+    batches.jsonl (each finished batch, see `evaluate_policy`) and summary.json (the result of `evaluate_policy` plus
+    model, task, `split` (the split used), `split_rows` (rows in it; `n_questions` of them evaluated, fewer with
+    `eval.limit`) and wall seconds). With `resume`, the batches logged by an interrupted run with the same settings
+    are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). With `announce`, one
+    line on stderr says how many rows of which split were evaluated.
 
     Raises:
         RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with other
-            settings; and what `tasks.load`, `load_policy` and `evaluate_policy` raise.
+            settings; ValueError: the split has no rows; and what `tasks.load`, `load_policy` and `evaluate_policy`
+            raise.
     """
     torch.manual_seed(cfg.seed)
     task = load_task(cfg.task.spec, **cfg.task.options)
-    rows = task.split(cfg.split)[: cfg.eval.limit]
+    split = cfg.split or task.eval_split
+    pool = task.split(split)
+    rows = pool[: cfg.eval.limit]
+    if not rows:
+        raise ValueError(f"split: the {split} split of {cfg.task.spec} has no rows")
     policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
                          device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     reward = build_reward(task.reward)
@@ -194,7 +202,17 @@ def run_evaluate(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool =
             result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature, top_p=e.top_p,
                                      max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, bar=bar, done=done,
                                      on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]))
-        result = {"model": cfg.model.path, "task": cfg.task.spec, "split": cfg.split,
+        result = {"model": cfg.model.path, "task": cfg.task.spec, "split": split, "split_rows": len(pool),
                   "wall_s": time.perf_counter() - t0, **result}
         run.write_summary(result)
+    if announce:
+        console.print(f"evaluated {describe_rows(len(rows), len(pool), split, cfg.task.spec)}", highlight=False,
+                      markup=False, soft_wrap=True)
     return result
+
+
+def describe_rows(n: int, total: int, split: str, spec: str) -> str:
+    """"3 rows of jsonl:d.jsonl (split all: every row)": how many rows of which split a stage scored."""
+    what = {"all": "every row", "train": "the training split", "test": "the held-out split"}.get(split, split)
+    count = f"{n} row{'s' if n != 1 else ''}" if n == total else f"the first {n} of {total} rows"
+    return f"{count} of {spec} (split {split}: {what})"

@@ -15,15 +15,21 @@ def load_policy(
     device: str = "cpu",
     tiny_arch: dict[str, Any] | None = None,
     seed: int = 0,
+    key: str = "model.path",
 ) -> Policy:
-    """`path` "tiny": the embedded model with fresh weights (seeded); otherwise an HF directory or hub id."""
+    """`path` "tiny": the embedded model with fresh weights (seeded); otherwise a local Hugging Face model directory.
+
+    Raises:
+        ValueError: one line naming `key` for a path that does not exist (hub ids included: nothing is downloaded),
+            is not a model directory or does not load; see `Policy.load`.
+    """
     if path == "tiny":
         from rewardlab.policy.tiny import build_model, build_tokenizer
 
         tokenizer = build_tokenizer()
         model = build_model(tokenizer, seed=seed, **(tiny_arch or {})).to(device)
         return Policy(model, tokenizer, prompt_format)
-    return Policy.load(path, prompt_format=prompt_format, dtype=dtype, device=device)
+    return Policy.load(path, prompt_format=prompt_format, dtype=dtype, device=device, key=key)
 
 
 __all__ = ["Batch", "Policy", "load_policy", "rollout_batch"]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from rewardlab.modeldir import check_model_dir, load_pretrained
 from rewardlab.types import Rollout, split_steps
 
 PROMPT_FORMATS = ("auto", "raw", "chat")
@@ -132,18 +133,23 @@ class Policy:
         self.shared_prefix: bool | None = None
 
     @classmethod
-    def load(cls, path: str | Path, *, prompt_format: str = "auto", dtype: str = "float32", device: str = "cpu"):
-        """Load a causal LM and tokenizer from a local directory or a hub id (the hub needs network access).
+    def load(cls, path: str | Path, *, prompt_format: str = "auto", dtype: str = "float32", device: str = "cpu",
+             key: str = "model.path"):
+        """Load a causal LM and tokenizer from a local Hugging Face model directory (nothing is downloaded: a hub id
+        must be downloaded first and passed as its directory).
 
+        Args:
+            key: the config key that gave `path`, named in the errors.
         Raises:
-            ValueError: unknown dtype; the errors of `Policy.__init__`.
-            OSError: transformers cannot find the model.
+            ValueError: unknown dtype; one line naming `key` when `path` does not exist, is not a model directory
+                (no config.json) or does not load (see `rewardlab.modeldir`); the errors of `Policy.__init__`.
         """
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
         if torch_dtype is None:
             raise ValueError(f"model.dtype: expected float32, bfloat16 or float16, got {dtype!r}")
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype).to(device)
+        where = check_model_dir(path, key)
+        tokenizer = load_pretrained(AutoTokenizer, where, key)
+        model = load_pretrained(AutoModelForCausalLM, where, key, dtype=torch_dtype).to(device)
         return cls(model, tokenizer, prompt_format)
 
     @property

@@ -75,8 +75,11 @@ _CHOICES = {"yes_no": ("yes", "no"), "pairwise": ("a", "b")}
 _SPELLINGS = {"yes": ("Yes", "yes", "YES", " Yes", " yes"), "no": ("No", "no", "NO", " No", " no"),
               "a": ("A", " A"), "b": ("B", " B")}
 
-_SCORE_RE = re.compile(r"score\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
-_NUMBER_RE = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*\.?\s*")
+# "Score: 7", "score=7", "**Score:** 7", "**Score**: 7". Each run of spaces or stars belongs to one group only:
+# the older `score\s*[:=]?\s*\**\s*` let three `\s*` share a run of spaces and backtracked cubically (a reply of
+# "Score" and 1,000 spaces took 4 s to reject, 4,000 spaces minutes).
+_SCORE_RE = re.compile(r"score\s*(?:\*+\s*)?(?:[:=]\s*(?:\*+\s*)?)?(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_NUMBER_RE = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*(?:\.\s*)?")
 _VERDICT_RE = re.compile(r"\[\[\s*([AB])\s*\]\]")
 
 
@@ -101,7 +104,7 @@ def parse_score(text: str, lo: float, hi: float) -> float:
         if bare is None:
             raise JudgeError(f"cannot parse a score from reply {_short(text)}")
         value = float(bare.group(1))
-    if not lo <= value <= hi:
+    if not lo <= value <= hi:  # also a number too long for a float (inf)
         raise JudgeError(f"score {value:g} is outside the scale [{lo:g}, {hi:g}] (reply {_short(text)})")
     return value
 
@@ -129,7 +132,8 @@ def parse_choice(text: str, mode: str) -> float:
 def choice_probability(top_logprobs: Sequence[tuple[str, float]], mode: str) -> float:
     """p(first) / (p(first) + p(second)) over the first reply token's top log-probs (natural log), where first /
     second are "yes" / "no" (yes_no) or "a" / "b" (pairwise) after stripping spaces and punctuation and lower-casing
-    each token; each distinct token counts once. Raises JudgeError when neither appears."""
+    each token; each distinct token counts once. Raises JudgeError when neither appears, or when a counted log-prob
+    is NaN or above 1e-6 (not a log-probability; values in (0, 1e-6] are rounding and count as 0)."""
     pos, neg = _CHOICES[mode]
     mass = {pos: 0.0, neg: 0.0}
     seen = set()
@@ -139,7 +143,9 @@ def choice_probability(top_logprobs: Sequence[tuple[str, float]], mode: str) -> 
         seen.add(token)
         key = token.strip().strip(".,:;!?*[]()\"'").lower()
         if key in mass:
-            mass[key] += math.exp(logprob)
+            if not logprob <= 1e-6:  # NaN, +inf or a positive log-probability: exp() would give no probability
+                raise JudgeError(f"top log-prob of token {_short(token)} is {logprob!r}, not a log-probability")
+            mass[key] += math.exp(min(logprob, 0.0))
     total = mass[pos] + mass[neg]
     if total <= 0:
         raise JudgeError(f"neither {pos!r} nor {neg!r} among the {len(seen)} top log-probs of the first token")
@@ -209,6 +215,9 @@ def read_choice(reply: Mapping[str, Any]) -> tuple[str, list[tuple[str, float]] 
         text = choice["message"].get("content") or ""
     except (KeyError, IndexError, TypeError, AttributeError):
         raise JudgeError(f"unexpected reply shape (no choices[0].message): {_short(json.dumps(reply))}") from None
+    if not isinstance(text, str):
+        raise JudgeError(f"unexpected reply shape (choices[0].message.content is a {type(text).__name__}, not text): "
+                         f"{_short(json.dumps(reply))}")
     try:
         content = (choice.get("logprobs") or {}).get("content") or []
         if not content:
@@ -235,7 +244,7 @@ class LocalJudgeModel:
     def __init__(self, path: str, **load_options: Any) -> None:
         from rewardlab.policy import load_policy  # torch and transformers only when a local judge is used
 
-        self.policy = load_policy(path, **load_options)
+        self.policy = load_policy(path, key="judge.model", **load_options)
         self.policy.model.eval()
         tok = self.policy.tokenizer
         self.token_ids: dict[str, tuple[list[int], list[int]]] = {}
@@ -329,8 +338,9 @@ class Judge:
         self.mode = mode
         self.template = self._template(template)
         self.system = system
-        if len(scale) != 2 or not float(scale[0]) < float(scale[1]):
-            raise ValueError(f"judge.scale: expected [lo, hi] with lo < hi, got {scale!r}")
+        if len(scale) != 2 or not float(scale[0]) < float(scale[1]) or not math.isfinite(float(scale[1]) -
+                                                                                       float(scale[0])):
+            raise ValueError(f"judge.scale: expected [lo, hi] with lo < hi, both finite, got {scale!r}")
         self.scale = (float(scale[0]), float(scale[1]))
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"judge.max_concurrency: expected an integer >= 1, got {max_concurrency!r}")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from rewardlab.modeldir import check_model_dir, load_pretrained
 from rewardlab.rewards.base import register_reward
 from rewardlab.types import Rollout, RewardOutput, split_steps
 
@@ -129,23 +130,21 @@ def aggregate_steps(scores: Sequence[float], how: str) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- loading
-def _check_dir(path: str | Path, reward: str) -> Path:
-    p = Path(path)
-    if not (p / "config.json").is_file():
-        raise ValueError(f"{reward}.path: {p} is not a model directory (no config.json)")
-    return p
-
-
-def _load(path: Path, kind: str, device: str):
+def _load(path: str | Path, kind: str, device: str, reward: str):
+    """(model in eval mode, tokenizer) from the checkpoint directory `path`, the `path` option of reward `reward`.
+    Raises ValueError: one line naming the option for a missing, non-model or unloadable directory, or a model with
+    more than one label."""
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    key = f"{reward}.path"  # a reward option, named like judge.model
+    path = check_model_dir(path, key)
     cls = AutoModelForSequenceClassification if kind == "outcome" else AutoModelForTokenClassification
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a load report of a correctly saved model is noise here
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = cls.from_pretrained(str(path)).to(device).eval()
+        tokenizer = load_pretrained(AutoTokenizer, path, key)
+        model = load_pretrained(cls, path, key).to(device).eval()
     finally:
         hf_logging.set_verbosity(verbosity)
     if model.config.num_labels != 1:
@@ -162,7 +161,11 @@ def is_process_model(path: str | Path) -> bool:
     import json
 
     cfg = Path(path) / "config.json"
-    return cfg.is_file() and "step_tag" in json.loads(cfg.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8")) if cfg.is_file() else None
+    except ValueError:  # unreadable: not a PRM; loading it then fails with an error naming the path
+        return False
+    return isinstance(data, dict) and "step_tag" in data
 
 
 def _task_prompt(r: Rollout) -> str:
@@ -187,13 +190,14 @@ class RewardModel:
         max_length: token limit per input (longer inputs are truncated, see `encode_outcome`).
         device: torch device.
     Raises:
-        ValueError: the directory holds no model, or the model has more than one label.
+        ValueError: `path` does not exist, holds no model (no config.json) or does not load (one line naming the
+            `path` option; nothing is downloaded), or the model has more than one label.
     """
 
     def __init__(self, path: str, batch_size: int = 32, max_length: int = 512, device: str = "cpu",
                  name: str = "reward_model") -> None:
         self.name = name
-        self.model, self.tokenizer = _load(_check_dir(path, name), "outcome", device)
+        self.model, self.tokenizer = _load(path, "outcome", device, name)
         self.batch_size, self.max_length = int(batch_size), int(max_length)
 
     @torch.inference_mode()
@@ -242,7 +246,7 @@ class ProcessRewardModel:
         if aggregate not in AGGREGATES:
             raise ValueError(f"aggregate: expected one of {AGGREGATES}, got {aggregate!r}")
         self.name, self.aggregate = name, aggregate
-        self.model, self.tokenizer = _load(_check_dir(path, name), "process", device)
+        self.model, self.tokenizer = _load(path, "process", device, name)
         tag = step_tag or getattr(self.model.config, "step_tag", None)
         if tag is None:
             raise ValueError(f"{name}: {path} has no step_tag in its config; pass step_tag=")

@@ -20,6 +20,7 @@ import torch
 
 from rewardlab.config import TrainConfig, dump_config
 from rewardlab.evaluation.policy import is_correct
+from rewardlab.modeldir import check_model_dir
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
@@ -346,6 +347,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
 def _train(cfg: TrainConfig, resume: bool, overwrite: bool, show_progress: bool, time_budget_s: float | None,
            opened: list[RunDir]) -> dict[str, Any]:
     check_names(cfg)
+    if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0):
+        check_model_dir(cfg.model.path)  # a bad path is refused before the run directory is created
     rl = cfg.rl
     task = load_task(cfg.task.spec, **cfg.task.options)
     reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)

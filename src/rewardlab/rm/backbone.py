@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from rewardlab.modeldir import check_model_dir, load_pretrained
+
 #: Backbone names that are not directories.
 NAMED = ("minilm", "tiny")
 
@@ -33,7 +35,9 @@ def load_backbone(path: str, head: str, *, device: str = "cpu", tiny_arch: dict[
     Returns:
         (model in train mode on `device`, tokenizer with a pad token).
     Raises:
-        ValueError: an unknown head, or a path that is neither a known name nor a model directory.
+        ValueError: an unknown head; one line naming model.path for a path that is neither a known name nor an
+            existing model directory (hub ids are not downloaded), or a directory that does not load
+            (`rewardlab.modeldir`).
     """
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -54,11 +58,9 @@ def load_backbone(path: str, head: str, *, device: str = "cpu", tiny_arch: dict[
                 config.num_labels = 1
                 model = cls.from_config(config)
             else:
-                where = minilm_path() if path == "minilm" else Path(path)
-                if not (where / "config.json").is_file():
-                    raise ValueError(f"model.path: {path!r} is neither 'minilm', 'tiny' nor a model directory")
-                tokenizer = AutoTokenizer.from_pretrained(str(where))
-                model = cls.from_pretrained(str(where), num_labels=1)
+                where = minilm_path() if path == "minilm" else check_model_dir(path, "model.path")
+                tokenizer = load_pretrained(AutoTokenizer, where, "model.path")
+                model = load_pretrained(cls, where, "model.path", num_labels=1)
     finally:
         hf_logging.set_verbosity(verbosity)
     if tokenizer.pad_token_id is None:

@@ -80,23 +80,19 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: `PATH:LINE: ...` for a line that is not a JSON object; `PATH: no rows` for an empty file.
+        ValueError: `PATH:LINE: ...` for a line that is not UTF-8, not JSON or not a JSON object (the task reader's
+            rules, `rewardlab.tasks.jsonl.json_lines`); `PATH: no rows` for an empty file.
     """
+    from rewardlab.tasks.jsonl import json_lines
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file {path}: not found")
     out = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            out.append((lineno, obj))
+    for lineno, obj in json_lines(path):
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        out.append((lineno, obj))
     if not out:
         raise ValueError(f"{path}: no rows")
     return out

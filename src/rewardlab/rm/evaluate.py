@@ -27,6 +27,7 @@ from rewardlab.evaluation.reward_models import (
     per_subset,
     predict_first_error,
 )
+from rewardlab.modeldir import check_model_dir
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.model import ProcessRewardModel, RewardModel, is_process_model
@@ -37,8 +38,10 @@ from rewardlab.types import RewardOutput
 
 def build_scorer(model_path: str | None, specs: Any, device: str = "cpu"):
     """The scorer: a checkpoint directory (a PRM when its config has a `step_tag`, else an outcome reward model),
-    or reward specs as for `build_reward` (any registered reward, composed). Returns (Reward, description)."""
+    or reward specs as for `build_reward` (any registered reward, composed). Returns (Reward, description).
+    Raises ValueError: a model path that is not an existing model directory (one line naming model.path)."""
     if model_path:
+        check_model_dir(model_path, "model.path")  # named as the verb's key, not as the reward's `path` option
         if is_process_model(model_path):
             return ProcessRewardModel(model_path, device=device), f"process_reward_model:{model_path}"
         return RewardModel(model_path, device=device), f"reward_model:{model_path}"

@@ -118,7 +118,8 @@ class _Units:
 
 def run_search(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
                show_progress: bool = True) -> dict[str, Any]:
-    """Run every method in `cfg.search.methods` for every budget in `cfg.search.n` on `cfg.split` of `cfg.task`.
+    """Run every method in `cfg.search.methods` for every budget in `cfg.search.n` on `cfg.split` of `cfg.task`
+    (default: the task's `eval_split`, i.e. a jsonl file whole, a generated task's held-out split).
 
     Writes the run directory `cfg.out` (opened with `RunDir.start`: one that already holds a run is refused unless
     `resume` or `overwrite`): config.yaml, units.jsonl (each finished unit), report.json (per method and N:
@@ -147,9 +148,11 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = Fal
     from rewardlab.tasks import load as load_task
 
     task = load_task(cfg.task.spec, **cfg.task.options)
-    rows = task.split(cfg.split)[: s.limit]
+    split = cfg.split or task.eval_split  # a jsonl file whole, a generated task's held-out split
+    pool = task.split(split)
+    rows = pool[: s.limit]
     if not rows:
-        raise ValueError(f"search: the {cfg.split} split of {cfg.task.spec} has no rows")
+        raise ValueError(f"search: the {split} split of {cfg.task.spec} has no rows")
     verifier = build_reward(task.reward)
     scorer = build_reward(cfg.scorer) if cfg.scorer is not None else verifier
     policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
@@ -159,6 +162,7 @@ def run_search(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = Fal
         run.record_config(dump_config(cfg), resume=resume)
         units = _Units(run, run.read_jsonl(UNIT_LOG) if resume else [])
         report = _search(cfg, rows, policy, verifier, scorer, units, show_progress)
+        report["split"], report["split_rows"] = split, len(pool)
         report["scorer"] = cfg.scorer if cfg.scorer is not None else f"{task.reward} (the task's verifier: an oracle)"
         report["verifier"] = task.reward
         report["plot"] = str(plot_report(report, run.path / "accuracy_vs_n.png"))
@@ -261,7 +265,8 @@ def _search(cfg: SearchConfig, rows, policy, verifier, scorer, units: _Units, sh
         "task": cfg.task.spec,
         "task_options": cfg.task.options,
         "model": cfg.model.path,
-        "split": cfg.split,
+        "split": None,  # filled in by run_search
+        "split_rows": None,
         "questions": len(rows),
         "scorer": None,  # filled in by run_search
         "verifier": None,
@@ -309,7 +314,10 @@ def print_report(report: dict[str, Any], where: str | Path | None = None) -> Non
     """Print the accuracy table and the cost table (tokens and scorer calls per question) with rich."""
     ns = sorted(int(n) for n in report["pass@N"])
     methods = list(report["methods"])
-    acc = Table(title=f"held-out accuracy, {report['task']} ({report['questions']} questions); "
+    split = report.get("split", "test")
+    name = {"test": "held-out accuracy", "train": "accuracy on the training split", "all": "accuracy on every row"
+            }.get(split, f"accuracy on split {split}")
+    acc = Table(title=f"{name}, {report['task']} ({report['questions']} questions); "
                       f"greedy {report['greedy']['accuracy']:.1%}")
     acc.add_column("N", justify="right")
     acc.add_column("pass@N", justify="right")

@@ -9,6 +9,9 @@ from typing import Any
 
 Row = dict[str, Any]
 
+#: Split names: `all` (every row), `train`, `test` (held out).
+SPLITS = ("all", "train", "test")
+
 
 @dataclass
 class Task:
@@ -20,6 +23,10 @@ class Task:
             passed to rewards by name.
         test: held-out rows; no prompt of `test` occurs in `train`.
         reward: name of the reward in `rewardlab.rewards.REWARDS` that verifies this task's answers.
+        eval_split: the split `evaluate` and `search` use when none is asked for: "test" (the held-out split) for
+            generated tasks and benchmarks, "all" for a file the user gives (`jsonl:PATH`), which is evaluated whole.
+        all_rows: every row in the source's order (e.g. a file's line order, duplicates dropped); None: `train`
+            followed by `test`.
     """
 
     name: str
@@ -27,14 +34,18 @@ class Task:
     test: list[Row]
     reward: str = "exact_match"
     info: dict[str, Any] = field(default_factory=dict)
+    eval_split: str = "test"
+    all_rows: list[Row] | None = None
 
     def split(self, name: str) -> list[Row]:
-        """Rows of split `name` ("train" or "test"). Raises ValueError for any other name."""
+        """Rows of split `name`: "train", "test" or "all" (see `all_rows`). Raises ValueError for any other name."""
         if name == "train":
             return self.train
         if name == "test":
             return self.test
-        raise ValueError(f"unknown split {name!r}; expected 'train' or 'test'")
+        if name == "all":
+            return list(self.all_rows) if self.all_rows is not None else self.train + self.test
+        raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
 
 
 def dedup_and_split(
@@ -50,8 +61,14 @@ def dedup_and_split(
     Returns:
         (train, test), each in a seeded random order; no key occurs in both.
     Raises:
-        ValueError: when `test_size` is out of range or leaves no training rows.
+        ValueError: when `test_size` is not a number, is out of range or leaves no training rows, or `seed` is not an
+            integer.
     """
+    if isinstance(test_size, bool) or not isinstance(test_size, (int, float)):
+        raise ValueError(f"task.test_size: expected a count of test rows (int) or a fraction in (0, 1) (float), "
+                         f"got {test_size!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"task.seed: expected an integer, got {seed!r}")
     unique: dict[str, Row] = {}
     for row in rows:
         unique.setdefault(key(row), row)

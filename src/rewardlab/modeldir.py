@@ -1,0 +1,78 @@
+"""Local Hugging Face model directories: checked before transformers sees them, loaded without the network.
+
+Every model rewardlab loads from a path (a policy, a reward-model backbone, a scorer checkpoint, a local judge) goes
+through `check_model_dir` and `load_pretrained`, so a bad path is one line naming the config key that gave it
+("model.path: /x does not exist") instead of transformers' hub-id validation or tokenizer messages. Nothing is
+downloaded at run time: a string that is not an existing directory never reaches the hub.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+#: "org/name" as the hub spells repository ids; only used to add a hint to the "does not exist" error.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+#: Files one of which a saved tokenizer has (fast tokenizer, sentencepiece, WordPiece/BPE vocabularies).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.txt", "vocab.json",
+                    "sentencepiece.bpe.model")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0].rstrip(" :") if text else ""
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
+    """The directory `path` (with `~` expanded), checked to hold a Hugging Face model (a config.json).
+
+    Args:
+        path: a local directory; hub ids are not resolved (download them first, e.g. with
+            `hf download ORG/NAME --local-dir DIR`, and pass DIR).
+        key: the config key or option that gave `path`, named in the errors (e.g. "model.path").
+    Returns:
+        the directory as a `Path`.
+    Raises:
+        ValueError: one line, "KEY: PATH does not exist" (with a hint for strings shaped like a hub id), "KEY: PATH
+            is not a directory", or "KEY: PATH has no config.json (not a Hugging Face model directory)".
+    """
+    text = str(path)
+    if not text.strip():
+        raise ValueError(f"{key}: empty path (expected a Hugging Face model directory)")
+    p = Path(text).expanduser()
+    if not p.exists():
+        hint = ""
+        if _HUB_ID.fullmatch(text):
+            hint = (" (hub ids are not downloaded at run time: download it first, e.g. "
+                    f"`hf download {text} --local-dir DIR`, and pass DIR)")
+        raise ValueError(f"{key}: {text} does not exist{hint}")
+    if not p.is_dir():
+        raise ValueError(f"{key}: {text} is not a directory (expected a Hugging Face model directory)")
+    if not (p / "config.json").is_file():
+        raise ValueError(f"{key}: {text} has no config.json (not a Hugging Face model directory)")
+    return p
+
+
+def load_pretrained(factory: Any, path: Path, key: str = "model.path", **kwargs: Any) -> Any:
+    """`factory.from_pretrained(path, local_files_only=True, **kwargs)` with a one-line error naming `key`.
+
+    Args:
+        factory: a transformers Auto class (`AutoTokenizer`, `AutoModelForCausalLM`, ...).
+        path: a directory that passed `check_model_dir`.
+        key: the config key that gave `path`.
+    Raises:
+        ValueError: "KEY: PATH has no tokenizer files (...)" when a tokenizer fails to load from a directory without
+            any of the usual files; else "KEY: cannot load the model|tokenizer in PATH (ERROR)", ERROR being the
+            first line of what transformers or safetensors raised (a bad config.json, missing or truncated weights).
+    """
+    what = "tokenizer" if "Tokenizer" in getattr(factory, "__name__", "") else "model"
+    try:
+        return factory.from_pretrained(str(path), local_files_only=True, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, SafetensorError, KeyError...
+        if what == "tokenizer" and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+            files = ", ".join(_TOKENIZER_FILES)
+            raise ValueError(f"{key}: {path} has no tokenizer files (none of {files})") from exc
+        raise ValueError(f"{key}: cannot load the {what} in {path} ({_first_line(exc)})") from exc
