@@ -17,8 +17,8 @@ def _args(tmp_path, out):
     rows = [{"prompt": f"{a}+{b}=", "answer": str((a + b) % 10)} for a in range(10) for b in range(6)]
     task = write_jsonl(tmp_path / "task.jsonl", rows)
     return ["evaluate", "--model", "tiny", "--out", str(out), "--task", f"jsonl:{task}",
-            f"task.options={{test_size: {2 * BATCHES}}}", *TINY_OVERRIDES, "eval.batch_size=2", "eval.n=16",
-            "eval.k=[1, 16]", "eval.max_new_tokens=1", "eval.temperature=1.5"]
+            f"task.options={{test_size: {2 * BATCHES}}}", "split=test", *TINY_OVERRIDES, "eval.batch_size=2",
+            "eval.n=16", "eval.k=[1, 16]", "eval.max_new_tokens=1", "eval.temperature=1.5"]
 
 
 def test_evaluate_killed_twice_and_resumed_gives_the_uninterrupted_summary(tmp_path):
