@@ -5,8 +5,9 @@
 #     bash benchmarks/reward_models.sh [OUT]        # default OUT=runs/rm_bench; 76 min measured on 2 cores
 #
 # Every stage is a plain `rewardlab` command (shown below with its settings) writing its own run directory under
-# OUT; a stage whose summary.json exists is skipped, so a stopped run resumes where it stopped. Threads are pinned
-# to 1 (OMP_NUM_THREADS=1) for repeatability. Run it from the repository root after `make install` (or with
+# OUT; a stage whose summary.json exists is skipped and a stopped one is resumed (--resume), so a stopped run
+# resumes where it stopped. Threads are pinned to 1 (OMP_NUM_THREADS=1) for repeatability. Run it from the
+# repository root after `make install` (or with
 # `rewardlab` on PATH). The last step prints the table that the README and docs/reward-models.md quote.
 #
 # Task: reasoning-gym chain_sum with 3-5 one-digit terms, worked as partial sums one per line (`worked:chain_sum`,
@@ -22,12 +23,15 @@ TASK=(--task worked:chain_sum
       "task.options={min_terms: 3, max_terms: 5, min_digits: 1, max_digits: 1, size: 20000, test_size: 500}")
 mkdir -p "$OUT"
 
-stage() {  # stage NAME COMMAND...: run COMMAND unless OUT/NAME/summary.json exists
+stage() {  # stage NAME COMMAND...: run COMMAND unless OUT/NAME/summary.json exists; resume one that was stopped
   local name=$1; shift
   if [[ -f "$OUT/$name/summary.json" ]]; then echo "== $name: done before, skipped"; return; fi
-  echo "== $name: $*"
+  local again=()
+  if [[ -f "$OUT/$name/events.jsonl" ]]; then again=(--resume); fi  # a stopped stage continues where it stopped
+  echo "== $name: $* ${again[*]}"
   local t0=$SECONDS
-  "$@" --no-progress --out "$OUT/$name" > "$OUT/$name.log" 2>&1 || { echo "stage $name failed; see $OUT/$name.log"; exit 1; }
+  "$@" --no-progress "${again[@]}" --out "$OUT/$name" >> "$OUT/$name.log" 2>&1 \
+    || { echo "stage $name failed; see $OUT/$name.log"; exit 1; }
   echo "   $((SECONDS - t0)) s"
 }
 last_ckpt() { ls -d "$OUT/$1"/checkpoints/step-* | sort -V | tail -1; }
