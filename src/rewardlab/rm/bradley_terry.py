@@ -6,7 +6,6 @@ preference pairs so that P(chosen > rejected) = sigmoid(r_chosen - r_rejected) (
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -14,13 +13,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rewardlab.config import dump_config
 from rewardlab.rewards.model import encode_outcome
 from rewardlab.rm.backbone import load_backbone
 from rewardlab.rm.data import Pair, load_pairs
-from rewardlab.rm.fit import RESUME_MAY_CHANGE, fit
-from rewardlab.runs import RunDir
-from rewardlab.train_state import load_weights
+from rewardlab.rm.fit import fit, open_fit_run
 
 
 def bradley_terry_loss(
@@ -118,13 +114,8 @@ def run_rm_train(cfg, *, resume: bool = False, overwrite: bool = False, show_pro
     eval_pairs = load_pairs(cfg.eval_data) if cfg.eval_data else []
     model, tokenizer = load_backbone(cfg.model.path, "sequence", device=cfg.model.device,
                                      tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once data and backbone load
-        run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
-        start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
-        if checkpoint is not None:
-            load_weights(model, checkpoint)
-        torch.manual_seed(cfg.seed)
-        rng = random.Random(cfg.seed)
+    # Opened only once the data and backbone load.
+    with open_fit_run(cfg, model, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
 
         def evaluate() -> dict[str, float]:
             res = evaluate_pairs(model, tokenizer, eval_pairs, batch_size=t.batch_size, max_length=t.max_length)

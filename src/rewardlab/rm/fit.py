@@ -7,20 +7,43 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rewardlab.config import dump_config
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.progress import stage
 from rewardlab.runs import RunDir
-from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
+from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
 
 #: Settings a resumed reward-model run may change (checkpointing only): the epochs, rows and batch size fix the
 #: schedule and the shuffled order, so any other change is refused.
 RESUME_MAY_CHANGE = ("save_every", "keep_checkpoints")
+
+
+@contextmanager
+def open_fit_run(cfg: Any, model: torch.nn.Module, *, resume: bool,
+                 overwrite: bool) -> Iterator[tuple[RunDir, int, Path | None, random.Random]]:
+    """Open `cfg.out` for a reward-model training run (`RunDir.start`), record or check its config, and on a resume
+    load the newest valid checkpoint's weights into `model`; seed torch with `cfg.seed`.
+
+    Yields:
+        (run, the step resumed from (0 for a new run), that checkpoint's directory or None, the `random.Random`
+        that shuffles the rows, seeded with `cfg.seed`; `fit` restores its state from the checkpoint).
+    Raises:
+        RunDirError: as `RunDir.start`, `RunDir.record_config` and `RunDir.resume_checkpoint` raise it.
+    """
+    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
+        run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
+        start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
+        if checkpoint is not None:
+            load_weights(model, checkpoint)
+        torch.manual_seed(cfg.seed)
+        yield run, start_step, checkpoint, random.Random(cfg.seed)
 
 
 def fit(

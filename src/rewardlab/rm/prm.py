@@ -10,7 +10,6 @@ Wang et al. 2024; Lightman et al. 2023):
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -18,13 +17,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rewardlab.config import dump_config
 from rewardlab.rewards.model import check_step_tag, encode_process, pad_batch
 from rewardlab.rm.backbone import load_backbone
 from rewardlab.rm.data import StepRow, load_step_rows
-from rewardlab.rm.fit import RESUME_MAY_CHANGE, fit
-from rewardlab.runs import RunDir
-from rewardlab.train_state import load_weights
+from rewardlab.rm.fit import fit, open_fit_run
 
 
 def step_logits(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> list[torch.Tensor]:
@@ -108,13 +104,8 @@ def run_prm_train(cfg, *, resume: bool = False, overwrite: bool = False, show_pr
         raise ValueError(f"{cfg.data}: no row fits train.max_length={max_length} tokens")
     model.config.step_tag = t.step_tag
     model.config.step_separator = t.separator
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once data and backbone load
-        run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
-        start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
-        if checkpoint is not None:
-            load_weights(model, checkpoint)
-        torch.manual_seed(cfg.seed)
-        rng = random.Random(cfg.seed)
+    # Opened only once the data and backbone load.
+    with open_fit_run(cfg, model, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
 
         def evaluate() -> dict[str, float]:
             res = evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size)
