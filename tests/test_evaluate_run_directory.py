@@ -17,8 +17,8 @@ def _config(tmp_path, out, *overrides):
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(4)]
     task = write_jsonl(tmp_path / "task.jsonl", rows)
     return load_config(EvaluateConfig, None, [
-        f"task.spec=jsonl:{task}", "task.options={test_size: 10}", f"out={out}", "model.path=tiny", *TINY_OVERRIDES,
-        "eval.n=4", "eval.k=[1, 4]", "eval.max_new_tokens=2", "eval.batch_size=3", *overrides])
+        f"task.spec=jsonl:{task}", "task.options={test_size: 10}", "split=test", f"out={out}", "model.path=tiny",
+        *TINY_OVERRIDES, "eval.n=4", "eval.k=[1, 4]", "eval.max_new_tokens=2", "eval.batch_size=3", *overrides])
 
 
 def _lines(path):
