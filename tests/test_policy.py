@@ -223,7 +223,7 @@ def test_prefix_tree_sampling_shares_then_splits_prefixes(tiny_policy):
 def test_top_p_filter_hand_computed_and_as_transformers():
     from transformers import TopPLogitsWarper
 
-    from rewardlab.policy.hf import top_p_filter
+    from rewardlab.policy.sampling import top_p_filter
 
     scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     # ascending cumulative mass 0.05, 0.20, 0.50, 1.00: with top_p = 0.7 the tokens at <= 0.3 go (0.05 and 0.15).

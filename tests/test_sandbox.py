@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardlab.rewards.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxResult
+from rewardlab.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxResult
 
 TIMEOUT = 2.0
 
@@ -89,7 +89,7 @@ def test_exit_status_follows_the_interpreter_rules():
     assert message.exit_code == 1 and message.stderr == "bad input\n"
     crash = sb.run("def f():\n    return 1 / 0\nf()")
     assert crash.exit_code == 1 and crash.reason == "exit code 1: ZeroDivisionError: division by zero"
-    assert 'main.py", line 3, in <module>' in crash.stderr and "_sandbox_launcher" not in crash.stderr
+    assert 'main.py", line 3, in <module>' in crash.stderr and "launcher.py" not in crash.stderr
     syntax = sb.run("def (")
     assert syntax.exit_code == 1 and "SyntaxError" in syntax.reason
 
@@ -353,7 +353,7 @@ def test_children_left_behind_do_not_survive(isolation):
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_sandboxes_die_with_a_killed_launcher(isolation):
-    from rewardlab.rewards import sandbox as sandbox_module
+    from rewardlab.sandbox import runner as sandbox_module
 
     marker = new_marker()
     sb = sandbox(isolation, timeout=30)

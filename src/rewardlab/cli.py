@@ -120,7 +120,7 @@ def _run_reward_model_verb(key: str, cfg, run_kw: dict) -> None:
 
         run_rm_eval(cfg, **run_kw)
     elif key == "rm pairs":
-        from rewardlab.rm.data import run_rm_pairs
+        from rewardlab.rm.pairs import run_rm_pairs
 
         print(json.dumps(run_rm_pairs(cfg, **run_kw), indent=2))
     elif key == "prm label":

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from rewardlab.rewards import sandbox as sandbox_module
-from rewardlab.rewards._sandbox_launcher import landlock_abi
+from rewardlab.sandbox import runner as sandbox_module
+from rewardlab.sandbox.launcher import landlock_abi
 from rewardlab.rewards.code import CodeReward
-from rewardlab.rewards.sandbox import Sandbox, SandboxError
+from rewardlab.sandbox import Sandbox, SandboxError
 from rewardlab.types import Rollout
 
 TIMEOUT, TEST_TIMEOUT = 2.0, 1.0

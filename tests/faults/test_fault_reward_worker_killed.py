@@ -29,9 +29,9 @@ import pytest
 from rewardlab.rewards import build_reward
 from rewardlab.rewards import executor as executor_module
 from rewardlab.rewards import math as math_module
-from rewardlab.rewards import sandbox as sandbox_module
+from rewardlab.sandbox import runner as sandbox_module
 from rewardlab.rewards.executor import shared_executor
-from rewardlab.rewards.sandbox import Sandbox, SandboxError
+from rewardlab.sandbox import Sandbox, SandboxError
 from rewardlab.rl.trainer import step_metrics
 from rewardlab.types import Rollout
 

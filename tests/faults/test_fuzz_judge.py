@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the LLM-judge reply parsers in rewards/judge.py.
+"""Property-based fuzzing of the LLM-judge reply parsers in rewards/judge/parse.py.
 
 Property: for any reply text (score, yes/no and pairwise modes), any first-token top log-probs and any JSON reply
 shape, parsing gives a value on the documented range (a score on the scale, a probability in [0, 1]) or a
@@ -15,7 +15,7 @@ import sys
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rewardlab.rewards import judge as judge_module
+from rewardlab.rewards.judge import parse as judge_module
 from rewardlab.rewards.judge import Judge, JudgeError, choice_probability, parse_choice, parse_score, read_choice
 
 # FUZZ_EXAMPLES=5000 for a longer hunt; the suite's budget is 200.

@@ -7,14 +7,13 @@ import pytest
 from conftest import write_jsonl
 from rewardlab.rewards import build_reward
 from rewardlab.rm.data import (
-    generate_pairs,
     load_best_of_k,
     load_eval_rows,
     load_pairs,
     load_step_rows,
     make_rollout,
-    pairs_from_samples,
 )
+from rewardlab.rm.pairs import generate_pairs, pairs_from_samples
 from rewardlab.types import Rollout
 from rm_scripted import chain_row
 

@@ -8,7 +8,8 @@ import pytest
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.cli import main
 from rewardlab.rewards.code import CodeReward
-from rewardlab.rm.data import load_pairs, make_rollout, mutant_pairs
+from rewardlab.rm.data import load_pairs, make_rollout
+from rewardlab.rm.pairs import mutant_pairs
 from rewardlab.tasks import load
 from rewardlab.tasks.humaneval import mutate
 

@@ -1,10 +1,12 @@
-"""Policies: any Hugging Face causal LM (`hf.Policy`) and the embedded tiny model (`tiny`)."""
+"""Policies: any Hugging Face causal LM (`hf.Policy`) and the embedded tiny model (`tiny`); packing (`batch`) and
+sampling (`sampling`) helpers."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rewardlab.policy.hf import Batch, Policy, rollout_batch
+from rewardlab.policy.batch import Batch, rollout_batch
+from rewardlab.policy.hf import Policy
 
 
 def load_policy(

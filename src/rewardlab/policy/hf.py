@@ -1,103 +1,28 @@
-"""Any Hugging Face causal LM as a policy: prompt formatting, sampling with behaviour log-probs, token log-probs."""
+"""Any Hugging Face causal LM as a policy: loading, prompt formatting, sampling with behaviour log-probs, token
+log-probs. Packing and step marking are in `rewardlab.policy.batch`, the samplers and the shared-prefix scorer in
+`rewardlab.policy.sampling`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, LogitsProcessorList
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rewardlab.modeldir import check_model_dir, load_pretrained
-from rewardlab.types import Rollout, split_steps
+from rewardlab.policy.batch import Batch, collate, mark_steps
+from rewardlab.policy.sampling import (
+    expandable_cache,
+    group_rows,
+    sample_prefix_tree,
+    sample_with_generate,
+    shared_prefix_logits,
+)
+from rewardlab.types import Rollout
 
 PROMPT_FORMATS = ("auto", "raw", "chat")
-
-
-@dataclass
-class Batch:
-    """Rollouts packed as tensors: `[left-padded prompt | right-padded completion]`.
-
-    Attributes:
-        input_ids: [N, P + T] int64.
-        attention_mask: [N, P + T] int64, 1 on real tokens.
-        position_ids: [N, P + T] int64, positions counted from each row's first real token.
-        completion_ids: [N, T] int64, the completion part of `input_ids` (pad after the end).
-        mask: [N, T] float32, 1 on completion tokens (end-of-sequence token included).
-        prompt_len: P, the padded prompt length.
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
-    completion_ids: torch.Tensor
-    mask: torch.Tensor
-    prompt_len: int
-
-    def select(self, idx: torch.Tensor) -> Batch:
-        """The rows `idx` ([M] int64) of this batch."""
-        return Batch(
-            self.input_ids[idx],
-            self.attention_mask[idx],
-            self.position_ids[idx],
-            self.completion_ids[idx],
-            self.mask[idx],
-            self.prompt_len,
-        )
-
-
-class _BehaviourLogprobs(LogitsProcessor):
-    """Records log softmax(scores / temperature) of each sampled token during `generate`, one step behind.
-
-    At step t the token sampled at step t-1 is the last column of `input_ids`, so only one step of [B, V]
-    log-probs is kept (memory O(B V), not O(B T V) as with `output_logits`).
-    """
-
-    def __init__(self, temperature: float) -> None:
-        self.temperature = temperature
-        self.prev: torch.Tensor | None = None
-        self.picked: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self._take(input_ids[:, -1])
-        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        return scores
-
-    def _take(self, tokens: torch.Tensor) -> None:
-        if self.prev is not None:
-            self.picked.append(self.prev.gather(1, tokens[:, None]).squeeze(1))
-            self.prev = None
-
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        """[B, T_generated] float32 log-probs of the generated tokens."""
-        self._take(sequences[:, -1])
-        return torch.stack(self.picked, dim=1) if self.picked else sequences.new_zeros((sequences.shape[0], 0)).float()
-
-
-def _expandable_cache(cache: Any) -> bool:
-    """True for a key/value cache whose rows can be repeated and selected (`DynamicCache` of `DynamicLayer`s).
-
-    The shared-prefix paths below need exactly that; models with other caches (linear-attention or recurrent state,
-    encoder-decoder) take the plain paths.
-    """
-    return isinstance(cache, DynamicCache) and all(isinstance(layer, DynamicLayer) for layer in cache.layers)
-
-
-def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Nucleus filtering (Holtzman et al., 2020) of [B, V] scores: keep the smallest set of top tokens whose
-    probability mass reaches `top_p` (at least one token); the rest get -inf. Same rule as transformers'
-    `TopPLogitsWarper`: drop tokens whose ascending cumulative probability is <= 1 - top_p."""
-    if top_p >= 1.0:
-        return scores
-    sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
-    drop_sorted = sorted_scores.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
-    drop_sorted[..., -1:] = False
-    drop = drop_sorted.scatter(-1, order, drop_sorted)
-    return scores.masked_fill(drop, float("-inf"))
 
 
 class Policy:
@@ -127,9 +52,9 @@ class Policy:
         self.model = model
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
-        #: Use the shared-prefix sampler and scorer (see `_sample_shared`, `completion_logits`). None: decided by the
-        #: first call (True when the model's key/value cache can be repeated per row); False forces the plain paths
-        #: (transformers' `generate`, one forward pass over every row).
+        #: Use the shared-prefix sampler and scorer (see `sampling.sample_prefix_tree`, `completion_logits`). None:
+        #: decided by the first call (True when the model's key/value cache can be repeated per row); False forces
+        #: the plain paths (transformers' `generate`, one forward pass over every row).
         self.shared_prefix: bool | None = None
 
     @classmethod
@@ -180,52 +105,14 @@ class Policy:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
 
     def collate(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> Batch:
-        """Pack prompts (left-padded) and completions (right-padded) into a `Batch`."""
-        n = len(prompt_ids)
-        pad = self.tokenizer.pad_token_id
-        P = max(len(p) for p in prompt_ids)
-        T = max(1, max(len(c) for c in completion_ids))
-        rows = [[pad] * (P - len(p)) + list(p) + list(c) + [pad] * (T - len(c))
-                for p, c in zip(prompt_ids, completion_ids)]
-        input_ids = torch.tensor(rows, dtype=torch.long).view(n, P + T)  # one tensor call, not 2 per row
-        spans = torch.tensor([[P - len(p), P + len(c)] for p, c in zip(prompt_ids, completion_ids)]).view(n, 2)
-        cols = torch.arange(P + T)
-        attention = ((cols >= spans[:, :1]) & (cols < spans[:, 1:])).long()
-        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-        dev = self.device
-        return Batch(
-            input_ids.to(dev),
-            attention.to(dev),
-            position_ids.to(dev),
-            input_ids[:, P:].to(dev),
-            attention[:, P:].float().to(dev),
-            P,
-        )
+        """Pack prompts (left-padded) and completions (right-padded) into a `Batch` on this policy's device
+        (`rewardlab.policy.batch.collate` with the tokenizer's pad token)."""
+        return collate(prompt_ids, completion_ids, pad_id=self.tokenizer.pad_token_id, device=self.device)
 
     def mark_steps(self, rollout: Rollout, separator: str = "\n") -> Rollout:
-        """Fill `rollout.steps` (token spans) and `rollout.step_text` from `split_steps(completion, separator)`.
-
-        A step's token span runs to the first token whose decoded prefix covers the step's last character; the last
-        step also takes any trailing special tokens (EOS), so the spans tile `completion_ids`. Cost: one decode per
-        completion token (O(T^2) characters), fine for the completion lengths used on a CPU.
-        """
-        text = rollout.completion
-        spans = split_steps(text, separator)
-        ids = rollout.completion_ids
-        ends = [len(self.tokenizer.decode(ids[:k], skip_special_tokens=True)) for k in range(1, len(ids) + 1)]
-        steps, step_text, start = [], [], 0
-        for j, (a, b) in enumerate(spans):
-            stop = next((k + 1 for k in range(start, len(ids)) if ends[k] >= b), len(ids))
-            if j == len(spans) - 1:
-                stop = len(ids)
-            if stop > start:
-                steps.append((start, stop))
-                step_text.append(text[a:b])
-            elif step_text:  # a step that shares its token with the previous one joins it
-                step_text[-1] += text[a:b]
-            start = stop
-        rollout.steps, rollout.step_text = steps, step_text
-        return rollout
+        """Fill `rollout.steps` (token spans) and `rollout.step_text` with this tokenizer
+        (`rewardlab.policy.batch.mark_steps`)."""
+        return mark_steps(self.tokenizer, rollout, separator)
 
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
@@ -341,95 +228,13 @@ class Policy:
         if self.shared_prefix is not False:
             prefill = self.model(input_ids=batch.input_ids[:, :P], attention_mask=batch.attention_mask[:, :P],
                                  position_ids=batch.position_ids[:, :P], use_cache=True, logits_to_keep=1)
-            self.shared_prefix = _expandable_cache(prefill.past_key_values)
+            self.shared_prefix = expandable_cache(prefill.past_key_values)
             if self.shared_prefix:
-                return self._sample_shared(batch, prefill, n=n, temperature=temperature, top_p=top_p,
-                                           max_new_tokens=max_new_tokens, greedy=greedy)
-        return self._sample_hf(batch, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                               greedy=greedy, stop=stop)
-
-    def _sample_shared(self, batch: Batch, prefill: Any, *, n: int, temperature: float, top_p: float,
-                       max_new_tokens: int, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Autoregressive sampling over a prefix tree: rows that share a prefix share its forward pass.
-
-        The model runs once per distinct (prompt, tokens so far), not once per row: the n samples of a prompt start
-        as one node (the prompt is prefilled once), and after each step the rows still generating are regrouped by
-        (parent node, sampled token); the key/value cache keeps one row per node (`batch_select_indices` with each
-        child's parent). Rows that sampled EOS leave. This is exact: rows with the same prefix have the same
-        next-token distribution. Each row still draws its own token, one `torch.multinomial` draw per row from
-        softmax(logits / temperature) after nucleus filtering (`top_p_filter`) - the distribution of `generate`;
-        greedy takes the argmax. The behaviour log-prob is log softmax(logits / temperature) of the drawn token,
-        before nucleus filtering (temperature 1 when greedy).
-        """
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        P = batch.prompt_len
-        cache = prefill.past_key_values  # one row per node
-        logits = prefill.logits[:, -1]  # [nodes, V]: next-token logits of each node
-        attention = batch.attention_mask[:, :P]  # [nodes, P + t]
-        position = batch.position_ids[:, P - 1]  # [nodes]: position of each node's last token
-        B, V = logits.shape
-        dev = logits.device
-        N = B * n
-        tokens = torch.full((N, max_new_tokens), pad, dtype=torch.long, device=dev)
-        logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=dev)
-        rows = torch.arange(N, device=dev)  # the rows still generating ...
-        node = torch.arange(B, device=dev).repeat_interleave(n)  # ... and the node each one is at
-        temp = 1.0 if greedy else temperature
-        length = 0
-        for t in range(max_new_tokens):
-            scaled = logits.float() / temp
-            logp_all = torch.log_softmax(scaled, dim=-1)
-            if greedy:
-                nxt = logits.argmax(dim=-1)[node]
-            else:
-                probs = logp_all.exp() if top_p >= 1.0 else top_p_filter(scaled, top_p).softmax(dim=-1)
-                nxt = torch.multinomial(probs.index_select(0, node), num_samples=1).squeeze(1)
-            tokens[rows, t] = nxt
-            logps[rows, t] = logp_all[node, nxt]
-            length = t + 1
-            going = nxt != eos
-            if t == max_new_tokens - 1 or not bool(going.any()):
-                break
-            rows, node, nxt = rows[going], node[going], nxt[going]
-            children, node = torch.unique(node * V + nxt, return_inverse=True)  # distinct (parent, token)
-            parent, token = children // V, children % V
-            if parent.shape[0] != attention.shape[0] or not torch.equal(parent, torch.arange(len(parent), device=dev)):
-                cache.batch_select_indices(parent)
-                attention, position = attention[parent], position[parent]
-            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
-            position = position + 1
-            out = self.model(input_ids=token[:, None], attention_mask=attention, position_ids=position[:, None],
-                             past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1]
-        return tokens[:, :length].cpu(), logps[:, :length].cpu()
-
-    def _sample_hf(self, batch: Batch, *, n: int, temperature: float, top_p: float, max_new_tokens: int,
-                   greedy: bool, stop: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers' `generate` with the behaviour log-probs recorded by a logits processor (any model)."""
-        tok = self.tokenizer
-        P = batch.prompt_len
-        recorder = _BehaviourLogprobs(1.0 if greedy else temperature)
-        config = GenerationConfig(
-            do_sample=not greedy,
-            temperature=None if greedy else temperature,
-            top_p=None if greedy or top_p >= 1.0 else top_p,
-            top_k=0,  # no top-k (None would mean transformers' default of 50)
-            max_new_tokens=max_new_tokens,
-            num_return_sequences=n,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            bos_token_id=tok.bos_token_id,
-            return_dict_in_generate=True,
-            stop_strings=[stop] if stop is not None else None,
-        )
-        out = self.model.generate(
-            input_ids=batch.input_ids[:, :P],
-            attention_mask=batch.attention_mask[:, :P],
-            generation_config=config,
-            logits_processor=LogitsProcessorList([recorder]),
-            tokenizer=tok if stop is not None else None,
-        )
-        return out.sequences[:, P:].cpu(), recorder.finish(out.sequences).cpu()
+                return sample_prefix_tree(self.model, batch, prefill, eos_id=self.tokenizer.eos_token_id,
+                                          pad_id=self.tokenizer.pad_token_id, n=n, temperature=temperature,
+                                          top_p=top_p, max_new_tokens=max_new_tokens, greedy=greedy)
+        return sample_with_generate(self.model, self.tokenizer, batch, n=n, temperature=temperature, top_p=top_p,
+                                    max_new_tokens=max_new_tokens, greedy=greedy, stop=stop)
 
     # ------------------------------------------------------------------ scoring
     def token_logprobs(
@@ -469,11 +274,12 @@ class Policy:
         P, T = batch.prompt_len, batch.completion_ids.shape[1]
         N = batch.input_ids.shape[0]
         if self.shared_prefix is not False:
-            seq_first, seq_of_row = _group_rows(torch.cat([batch.input_ids, batch.attention_mask], dim=1))
+            seq_first, seq_of_row = group_rows(torch.cat([batch.input_ids, batch.attention_mask], dim=1))
             rows = batch if len(seq_first) == N else batch.select(seq_first)
-            first, prompt_of_seq = _group_rows(torch.cat([rows.input_ids[:, :P], rows.attention_mask[:, :P]], dim=1))
+            first, prompt_of_seq = group_rows(torch.cat([rows.input_ids[:, :P], rows.attention_mask[:, :P]], dim=1))
             if 2 * len(first) <= N:
-                logits = self._shared_prefix_logits(rows, first, prompt_of_seq)
+                logits = shared_prefix_logits(self.model, rows, first, prompt_of_seq)
+                self.shared_prefix = logits is not None
                 if logits is not None:
                     return logits if len(seq_first) == N else logits.index_select(0, seq_of_row)
         out = self.model(
@@ -484,66 +290,3 @@ class Policy:
             use_cache=False,
         )
         return out.logits[:, :-1]  # position P-1+t predicts completion token t
-
-    def _shared_prefix_logits(self, batch: Batch, first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor | None:
-        """`completion_logits` with each distinct prompt run once: `first` [U] is a row of each prompt, `inverse`
-        [N] the prompt of each row (numbered by first appearance). None when the model's cache cannot be repeated."""
-        P, T = batch.prompt_len, batch.completion_ids.shape[1]
-        N, U = inverse.shape[0], first.shape[0]
-        dev = inverse.device
-        head = self.model(input_ids=batch.input_ids[first, :P], attention_mask=batch.attention_mask[first, :P],
-                          position_ids=batch.position_ids[first, :P], use_cache=True, logits_to_keep=1)
-        cache = head.past_key_values
-        self.shared_prefix = _expandable_cache(cache)
-        if not self.shared_prefix:
-            return None
-        ids, attention, position = batch.input_ids, batch.attention_mask, batch.position_ids
-        G = N // U
-        perm = torch.argsort(inverse, stable=True)  # rows grouped by prompt
-        grouped = G * U == N and torch.equal(inverse[perm], torch.arange(U, device=dev).repeat_interleave(G))
-        unsort = None
-        if grouped:
-            # G rows per prompt (a GRPO batch, in any row order): work on the rows sorted by prompt and repeat the
-            # prompt's cache by broadcasting, whose backward is a sum; the logits go back to the batch's row order
-            if not torch.equal(perm, torch.arange(N, device=dev)):
-                ids, attention, position = (x.index_select(0, perm) for x in (ids, attention, position))
-                unsort = torch.argsort(perm)
-
-            def spread(x: torch.Tensor) -> torch.Tensor:
-                return x.unsqueeze(1).expand(U, G, *x.shape[1:]).reshape(N, *x.shape[1:])
-        else:
-            # unequal groups: index_select, whose backward (index_add) is faster on CPU than the accumulating
-            # index_put of x[inverse]
-            def spread(x: torch.Tensor) -> torch.Tensor:
-                return x.index_select(0, inverse)
-
-        logits = spread(head.logits[:, -1:])  # position P-1 predicts completion token 0
-        if T > 1:
-            for layer in cache.layers:
-                layer.keys, layer.values = spread(layer.keys), spread(layer.values)
-            tail = self.model(input_ids=ids[:, P : P + T - 1], attention_mask=attention[:, : P + T - 1],
-                              position_ids=position[:, P : P + T - 1], past_key_values=cache, use_cache=True)
-            logits = torch.cat([logits, tail.logits], dim=1)
-        return logits if unsort is None else logits.index_select(0, unsort)
-
-
-def _group_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct rows of `x` [N, K], numbered by first appearance: (first [U] int64, the first row index of each;
-    inverse [N] int64, the number of each row's distinct value)."""
-    _, inverse = torch.unique(x, dim=0, return_inverse=True)
-    N = x.shape[0]
-    U = int(inverse.max()) + 1 if N else 0
-    first = torch.full((U,), N, dtype=torch.long, device=x.device)
-    first = first.scatter_reduce(0, inverse, torch.arange(N, device=x.device), reduce="amin")
-    order = torch.argsort(first)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(U, device=x.device)
-    return first[order], rank[inverse]
-
-
-def rollout_batch(policy: Policy, rollouts: Sequence[Rollout]) -> tuple[Batch, torch.Tensor]:
-    """Pack rollouts into a `Batch` and their behaviour log-probs into [N, T] float32 (0 past each end)."""
-    batch = policy.collate([r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts])
-    T = batch.mask.shape[1]
-    old = torch.tensor([list(r.logprobs) + [0.0] * (T - len(r.logprobs)) for r in rollouts], dtype=torch.float32)
-    return batch, old.view(len(rollouts), T).to(batch.mask.device)

@@ -12,7 +12,7 @@ Two forms of task row, told apart by their fields:
                 ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]. The program is the completion alone unless
                 `program="prompt+completion"`. Each statement is one test.
 
-All tests of one completion run in one sandboxed process (rewardlab.rewards.sandbox), after the program, in the
+All tests of one completion run in one sandboxed process (rewardlab.sandbox), after the program, in the
 program's global namespace (HumanEval: with `candidate` bound to the entry point), each under a per-test time limit
 (`test_timeout`, SIGALRM); the whole process under the wall `timeout`. The program's own prints are discarded.
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewardlab.rewards.base import register_reward
-from rewardlab.rewards.sandbox import ISOLATION, Sandbox, SandboxError, SandboxLimits, SandboxResult
+from rewardlab.sandbox import ISOLATION, Sandbox, SandboxError, SandboxLimits, SandboxResult
 from rewardlab.types import Rollout, RewardOutput
 
 FAILURE_KINDS = ("assertion", "error", "timeout", "crash", "load")

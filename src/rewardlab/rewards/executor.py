@@ -22,7 +22,6 @@ reused across calls and rewards, and shut down at interpreter exit.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import threading
 import weakref
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
+
+from rewardlab.sandbox import default_workers  # one definition for both pools
 
 __all__ = ["Executor", "TaskError", "default_workers", "shared_executor"]
 
@@ -61,14 +62,6 @@ class TaskError:
 
     def __str__(self) -> str:
         return self.message
-
-
-def default_workers() -> int:
-    """The number of CPUs this process may run on (its affinity mask where the OS has one), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -14,7 +14,8 @@ import torch
 from transformers import AutoModelForTokenClassification
 
 from rewardlab.optim import make_optimizer
-from rewardlab.policy.hf import Batch, Policy
+from rewardlab.policy.batch import Batch
+from rewardlab.policy.hf import Policy
 from rewardlab.rl.advantages import compute_advantages
 
 CRITIC_DIR = "critic"

@@ -1,9 +1,9 @@
 """The sandbox launcher: a small long-lived process that forks one contained process tree per program.
 
-Run by `rewardlab.rewards.sandbox` as `python -I -B _sandbox_launcher.py FD`, where FD is one end of a
-SOCK_SEQPACKET socket pair; stdlib only, so it never imports rewardlab (or torch). It is single-threaded, so forking
-it is safe (forking a multi-threaded parent is not), and it imports everything once, so each sandbox costs a fork and
-a few system calls instead of an interpreter start.
+Run by `rewardlab.sandbox.runner` as `python -I -B launcher.py FD` (by path, as -I ignores PYTHONPATH), where FD is
+one end of a SOCK_SEQPACKET socket pair; stdlib only, so it never imports rewardlab (or torch). It is single-threaded,
+so forking it is safe (forking a multi-threaded parent is not), and it imports everything once, so each sandbox costs
+a fork and a few system calls instead of an interpreter start.
 
 Protocol (one JSON object per datagram):
     hello    {"namespaces": bool, "reason": why not, "pid"}  - sent once at start, after probing the namespace set-up

@@ -56,7 +56,7 @@ the program can signal other processes of its uid. Weaker than namespaces either
 processes of that uid on the machine (the limit is set to those running now plus max_processes),
 and it sees the host's /proc. isolation="namespaces" refuses to run instead of falling back.
 
-Implementation: a launcher process (`_sandbox_launcher.py`, stdlib only, single-threaded) is started once per
+Implementation: a launcher process (`launcher.py` in this package, stdlib only, single-threaded) is started once per
 interpreter and clones one sandbox per program. The caller only exchanges datagrams with it: it never forks itself
 (forking a multi-threaded trainer that holds a model is slow and unsafe), and any number of caller threads can run
 batches at once. The launcher runs up to `workers` programs of a batch at once and starts the next queued one the
@@ -83,14 +83,24 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
-from rewardlab.rewards.executor import default_workers  # one definition for both pools
 
 __all__ = ["ISOLATION", "Sandbox", "SandboxError", "SandboxLimits", "SandboxResult", "default_workers"]
 
 ISOLATION = ("auto", "namespaces", "process")
-LAUNCHER = Path(__file__).with_name("_sandbox_launcher.py")
+LAUNCHER = Path(__file__).with_name("launcher.py")
 #: Seconds the caller waits beyond the program's timeout before it declares the launcher stuck.
 _CALLER_GRACE = 10.0
+
+
+def default_workers() -> int:
+    """The number of CPUs this process may run on (its affinity mask where the OS has one), at least 1.
+
+    The default size of both process pools: the sandbox's and the reward executor's (which imports it from here).
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 class SandboxError(RuntimeError):
@@ -186,7 +196,7 @@ def _base_env() -> dict[str, str]:
 
 
 class _Launcher:
-    """One `_sandbox_launcher.py` process and the thread that reads its replies."""
+    """One `launcher.py` process and the thread that reads its replies."""
 
     def __init__(self, python: str) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

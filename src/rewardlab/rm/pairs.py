@@ -1,0 +1,308 @@
+"""Preference pairs generated for reward-model training (`rewardlab rm pairs`), written in the pair row format of
+`rewardlab.rm.data`: from a policy's samples judged by a verifier (a correct vs an incorrect completion of the same
+question), or from a code task's canonical solution vs sandbox-confirmed failing mutants of it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rewardlab.types import Rollout
+
+
+def pairs_from_samples(
+    completions: Sequence[str], correct: Sequence[bool], *, k: int, rng: random.Random
+) -> list[tuple[str, str]]:
+    """Up to `k` (chosen, rejected) pairs from one question's samples: a correct vs an incorrect completion.
+
+    Duplicated texts count once. Pairs are drawn without repetition, uniformly from all correct x incorrect
+    combinations (seeded by `rng`). Returns [] when the question has no correct or no incorrect completion.
+    """
+    good = list(dict.fromkeys(c for c, ok in zip(completions, correct) if ok))
+    bad = list(dict.fromkeys(c for c, ok in zip(completions, correct) if not ok and c not in good))
+    combos = [(g, b) for g in good for b in bad]
+    rng.shuffle(combos)
+    return combos[:k]
+
+
+def generate_pairs(
+    policy,
+    rows: Sequence[dict[str, Any]],
+    verifier: Callable[[Sequence[Rollout]], list],
+    *,
+    n: int,
+    pairs_per_question: int,
+    subset: str,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 32,
+    batch_size: int = 64,
+    max_pairs: int | None = None,
+    seed: int = 0,
+    on_batch: Callable[[int, dict[str, float]], None] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Preference pairs from a policy and a verifier: for each question, sample `n` completions, verify them, and pair
+    a correct with an incorrect completion of the same question (up to `pairs_per_question` pairs).
+
+    Args:
+        policy: anything with `generate(prompts, n=, temperature=, top_p=, max_new_tokens=, rows=)` -> Rollouts
+            (prompt-major, `n` per prompt), e.g. `rewardlab.policy.Policy`.
+        rows: task rows with `prompt` (and whatever the verifier reads).
+        verifier: a Reward; a completion is correct when `is_correct` holds for its output.
+        max_pairs: stop once this many pairs are made.
+        on_batch: called after each batch with (questions done, running stats) (e.g. a progress bar).
+    Returns:
+        (pair rows in RewardBench format with the task `row` attached, stats: questions, samples, sample accuracy,
+        questions with both outcomes, pairs).
+    """
+    from rewardlab.evaluation.policy import is_correct
+
+    rng = random.Random(seed)
+
+    def judge(chunk: list[dict[str, Any]]) -> list[tuple[list[tuple[str, str]], dict[str, int]]]:
+        rollouts = policy.generate([r["prompt"] for r in chunk], n=n, temperature=temperature, top_p=top_p,
+                                   max_new_tokens=max_new_tokens, rows=chunk)
+        outputs = verifier(rollouts)
+        out = []
+        for q in range(len(chunk)):
+            outs = outputs[q * n : (q + 1) * n]
+            ok = [is_correct(o) for o in outs]
+            made = pairs_from_samples([r.completion for r in rollouts[q * n : (q + 1) * n]], ok, k=pairs_per_question,
+                                      rng=rng)
+            out.append((made, {"samples": n, "correct_samples": sum(ok), "mixed_questions": int(bool(made)),
+                               "verifier_errors": sum(o.error is not None for o in outs)}))
+        return out
+
+    pairs, stats = _pairs_in_batches(
+        rows, judge, {"samples": 0, "correct_samples": 0, "mixed_questions": 0, "verifier_errors": 0},
+        subset=subset, batch_size=batch_size, max_pairs=max_pairs, on_batch=on_batch,
+    )
+    stats["sample_accuracy"] = stats["correct_samples"] / max(1, stats["samples"])
+    return pairs, stats
+
+
+def _pairs_in_batches(
+    rows: Sequence[dict[str, Any]],
+    judge: Callable[[list[dict[str, Any]]], list[tuple[list[tuple[str, str]], dict[str, int]]]],
+    counts: dict[str, int],
+    *,
+    subset: str,
+    batch_size: int,
+    max_pairs: int | None,
+    on_batch: Callable[[int, dict[str, float]], None] | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The loop of `generate_pairs` and `mutant_pairs`: `judge(chunk)` gives each row of a batch of `batch_size`
+    rows its (chosen, rejected) texts and its counts (keys of `counts`). Rows are taken in order until `max_pairs`
+    pairs are made; each count is summed over the rows taken, from its value in `counts`. Returns (pair rows,
+    {"questions", **summed counts, "pairs"})."""
+    pairs: list[dict[str, Any]] = []
+    stats: dict[str, Any] = {"questions": 0, **counts}
+    for start in range(0, len(rows), batch_size):
+        chunk = list(rows[start : start + batch_size])
+        for row, (made, row_counts) in zip(chunk, judge(chunk)):
+            stats["questions"] += 1
+            for key, value in row_counts.items():
+                stats[key] += value
+            pairs.extend({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected, "subset": subset,
+                          "row": row} for chosen, rejected in made)
+            if max_pairs is not None and len(pairs) >= max_pairs:
+                break
+        if on_batch is not None:
+            on_batch(len(chunk), {"pairs": float(len(pairs))})
+        if max_pairs is not None and len(pairs) >= max_pairs:
+            pairs = pairs[:max_pairs]
+            break
+    stats["pairs"] = len(pairs)
+    return pairs, stats
+
+
+def code_row_gap(row: dict[str, Any]) -> str:
+    """What a task row lacks for canonical-vs-mutant pairs: "" when it has a canonical solution (`answer` or
+    `canonical_solution`, a string) and tests the `code` reward runs (`test` + `entry_point`, or `tests`)."""
+    if not isinstance(row.get("canonical_solution", row.get("answer")), str):
+        return "a canonical solution ('answer' or 'canonical_solution')"
+    if not ("test" in row and "entry_point" in row) and "tests" not in row:
+        return "tests ('test' + 'entry_point', or 'tests')"
+    return ""
+
+
+def check_code_rows(rows: Sequence[dict[str, Any]]) -> None:
+    """Raises ValueError `row I ('ID') has no ...` (see `code_row_gap`) for the first row unfit for `mutant_pairs`."""
+    for i, row in enumerate(rows):
+        gap = code_row_gap(row)
+        if gap:
+            raise ValueError(f"row {i} ({str(row.get('task_id', row.get('prompt', '')))[:40]!r}) has no {gap}")
+
+
+def mutant_pairs(
+    rows: Sequence[dict[str, Any]],
+    *,
+    pairs_per_question: int,
+    subset: str,
+    batch_size: int = 64,
+    max_pairs: int | None = None,
+    seed: int = 0,
+    on_batch: Callable[[int, dict[str, float]], None] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Preference pairs with no policy: a row's canonical solution (chosen) vs a single-point mutant of it that the
+    sandbox confirms fails the row's tests (rejected), as issue 5 asks for HumanEval (Chen et al., 2021).
+
+    Rows are taken `batch_size` at a time. In each batch the canonical solutions are first run with the `code`
+    reward (defaults: timeout 10 s, test_timeout 3 s); a row whose canonical solution does not pass every test is
+    skipped (`canonical_failures`). The others get up to `pairs_per_question` failing mutants from
+    `rewardlab.tasks.humaneval.failing_variants(..., seed=seed, limit=pairs_per_question)` (a mutant counts only
+    when a test fails by an assertion, an exception or at load, never by a timeout alone), one pair each, in
+    mutation order. A row's pairs depend only on the row and `seed`, not on `batch_size`.
+
+    Args:
+        rows: task rows with a canonical solution (`answer` or `canonical_solution`) and tests (`test` +
+            `entry_point`, HumanEval form, or `tests`); see `code_row_gap`.
+        pairs_per_question: most pairs (distinct mutants) per row.
+        subset: the pairs' `subset` field.
+        batch_size: rows per sandbox round.
+        max_pairs: stop once this many pairs are made.
+        seed: mutation order seed.
+        on_batch: called after each batch with (rows done, running stats) (e.g. a progress bar).
+    Returns:
+        (pair rows `{prompt, chosen, rejected, subset, row}` in RewardBench format with the task `row` attached,
+        stats: questions, pairs, questions_no_failing_mutant, questions_fewer_mutants (some, but fewer than
+        `pairs_per_question`), canonical_failures, sandbox_runs, and mutants_tried / _failing / _passing /
+        _unconfirmed / _errors as `failing_variants` counts them).
+    Raises:
+        ValueError: a row lacks a canonical solution or tests (naming the row).
+    """
+    from rewardlab.rewards.code import CodeReward
+    from rewardlab.tasks.humaneval import failing_variants
+
+    check_code_rows(rows)
+    canonical_reward = CodeReward()
+    sandbox: dict[str, int] = {"canonical": 0}
+
+    def judge(chunk: list[dict[str, Any]]) -> list[tuple[list[tuple[str, str]], dict[str, int]]]:
+        canonical = [r.get("canonical_solution", r.get("answer")) for r in chunk]
+        checked = canonical_reward.evaluate(chunk, canonical)
+        sandbox["canonical"] += len(chunk)
+        passing = [i for i, res in enumerate(checked) if not isinstance(res, str) and res.score == 1.0]
+        found = failing_variants([chunk[i] for i in passing], seed=seed, limit=pairs_per_question, stats=sandbox)
+        mutants = dict(zip(passing, found))
+        return [([(canonical[i], m) for m in mutants.get(i, [])],
+                 {"questions_no_failing_mutant": int(i in mutants and not mutants[i]),
+                  "questions_fewer_mutants": int(0 < len(mutants.get(i, [])) < pairs_per_question),
+                  "canonical_failures": int(i not in mutants)})
+                for i in range(len(chunk))]
+
+    pairs, stats = _pairs_in_batches(
+        rows, judge, {"questions_no_failing_mutant": 0, "questions_fewer_mutants": 0, "canonical_failures": 0},
+        subset=subset, batch_size=batch_size, max_pairs=max_pairs, on_batch=on_batch,
+    )
+    stats["sandbox_runs"] = sandbox["canonical"] + sandbox.get("tried", 0)
+    for key in ("tried", "failing", "passing", "unconfirmed", "errors"):
+        stats[f"mutants_{key}"] = sandbox.get(key, 0)
+    return pairs, stats
+
+
+def run_rm_pairs(cfg, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
+    """`rewardlab rm pairs`: preference pairs for `cfg.split` questions of `cfg.task`, from one of two sources
+    (`cfg.pairs.source`):
+
+    - "policy" (default): `cfg.model`'s samples judged by the task's verifier, a correct vs an incorrect completion
+      of the same question (`generate_pairs`).
+    - "mutants": no model; a row's canonical solution vs sandbox-confirmed failing mutants of it (`mutant_pairs`),
+      for tasks whose rows carry a canonical solution and tests, e.g. `humaneval`.
+
+    Writes `cfg.out`: config.yaml, pairs.jsonl (RewardBench format with the task `row`; written atomically at the
+    end), summary.json (source, questions, pairs, the source's own counts - samples, sample accuracy and questions
+    with both outcomes; or questions with no failing mutant and sandbox counts -, mean lengths in characters of
+    chosen and rejected, the accuracy of the rule "longer wins" on these pairs (a tie in length is wrong) with the
+    counts of pairs whose chosen / rejected response is strictly longer, and wall_s in seconds).
+
+    The run directory is opened with `RunDir.start` once the task and model load: one that already holds a run is
+    refused unless `overwrite` (deleted first) or `resume`; a resume reruns the generation whole (seeded: same
+    settings, same pairs).
+
+    Raises:
+        ValueError: what `tasks.load` and `load_policy` raise; with source "mutants", a row without a canonical
+            solution or tests; no pairs made (the policy is always or never right; no mutant fails);
+            RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume`
+            with other settings.
+    """
+    from rewardlab.runs import RunDir
+
+    prepared = _prepare_pairs(cfg)
+    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
+        return _rm_pairs(cfg, run, resume, show_progress, *prepared)
+
+
+def _prepare_pairs(cfg):
+    from rewardlab.tasks import load as load_task
+
+    p = cfg.pairs
+    task = load_task(cfg.task.spec, **cfg.task.options)
+    rows = task.split(cfg.split)[: p.limit]
+    policy = verifier = None
+    if p.source == "mutants":
+        try:
+            check_code_rows(rows)
+        except ValueError as exc:
+            raise ValueError(f"rm pairs: pairs.source=mutants needs a canonical solution and tests in every row: "
+                             f"task {cfg.task.spec}, {cfg.split} {exc}") from None
+    else:
+        import torch
+
+        from rewardlab.policy import load_policy
+        from rewardlab.rewards import build_reward
+
+        torch.manual_seed(cfg.seed)
+        verifier = build_reward(task.reward)
+        policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
+                             device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
+    return task, rows, policy, verifier
+
+
+def _rm_pairs(cfg, run, resume: bool, show_progress: bool, task, rows, policy, verifier) -> dict[str, Any]:
+    import time
+
+    from rewardlab.config import dump_config
+    from rewardlab.evaluation.probes import length_bias
+    from rewardlab.progress import stage
+    from rewardlab.runs import atomic_write_text
+
+    p = cfg.pairs
+    run.record_config(dump_config(cfg), resume=resume)
+    t0 = time.perf_counter()
+    with stage("RM pairs", len(rows), enabled=show_progress) as bar:
+        if p.source == "mutants":
+            pairs, stats = mutant_pairs(
+                rows, pairs_per_question=p.pairs_per_question, subset=task.name, batch_size=p.batch_size,
+                max_pairs=p.max_pairs, seed=cfg.seed, on_batch=lambda n, fields: bar.advance(n, **fields),
+            )
+        else:
+            pairs, stats = generate_pairs(
+                policy, rows, verifier, n=p.n, pairs_per_question=p.pairs_per_question, subset=task.name,
+                temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens, batch_size=p.batch_size,
+                max_pairs=p.max_pairs, seed=cfg.seed, on_batch=lambda n, fields: bar.advance(n, **fields),
+            )
+    if not pairs and p.source == "mutants":
+        raise ValueError(f"rm pairs: no pairs from {stats['questions']} questions ({stats['canonical_failures']} "
+                         f"canonical solutions failed their tests, {stats['questions_no_failing_mutant']} had no "
+                         "failing mutant)")
+    if not pairs:
+        hint = ""
+        if rows and not code_row_gap(rows[0]):
+            hint = "; for canonical-vs-mutant pairs with no policy, use --source mutants (pairs.source=mutants)"
+        raise ValueError(f"rm pairs: no pairs from {stats['questions']} questions (sample accuracy "
+                         f"{stats['sample_accuracy']:.1%}): the policy needs both right and wrong answers{hint}")
+    path = run.path / "pairs.jsonl"
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in pairs))
+    chosen, rejected = [r["chosen"] for r in pairs], [r["rejected"] for r in pairs]
+    lb = length_bias(chosen, rejected, [0.0] * len(pairs), [0.0] * len(pairs))
+    summary = {"stage": "rm_pairs", "task": cfg.task.spec, "split": cfg.split, "source": p.source, **stats,
+               "pairs_file": str(path), "chosen_len_mean": sum(map(len, chosen)) / len(pairs),
+               "rejected_len_mean": sum(map(len, rejected)) / len(pairs),
+               "longer_wins_accuracy": lb["longer_wins_accuracy"], "chosen_longer": lb["n_chosen_longer"],
+               "rejected_longer": lb["n_rejected_longer"], "wall_s": time.perf_counter() - t0}
+    run.write_summary(summary)
+    return summary
