@@ -12,6 +12,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+#: Descriptions shared by several sections.
+TOP_P = ("nucleus sampling: draw from the smallest set of tokens whose probability reaches top_p (Holtzman et al. "
+         "2020); 1: off")
+WEIGHT_DECAY = "AdamW decoupled weight decay (Loshchilov & Hutter 2019); 0: off"
+
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -27,18 +33,23 @@ class TinyArch(_Base):
 
 
 class ModelConfig(_Base):
+    """The policy: which language model, its prompt format, dtype and device."""
+
     path: str = Field("tiny", description='"tiny" (embedded model, fresh weights) or a local Hugging Face model '
                       "directory (nothing is downloaded at run time: download a hub model first, give its "
                       "directory)")
     prompt_format: Literal["auto", "raw", "chat"] = Field(
         "auto", description="raw text, the tokenizer's chat template, or auto (chat when the tokenizer has one)"
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype the weights are loaded and trained in (bfloat16, float16: half the memory)")
     device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
-    tiny: TinyArch = Field(default_factory=TinyArch)
+    tiny: TinyArch = Field(default_factory=TinyArch, description='size of the embedded model (path "tiny" only)')
 
 
 class TaskConfig(_Base):
+    """Where the prompts and their verifier come from."""
+
     spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME '
                       "with template: compact, target: steps, whose rows train on the worked solution), "
                       '"humaneval[:FILE]" (HumanEval, scored by the code reward) or "jsonl:PATH"')
@@ -50,10 +61,13 @@ class TaskConfig(_Base):
 
 
 class SFTParams(_Base):
+    """Supervised fine-tuning: cross-entropy on the completion tokens, AdamW, linear warm-up then cosine decay."""
+
     steps: int = Field(300, ge=0, description="optimizer steps")
     batch_size: int = Field(64, gt=0, description="rows per step")
-    lr: float = Field(3e-3, gt=0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019), decayed by a cosine "
+                      "to 0.1 x lr at the last step (Loshchilov & Hutter 2017)")
+    weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
     target: str = Field("answer", description='row field trained as the completion, e.g. "target" for worked '
@@ -69,12 +83,13 @@ class RLConfig(_Base):
     group_size: int = Field(8, gt=0, description="G, rollouts per prompt")
     epochs: int = Field(1, gt=0, description="mu, optimization passes over each batch")
     minibatch_size: int | None = Field(None, gt=0, description="rollouts per optimizer step (default: whole batch)")
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0)
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019)")
+    weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up, RL steps")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
     estimator: str = Field("grpo", description="advantage estimator, a key of rl.advantages.ESTIMATORS")
-    estimator_options: dict[str, Any] = Field(default_factory=dict)
+    estimator_options: dict[str, Any] = Field(default_factory=dict, description="options the estimator declares, "
+                                              "e.g. eps (grpo), gamma (reinforce_pp); an undeclared one is an error")
     loss: str = Field("ppo_clip", description="policy loss, a key of rl.losses.POLICY_LOSSES")
     loss_options: dict[str, Any] = Field(default_factory=dict, description="e.g. clip_high for DAPO clip-higher")
     clip_eps: float | None = Field(
@@ -85,9 +100,11 @@ class RLConfig(_Base):
     beta: float = Field(0.0, ge=0, description="KL coefficient to the frozen reference model (0: no reference)")
     kl_estimator: str = Field("k3", description="k1, k2 or k3 (Schulman 2020)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
     max_new_tokens: int = Field(8, gt=0, description="completion token limit")
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="after the warm-up: constant, or cosine decay to 0.1 x lr at the last step "
+        "(Loshchilov & Hutter 2017)")
     kl_in: Literal["loss", "reward"] = Field(
         "loss", description="where the KL to the reference goes: added to the loss (beta * aggregated KL) or "
         "subtracted from the token rewards before the advantage (r_t - beta * KL_t)"
@@ -122,11 +139,13 @@ class RLConfig(_Base):
 
 
 class EvalParams(_Base):
+    """Greedy exact-match accuracy and pass@k (Chen et al. 2021's unbiased estimator) on a task's rows."""
+
     n: int = Field(8, ge=1, description="samples per prompt for pass@k")
     k: list[int] = Field(default_factory=lambda: [1, 4, 8], description="k values of pass@k (each <= n)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of the pass@k samples")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(8, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
+    max_new_tokens: int = Field(8, gt=0, description="completion token limit (greedy and sampled)")
     batch_size: int = Field(256, gt=0, description="prompts per generate call")
     limit: int | None = Field(None, gt=0, description="evaluate only the first N rows of the split")
 
@@ -135,29 +154,56 @@ class _Checkpoints(_Base):
     """Periodic checkpoints of a verb that trains (`train`, `sft`, `rm train`, `prm train`): each holds the weights
     and the optimizer, schedule, data-order and RNG state, so `--resume` continues exactly where it left off."""
 
-    save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end)")
+    save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end): RL steps (train), "
+                            "optimizer steps (sft, rm train, prm train)")
     keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
 
 
-class _Verb(_Base):
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    out: str = Field("runs/run", description="run directory")
-    seed: int = 0
+#: `out`: every verb writes one run directory.
+OUT_DESCRIPTION = "run directory: config.yaml, logs, checkpoints and results (--out)"
+
+
+def _out(default: str) -> Any:
+    """The `out` field of a verb whose run directory defaults to `default`."""
+    return Field(default, description=OUT_DESCRIPTION)
+
+
+class _Run(_Base):
+    """What every verb has: the run directory it writes and the seed of its random choices."""
+
+    out: str = _out("runs/run")
+    seed: int = Field(0, description="random seed of the run: data order, sampling, fresh weights (--seed)")
+
+
+class _PolicyOnTask(_Base):
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="the prompts and their verifier")
+
+
+# Pydantic orders fields base first, the last-listed base first of all: `_Verb(_Run, _PolicyOnTask)` keeps the key
+# order model, task, out, seed of every policy verb's config.yaml.
+class _Verb(_Run, _PolicyOnTask):
+    """A verb that runs a policy (`model`) on a task (`task`)."""
 
 
 class SFTConfig(_Checkpoints, _Verb):
-    out: str = "runs/sft"
-    sft: SFTParams = Field(default_factory=SFTParams)
+    """`rewardlab sft`: supervised warm start on the task's rows."""
+
+    out: str = _out("runs/sft")
+    sft: SFTParams = Field(default_factory=SFTParams, description="supervised fine-tuning settings")
 
 
 class TrainConfig(_Checkpoints, _Verb):
-    out: str = "runs/train"
-    rl: RLConfig = Field(default_factory=RLConfig)
+    """`rewardlab train`: RL (GRPO family) against the task's verifier or the configured rewards."""
+
+    out: str = _out("runs/train")
+    rl: RLConfig = Field(default_factory=RLConfig, description="RL settings")
     rewards: list[dict[str, Any]] | None = Field(
         None, description="reward specs [{name, weight, ...options}]; default: the task's own verifier"
     )
-    on_error: Literal["zero", "skip", "raise"] = "zero"
+    on_error: Literal["zero", "skip", "raise"] = Field(
+        "zero", description="a rollout whose reward fails (an exception, NaN or inf): zero scores it 0, skip also "
+        "drops it from the batch, raise stops the run naming the reward and cause")
 
 
 #: The rule shared by `evaluate` and `search` for which rows they score.
@@ -170,8 +216,10 @@ EVAL_SPLIT_DESCRIPTION = (
 
 
 class EvaluateConfig(_Verb):
-    out: str = "runs/eval"
-    eval: EvalParams = Field(default_factory=EvalParams)
+    """`rewardlab evaluate`: greedy exact-match accuracy and pass@k of the policy on the task's rows."""
+
+    out: str = _out("runs/eval")
+    eval: EvalParams = Field(default_factory=EvalParams, description="evaluation settings")
     split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
 
 
@@ -183,20 +231,22 @@ def _quickstart_task() -> TaskConfig:
     )
 
 
-class QuickstartConfig(_Base):
+class QuickstartConfig(_Run):
     """tiny model from scratch -> SFT -> GRPO -> evaluate. Defaults are the README's demo settings."""
 
-    out: str = "runs/quickstart"
-    seed: int = 0
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=_quickstart_task)
-    sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=650, batch_size=64, lr=3e-3))
+    out: str = _out("runs/quickstart")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model (all three stages)")
+    task: TaskConfig = Field(default_factory=_quickstart_task, description="the prompts and their verifier: 1-digit "
+                             "chain sums of 2-3 terms, 20,000 rows, 500 held out")
+    sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=650, batch_size=64, lr=3e-3),
+                           description="stage 1, supervised warm start")
     rl: RLConfig = Field(
         default_factory=lambda: RLConfig(
             steps=450, prompts_per_step=128, group_size=8, lr=3e-4, temperature=0.7, max_new_tokens=4
-        )
+        ), description="stage 2, GRPO"
     )
-    eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=4))
+    eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=4),
+                             description="stage 3, evaluation on the held-out rows")
 
 
 class SearchParams(_Base):
@@ -215,7 +265,7 @@ class SearchParams(_Base):
     equivalence: Literal["verifier", "math", "exact"] = Field(
         "verifier", description="answer grouping for votes: the task's verifier, math-verify, or the same text")
     temperature: float = Field(0.8, gt=0, description="sampling temperature (search-and-learn's default)")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
     max_new_tokens: int = Field(64, gt=0, description="token limit of a whole solution (greedy, best-of-N, votes)")
     max_step_tokens: int = Field(32, gt=0, description="token limit of one step (beam search, DVTS)")
     batch_size: int = Field(1024, gt=0, description="about this many sequences per generate call")
@@ -223,8 +273,10 @@ class SearchParams(_Base):
 
 
 class SearchConfig(_Verb):
-    out: str = "runs/search"
-    search: SearchParams = Field(default_factory=SearchParams)
+    """`rewardlab search`: accuracy against the budget N of reward-guided search methods."""
+
+    out: str = _out("runs/search")
+    search: SearchParams = Field(default_factory=SearchParams, description="search settings")
     scorer: list[dict[str, Any]] | str | None = Field(
         None, description="reward spec(s) that rank candidates, e.g. arithmetic_steps or [{name: ..., ...}]; "
         "default: the task's own verifier (an oracle: best-of-N then equals pass@N)")
@@ -243,19 +295,22 @@ class BackboneConfig(_Base):
         'Llama, fresh weights) or an HF model directory (encoder or decoder, e.g. an SFT checkpoint)'
     )
     device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
-    tiny: TinyArch = Field(default_factory=TinyArch)
+    tiny: TinyArch = Field(default_factory=TinyArch, description='size of the embedded model (path "tiny" only)')
 
 
 class _FitParams(_Base):
+    """Fitting a reward model: AdamW, linear warm-up, then a constant or cosine learning rate."""
+
     epochs: int = Field(3, gt=0, description="passes over the training rows")
     batch_size: int = Field(32, gt=0, description="rows (pairs / solutions) per optimizer step")
-    lr: float = Field(5e-5, gt=0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
-    lr_schedule: Literal["constant", "cosine"] = Field("cosine", description="cosine: decay to 0.1 x lr at the end")
+    lr: float = Field(5e-5, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019)")
+    weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up, optimizer steps")
+    lr_schedule: Literal["constant", "cosine"] = Field("cosine", description="cosine: decay to 0.1 x lr at the end "
+                                                       "(Loshchilov & Hutter 2017)")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
     max_length: int = Field(512, gt=0, description="token limit per input")
-    eval_every: int = Field(0, ge=0, description="evaluate on eval_data every N steps (0: only at the end)")
+    eval_every: int = Field(0, ge=0, description="evaluate on eval_data every N optimizer steps (0: only at the end)")
 
 
 class RMTrainParams(_FitParams):
@@ -265,15 +320,23 @@ class RMTrainParams(_FitParams):
                                "2023 use 0.01); 0: off")
 
 
-class RmTrainConfig(_Checkpoints):
+# `_Run, _Checkpoints` in this order keeps the key order save_every, keep_checkpoints, out, seed, model, ... (see
+# `_Verb`).
+class _RewardModelFit(_Run, _Checkpoints):
+    """A verb that fits a reward model (`rm train`, `prm train`): a backbone, training rows and held-out rows."""
+
+    model: BackboneConfig = Field(default_factory=BackboneConfig, description="the backbone under the reward head")
+    data: str = Field(..., description="training rows JSONL")
+    eval_data: str | None = Field(None, description="held-out rows JSONL, evaluated during and after training")
+
+
+class RmTrainConfig(_RewardModelFit):
     """`rewardlab rm train`: a Bradley–Terry reward model from preference pairs (RewardBench-format JSONL)."""
 
-    out: str = "runs/rm"
-    seed: int = 0
-    model: BackboneConfig = Field(default_factory=BackboneConfig)
+    out: str = _out("runs/rm")
     data: str = Field(..., description="training pairs JSONL {prompt, chosen, rejected[, subset, margin]}")
     eval_data: str | None = Field(None, description="held-out pairs JSONL, evaluated during and after training")
-    train: RMTrainParams = Field(default_factory=RMTrainParams)
+    train: RMTrainParams = Field(default_factory=RMTrainParams, description="training settings")
 
 
 class PRMTrainParams(_FitParams):
@@ -282,15 +345,13 @@ class PRMTrainParams(_FitParams):
     separator: str = Field("\n", description="step separator of completions when scoring, stored in config.json")
 
 
-class PrmTrainConfig(_Checkpoints):
+class PrmTrainConfig(_RewardModelFit):
     """`rewardlab prm train`: a process reward model from step-labelled JSONL rows {prompt, steps, labels}."""
 
-    out: str = "runs/prm"
-    seed: int = 0
-    model: BackboneConfig = Field(default_factory=BackboneConfig)
+    out: str = _out("runs/prm")
     data: str = Field(..., description="training rows JSONL {prompt, steps: [..], labels: [..]} (labels in [0, 1])")
     eval_data: str | None = Field(None, description="held-out rows JSONL (same format, or ProcessBench's label)")
-    train: PRMTrainParams = Field(default_factory=PRMTrainParams)
+    train: PRMTrainParams = Field(default_factory=PRMTrainParams, description="training settings")
 
 
 class PairsParams(_Base):
@@ -305,7 +366,8 @@ class PairsParams(_Base):
     max_pairs: int | None = Field(None, gt=0, description="stop after this many pairs (None: all questions)")
     limit: int | None = Field(None, gt=0, description="use only the first N questions of the split")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (policy)")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (policy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (Holtzman et al. 2020; policy): draw from the "
+                         "smallest set of tokens whose probability reaches top_p; 1: off")
     max_new_tokens: int = Field(32, gt=0, description="completion token limit (policy)")
     batch_size: int = Field(64, gt=0, description="questions per generate call (policy) or per sandbox round "
                             "(mutants)")
@@ -316,9 +378,9 @@ class RmPairsConfig(_Verb):
     pairs.source=mutants, from a task's canonical solutions (canonical vs failing mutant; a `model` setting is
     refused)."""
 
-    out: str = "runs/pairs"
+    out: str = _out("runs/pairs")
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
-    pairs: PairsParams = Field(default_factory=PairsParams)
+    pairs: PairsParams = Field(default_factory=PairsParams, description="pair generation settings")
 
     @model_validator(mode="after")
     def _mutants_take_no_model(self):
@@ -332,6 +394,9 @@ class RmPairsConfig(_Verb):
 
 
 class LabelParams(_Base):
+    """Step labels: Monte Carlo values (Wang et al. 2024, Math-Shepherd), binary search for the first error (Luo et
+    al. 2024, OmegaPRM), or exact reference labels."""
+
     method: Literal["mc", "binary", "reference"] = Field(
         "mc", description="mc: Monte Carlo value of every step (Math-Shepherd); binary: binary search for the first "
         "error (OmegaPRM); reference: exact labels from the step checker on the row's +/- chain (reasoning_gym:"
@@ -343,7 +408,7 @@ class LabelParams(_Base):
     limit: int | None = Field(None, gt=0, description="use only the first N questions of the split")
     budget: int | None = Field(None, gt=0, description="most rollouts spent on labelling (None: no limit)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of solutions and continuations")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
     max_new_tokens: int = Field(32, gt=0, description="token limit of solutions and continuations")
     separator: str = Field("\n", description="step separator")
     question_batch: int = Field(64, gt=0, description="questions per round of solution sampling")
@@ -353,20 +418,25 @@ class LabelParams(_Base):
 class PrmLabelConfig(_Checkpoints, _Verb):
     """`rewardlab prm label`: step labels for a policy's own solutions, written as PRM-training JSONL."""
 
-    out: str = "runs/labels"
+    out: str = _out("runs/labels")
     save_every: int = Field(1, gt=0, description="checkpoint the labelled solutions every N question batches "
                             "(label.question_batch questions each; and at the end): a resume starts after the last one")
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
-    label: LabelParams = Field(default_factory=LabelParams)
+    label: LabelParams = Field(default_factory=LabelParams, description="labelling settings")
 
 
 class ScorerModel(_Base):
+    """A trained reward model or PRM to evaluate."""
+
     path: str | None = Field(None, description="a reward-model or PRM checkpoint directory (a PRM when its config has "
                              "step_tag); None: use `scorer`")
-    device: str = "cpu"
+    device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
 
 
 class RMEvalParams(_Base):
+    """Reward-model evaluation: pairwise accuracy (RewardBench, Lambert et al. 2024), best-of-k (RewardBench 2,
+    Malik et al. 2025), first-error F1 (ProcessBench, Zheng et al. 2024) and probes."""
+
     batch_size: int = Field(64, gt=0, description="responses per scorer call")
     master_keys: bool = Field(True, description="run the master-key probe on the pairs (Zhao et al. 2025)")
     dev_fraction: float = Field(0.3, gt=0, lt=1, description="share of step rows used to choose the first-error "
@@ -375,21 +445,21 @@ class RMEvalParams(_Base):
     separator: str = Field("\n", description="joins a row's steps into the completion an outcome scorer sees")
 
 
-class RmEvalConfig(_Base):
+class RmEvalConfig(_Run):
     """`rewardlab rm eval`: pairwise / best-of-k / first-error metrics and probes for any scorer."""
 
-    out: str = "runs/rm_eval"
+    out: str = _out("runs/rm_eval")
     seed: int = Field(0, description="seed of the dev/test split of step rows")
-    model: ScorerModel = Field(default_factory=ScorerModel)
+    model: ScorerModel = Field(default_factory=ScorerModel, description="the trained scorer to evaluate")
     scorer: list[dict[str, Any]] | str | None = Field(
         None, description="reward specs as in `train` (e.g. [{name: worked_answer}]), used when model.path is None"
     )
     data: str = Field(..., description="JSONL of pairs, best-of-k rows and/or step rows (kinds may be mixed)")
     dev_data: str | None = Field(None, description="step rows for choosing the first-error threshold")
-    eval: RMEvalParams = Field(default_factory=RMEvalParams)
+    eval: RMEvalParams = Field(default_factory=RMEvalParams, description="evaluation settings")
 
 
-#: The config class of each CLI verb (grouped verbs as "rm train"), in the order `--help` and docs/config.md list them.
+#: The config class of each CLI verb (grouped verbs as "rm train"), in the order docs/config.md lists them.
 VERB_CONFIGS: dict[str, type[_Base]] = {
     "sft": SFTConfig,
     "train": TrainConfig,
