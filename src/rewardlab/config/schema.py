@@ -80,7 +80,7 @@ class RLConfig(_Base):
 
     steps: int = Field(100, ge=0, description="RL steps (one batch of rollouts each)")
     prompts_per_step: int = Field(16, gt=0, description="prompts sampled per step")
-    group_size: int = Field(8, gt=0, description="G, rollouts per prompt")
+    group_size: int = Field(8, gt=0, description="G, rollouts per prompt (Shao et al. 2024)")
     epochs: int = Field(1, gt=0, description="mu, optimization passes over each batch")
     minibatch_size: int | None = Field(None, gt=0, description="rollouts per optimizer step (default: whole batch)")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019)")
@@ -90,11 +90,14 @@ class RLConfig(_Base):
     estimator: str = Field("grpo", description="advantage estimator, a key of rl.advantages.ESTIMATORS")
     estimator_options: dict[str, Any] = Field(default_factory=dict, description="options the estimator declares, "
                                               "e.g. eps (grpo), gamma (reinforce_pp); an undeclared one is an error")
-    loss: str = Field("ppo_clip", description="policy loss, a key of rl.losses.POLICY_LOSSES")
-    loss_options: dict[str, Any] = Field(default_factory=dict, description="e.g. clip_high for DAPO clip-higher")
+    loss: str = Field("ppo_clip", description="policy loss, a key of rl.losses.POLICY_LOSSES (ppo_clip: "
+                      "Schulman et al. 2017)")
+    loss_options: dict[str, Any] = Field(default_factory=dict, description="options the loss declares, e.g. "
+                                         "clip_high for DAPO clip-higher (Yu et al. 2025)")
     clip_eps: float | None = Field(
-        None, gt=0, description="PPO clip epsilon: sets the loss's clip_low = clip_high (None: the loss's own "
-        "defaults, 0.2 for ppo_clip; loss_options take precedence; an error for a loss without one, e.g. reinforce)"
+        None, gt=0, description="PPO clip epsilon (Schulman et al. 2017): sets the loss's clip_low = clip_high "
+        "(None: the loss's own defaults, 0.2 for ppo_clip; loss_options take precedence; an error for a loss "
+        "without one, e.g. reinforce)"
     )
     agg: str = Field("token-mean", description="loss aggregation, a key of rl.losses.AGGREGATIONS")
     beta: float = Field(0.0, ge=0, description="KL coefficient to the frozen reference model (0: no reference)")
@@ -114,10 +117,10 @@ class RLConfig(_Base):
     )
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus: loss -= coef * aggregated token entropy")
     mask_truncated: bool = Field(False, description="drop truncated completions (no EOS within max_new_tokens) "
-                                 "from the loss")
+                                 "from the loss (DAPO overlong filtering, Yu et al. 2025)")
     group_filter: str | None = Field(
-        None, description="a key of rl.filters.GROUP_FILTERS, e.g. 'dapo' (DAPO dynamic sampling: drop groups whose "
-        "filter_metric has zero std and generate more); None: keep every group"
+        None, description="a key of rl.filters.GROUP_FILTERS, e.g. 'dapo' (DAPO dynamic sampling, Yu et al. 2025: "
+        "drop groups whose filter_metric has zero std and generate more); None: keep every group"
     )
     filter_metric: str = Field(
         "unshaped", description="per-rollout value the group filter looks at: 'unshaped' (the reward before "
@@ -129,8 +132,8 @@ class RLConfig(_Base):
     curriculum: str = Field("uniform", description="prompt sampler, a key of rl.filters.CURRICULA: 'uniform' or "
                             "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
     curriculum_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {mu: 0.5, sigma: 0.2}")
-    critic_lr: float = Field(1e-4, gt=0, description="learning rate of the value model (created only for estimators "
-                             "that need values, e.g. gae)")
+    critic_lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the value model (created only for "
+                             "estimators that need values, e.g. gae)")
     value_clip: float | None = Field(0.2, gt=0, description="PPO value clipping range (None: unclipped value loss)")
     step_separator: str | None = Field(
         None, description="split completions into steps at this string (rollout.steps/step_text) so process "
