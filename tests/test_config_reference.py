@@ -80,3 +80,25 @@ def test_train_help_shows_descriptions_under_their_keys(capsys):
     assert "AdamW decoupled weight decay" in lines[at + 1] and lines[at + 1].startswith("      ")
     at = lines.index('  on_error = "zero"')
     assert lines[at + 1].startswith("      a rollout whose reward fails")
+
+
+def test_every_verb_shares_the_out_and_seed_keys():
+    # rm train and prm train used to re-declare out, seed (and model) without descriptions: now one base holds them.
+    outs = {verb: cls.model_fields["out"] for verb, cls in VERB_CONFIGS.items()}
+    assert {verb: f.default for verb, f in outs.items()} == {
+        "sft": "runs/sft", "train": "runs/train", "evaluate": "runs/eval", "quickstart": "runs/quickstart",
+        "search": "runs/search", "rm train": "runs/rm", "rm eval": "runs/rm_eval", "rm pairs": "runs/pairs",
+        "prm label": "runs/labels", "prm train": "runs/prm",
+    }
+    assert len({f.description for f in outs.values()}) == 1
+    seeds = {verb: cls.model_fields["seed"] for verb, cls in VERB_CONFIGS.items() if verb != "rm eval"}
+    assert {f.default for f in seeds.values()} == {0} and len({f.description for f in seeds.values()}) == 1
+
+
+def test_reward_model_training_verbs_keep_their_key_order():
+    # config.yaml lists keys in field order; sharing bases must not reorder them.
+    for verb in ("rm train", "prm train"):
+        assert list(VERB_CONFIGS[verb].model_fields) == ["save_every", "keep_checkpoints", "out", "seed", "model",
+                                                        "data", "eval_data", "train"]
+    assert list(VERB_CONFIGS["train"].model_fields) == ["model", "task", "out", "seed", "save_every",
+                                                       "keep_checkpoints", "rl", "rewards", "on_error"]
