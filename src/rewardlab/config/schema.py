@@ -1,7 +1,7 @@
 """The config schemas: one pydantic model per CLI verb, and the sections they share.
 
 Every field has a description stating its default's unit and, where the setting comes from a paper, the source;
-`rewardlab.config.describe` turns them into the `--help` listing and docs/config.md. Loading (YAML files, dotted
+`rewardlab.config.reference` turns them into the `--help` listing and docs/config.md. Loading (YAML files, dotted
 overrides, one-line errors) lives in `rewardlab.config.loader`.
 """
 
