@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 
 VERBS = {
@@ -38,6 +39,25 @@ RESUME_HELP = {
 }
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, but the epilog (the config keys, laid out by `rewardlab.config.help_text`) prints as is."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        from rewardlab.config.reference import HELP_HEADING
+
+        if text.startswith(HELP_HEADING):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def _config_help(verb: str) -> dict:
+    """The parser arguments that list `verb`'s config keys, defaults and descriptions under its --help."""
+    from rewardlab.config import VERB_CONFIGS, help_text
+
+    width = max(shutil.get_terminal_size().columns - 2, 40)  # argparse's own width for the rest of the help
+    return {"epilog": help_text(VERB_CONFIGS[verb], width), "formatter_class": _HelpFormatter}
+
+
 def _add_run_flags(p: argparse.ArgumentParser, resume_help: str) -> None:
     p.add_argument("--resume", action="store_true", help=resume_help + " (same settings)")
     p.add_argument("--overwrite", action="store_true",
@@ -49,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rewardlab", description="Reward-guided policy optimization of LMs.")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for verb, help_text in VERBS.items():
-        p = sub.add_parser(verb, help=help_text, description=help_text)
+        p = sub.add_parser(verb, help=help_text, description=help_text, **_config_help(verb))
         p.add_argument("--config", help="YAML config file")
         p.add_argument("--out", help="run directory (config key: out)")
         p.add_argument("--seed", type=int, help="random seed (config key: seed)")
@@ -87,7 +107,7 @@ def _add_reward_model_verbs(sub) -> None:
         group = sub.add_parser(verb, help=helps[verb], description=helps[verb])
         acts = group.add_subparsers(dest="action", required=True, metavar="ACTION")
         for action, help_text in actions.items():
-            p = acts.add_parser(action, help=help_text, description=help_text)
+            p = acts.add_parser(action, help=help_text, description=help_text, **_config_help(f"{verb} {action}"))
             p.add_argument("--config", help="YAML config file")
             p.add_argument("--out", help="run directory (config key: out)")
             p.add_argument("--seed", type=int, help="random seed (config key: seed)")

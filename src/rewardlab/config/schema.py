@@ -1,20 +1,21 @@
-"""Typed configs, one per CLI verb, loaded from YAML with dotted command-line overrides (`rl.lr=1e-4`).
+"""The config schemas: one pydantic model per CLI verb, and the sections they share.
 
-Every field states its default and unit. An unknown key or a bad value raises `ConfigError` with one line naming
-the key and what was expected.
+Every field has a description stating its default's unit and, where the setting comes from a paper, the source;
+`rewardlab.config.reference` turns them into the `--help` listing and docs/config.md. Loading (YAML files, dotted
+overrides, one-line errors) lives in `rewardlab.config.loader`.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class ConfigError(ValueError):
-    """A config problem, one line naming the key."""
+#: Descriptions shared by several sections.
+TOP_P = ("nucleus sampling: draw from the smallest set of tokens whose probability reaches top_p (Holtzman et al. "
+         "2020); 1: off")
+WEIGHT_DECAY = "AdamW decoupled weight decay (Loshchilov & Hutter 2019); 0: off"
 
 
 class _Base(BaseModel):
@@ -32,18 +33,23 @@ class TinyArch(_Base):
 
 
 class ModelConfig(_Base):
+    """The policy: which language model, its prompt format, dtype and device."""
+
     path: str = Field("tiny", description='"tiny" (embedded model, fresh weights) or a local Hugging Face model '
                       "directory (nothing is downloaded at run time: download a hub model first, give its "
                       "directory)")
     prompt_format: Literal["auto", "raw", "chat"] = Field(
         "auto", description="raw text, the tokenizer's chat template, or auto (chat when the tokenizer has one)"
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype the weights are loaded and trained in (bfloat16, float16: half the memory)")
     device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
-    tiny: TinyArch = Field(default_factory=TinyArch)
+    tiny: TinyArch = Field(default_factory=TinyArch, description='size of the embedded model (path "tiny" only)')
 
 
 class TaskConfig(_Base):
+    """Where the prompts and their verifier come from."""
+
     spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME '
                       "with template: compact, target: steps, whose rows train on the worked solution), "
                       '"humaneval[:FILE]" (HumanEval, scored by the code reward) or "jsonl:PATH"')
@@ -55,10 +61,13 @@ class TaskConfig(_Base):
 
 
 class SFTParams(_Base):
+    """Supervised fine-tuning: cross-entropy on the completion tokens, AdamW, linear warm-up then cosine decay."""
+
     steps: int = Field(300, ge=0, description="optimizer steps")
     batch_size: int = Field(64, gt=0, description="rows per step")
-    lr: float = Field(3e-3, gt=0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019), decayed by a cosine "
+                      "to 0.1 x lr at the last step (Loshchilov & Hutter 2017)")
+    weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
     target: str = Field("answer", description='row field trained as the completion, e.g. "target" for worked '
@@ -71,28 +80,34 @@ class RLConfig(_Base):
 
     steps: int = Field(100, ge=0, description="RL steps (one batch of rollouts each)")
     prompts_per_step: int = Field(16, gt=0, description="prompts sampled per step")
-    group_size: int = Field(8, gt=0, description="G, rollouts per prompt")
+    group_size: int = Field(8, gt=0, description="G, rollouts per prompt (Shao et al. 2024)")
     epochs: int = Field(1, gt=0, description="mu, optimization passes over each batch")
     minibatch_size: int | None = Field(None, gt=0, description="rollouts per optimizer step (default: whole batch)")
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0)
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019)")
+    weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up, RL steps")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
     estimator: str = Field("grpo", description="advantage estimator, a key of rl.advantages.ESTIMATORS")
-    estimator_options: dict[str, Any] = Field(default_factory=dict)
-    loss: str = Field("ppo_clip", description="policy loss, a key of rl.losses.POLICY_LOSSES")
-    loss_options: dict[str, Any] = Field(default_factory=dict, description="e.g. clip_high for DAPO clip-higher")
+    estimator_options: dict[str, Any] = Field(default_factory=dict, description="options the estimator declares, "
+                                              "e.g. eps (grpo), gamma (reinforce_pp); an undeclared one is an error")
+    loss: str = Field("ppo_clip", description="policy loss, a key of rl.losses.POLICY_LOSSES (ppo_clip: "
+                      "Schulman et al. 2017)")
+    loss_options: dict[str, Any] = Field(default_factory=dict, description="options the loss declares, e.g. "
+                                         "clip_high for DAPO clip-higher (Yu et al. 2025)")
     clip_eps: float | None = Field(
-        None, gt=0, description="PPO clip epsilon: sets the loss's clip_low = clip_high (None: the loss's own "
-        "defaults, 0.2 for ppo_clip; loss_options take precedence; an error for a loss without one, e.g. reinforce)"
+        None, gt=0, description="PPO clip epsilon (Schulman et al. 2017): sets the loss's clip_low = clip_high "
+        "(None: the loss's own defaults, 0.2 for ppo_clip; loss_options take precedence; an error for a loss "
+        "without one, e.g. reinforce)"
     )
     agg: str = Field("token-mean", description="loss aggregation, a key of rl.losses.AGGREGATIONS")
     beta: float = Field(0.0, ge=0, description="KL coefficient to the frozen reference model (0: no reference)")
     kl_estimator: str = Field("k3", description="k1, k2 or k3 (Schulman 2020)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
     max_new_tokens: int = Field(8, gt=0, description="completion token limit")
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="after the warm-up: constant, or cosine decay to 0.1 x lr at the last step "
+        "(Loshchilov & Hutter 2017)")
     kl_in: Literal["loss", "reward"] = Field(
         "loss", description="where the KL to the reference goes: added to the loss (beta * aggregated KL) or "
         "subtracted from the token rewards before the advantage (r_t - beta * KL_t)"
@@ -102,10 +117,10 @@ class RLConfig(_Base):
     )
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus: loss -= coef * aggregated token entropy")
     mask_truncated: bool = Field(False, description="drop truncated completions (no EOS within max_new_tokens) "
-                                 "from the loss")
+                                 "from the loss (DAPO overlong filtering, Yu et al. 2025)")
     group_filter: str | None = Field(
-        None, description="a key of rl.filters.GROUP_FILTERS, e.g. 'dapo' (DAPO dynamic sampling: drop groups whose "
-        "filter_metric has zero std and generate more); None: keep every group"
+        None, description="a key of rl.filters.GROUP_FILTERS, e.g. 'dapo' (DAPO dynamic sampling, Yu et al. 2025: "
+        "drop groups whose filter_metric has zero std and generate more); None: keep every group"
     )
     filter_metric: str = Field(
         "unshaped", description="per-rollout value the group filter looks at: 'unshaped' (the reward before "
@@ -117,8 +132,8 @@ class RLConfig(_Base):
     curriculum: str = Field("uniform", description="prompt sampler, a key of rl.filters.CURRICULA: 'uniform' or "
                             "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
     curriculum_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {mu: 0.5, sigma: 0.2}")
-    critic_lr: float = Field(1e-4, gt=0, description="learning rate of the value model (created only for estimators "
-                             "that need values, e.g. gae)")
+    critic_lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the value model (created only for "
+                             "estimators that need values, e.g. gae)")
     value_clip: float | None = Field(0.2, gt=0, description="PPO value clipping range (None: unclipped value loss)")
     step_separator: str | None = Field(
         None, description="split completions into steps at this string (rollout.steps/step_text) so process "
@@ -127,11 +142,13 @@ class RLConfig(_Base):
 
 
 class EvalParams(_Base):
+    """Greedy exact-match accuracy and pass@k (Chen et al. 2021's unbiased estimator) on a task's rows."""
+
     n: int = Field(8, ge=1, description="samples per prompt for pass@k")
     k: list[int] = Field(default_factory=lambda: [1, 4, 8], description="k values of pass@k (each <= n)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of the pass@k samples")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(8, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
+    max_new_tokens: int = Field(8, gt=0, description="completion token limit (greedy and sampled)")
     batch_size: int = Field(256, gt=0, description="prompts per generate call")
     limit: int | None = Field(None, gt=0, description="evaluate only the first N rows of the split")
 
@@ -140,29 +157,56 @@ class _Checkpoints(_Base):
     """Periodic checkpoints of a verb that trains (`train`, `sft`, `rm train`, `prm train`): each holds the weights
     and the optimizer, schedule, data-order and RNG state, so `--resume` continues exactly where it left off."""
 
-    save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end)")
+    save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end): RL steps (train), "
+                            "optimizer steps (sft, rm train, prm train)")
     keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
 
 
-class _Verb(_Base):
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    out: str = Field("runs/run", description="run directory")
-    seed: int = 0
+#: `out`: every verb writes one run directory.
+OUT_DESCRIPTION = "run directory: config.yaml, logs, checkpoints and results (--out)"
+
+
+def _out(default: str) -> Any:
+    """The `out` field of a verb whose run directory defaults to `default`."""
+    return Field(default, description=OUT_DESCRIPTION)
+
+
+class _Run(_Base):
+    """What every verb has: the run directory it writes and the seed of its random choices."""
+
+    out: str = _out("runs/run")
+    seed: int = Field(0, description="random seed of the run: data order, sampling, fresh weights (--seed)")
+
+
+class _PolicyOnTask(_Base):
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="the prompts and their verifier")
+
+
+# Pydantic orders fields base first, the last-listed base first of all: `_Verb(_Run, _PolicyOnTask)` keeps the key
+# order model, task, out, seed of every policy verb's config.yaml.
+class _Verb(_Run, _PolicyOnTask):
+    """A verb that runs a policy (`model`) on a task (`task`)."""
 
 
 class SFTConfig(_Checkpoints, _Verb):
-    out: str = "runs/sft"
-    sft: SFTParams = Field(default_factory=SFTParams)
+    """`rewardlab sft`: supervised warm start on the task's rows."""
+
+    out: str = _out("runs/sft")
+    sft: SFTParams = Field(default_factory=SFTParams, description="supervised fine-tuning settings")
 
 
 class TrainConfig(_Checkpoints, _Verb):
-    out: str = "runs/train"
-    rl: RLConfig = Field(default_factory=RLConfig)
+    """`rewardlab train`: RL (GRPO family) against the task's verifier or the configured rewards."""
+
+    out: str = _out("runs/train")
+    rl: RLConfig = Field(default_factory=RLConfig, description="RL settings")
     rewards: list[dict[str, Any]] | None = Field(
         None, description="reward specs [{name, weight, ...options}]; default: the task's own verifier"
     )
-    on_error: Literal["zero", "skip", "raise"] = "zero"
+    on_error: Literal["zero", "skip", "raise"] = Field(
+        "zero", description="a rollout whose reward fails (an exception, NaN or inf): zero scores it 0, skip also "
+        "drops it from the batch, raise stops the run naming the reward and cause")
 
 
 #: The rule shared by `evaluate` and `search` for which rows they score.
@@ -175,8 +219,10 @@ EVAL_SPLIT_DESCRIPTION = (
 
 
 class EvaluateConfig(_Verb):
-    out: str = "runs/eval"
-    eval: EvalParams = Field(default_factory=EvalParams)
+    """`rewardlab evaluate`: greedy exact-match accuracy and pass@k of the policy on the task's rows."""
+
+    out: str = _out("runs/eval")
+    eval: EvalParams = Field(default_factory=EvalParams, description="evaluation settings")
     split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
 
 
@@ -188,28 +234,22 @@ def _quickstart_task() -> TaskConfig:
     )
 
 
-class QuickstartConfig(_Base):
+class QuickstartConfig(_Run):
     """tiny model from scratch -> SFT -> GRPO -> evaluate. Defaults are the README's demo settings."""
 
-    out: str = "runs/quickstart"
-    seed: int = 0
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=_quickstart_task)
-    sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=650, batch_size=64, lr=3e-3))
+    out: str = _out("runs/quickstart")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model (all three stages)")
+    task: TaskConfig = Field(default_factory=_quickstart_task, description="the prompts and their verifier: 1-digit "
+                             "chain sums of 2-3 terms, 20,000 rows, 500 held out")
+    sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=650, batch_size=64, lr=3e-3),
+                           description="stage 1, supervised warm start")
     rl: RLConfig = Field(
         default_factory=lambda: RLConfig(
             steps=450, prompts_per_step=128, group_size=8, lr=3e-4, temperature=0.7, max_new_tokens=4
-        )
+        ), description="stage 2, GRPO"
     )
-    eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=4))
-
-
-VERB_CONFIGS: dict[str, type[_Base]] = {
-    "sft": SFTConfig,
-    "train": TrainConfig,
-    "evaluate": EvaluateConfig,
-    "quickstart": QuickstartConfig,
-}
+    eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=4),
+                             description="stage 3, evaluation on the held-out rows")
 
 
 class SearchParams(_Base):
@@ -228,7 +268,7 @@ class SearchParams(_Base):
     equivalence: Literal["verifier", "math", "exact"] = Field(
         "verifier", description="answer grouping for votes: the task's verifier, math-verify, or the same text")
     temperature: float = Field(0.8, gt=0, description="sampling temperature (search-and-learn's default)")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
     max_new_tokens: int = Field(64, gt=0, description="token limit of a whole solution (greedy, best-of-N, votes)")
     max_step_tokens: int = Field(32, gt=0, description="token limit of one step (beam search, DVTS)")
     batch_size: int = Field(1024, gt=0, description="about this many sequences per generate call")
@@ -236,200 +276,20 @@ class SearchParams(_Base):
 
 
 class SearchConfig(_Verb):
-    out: str = "runs/search"
-    search: SearchParams = Field(default_factory=SearchParams)
+    """`rewardlab search`: accuracy against the budget N of reward-guided search methods."""
+
+    out: str = _out("runs/search")
+    search: SearchParams = Field(default_factory=SearchParams, description="search settings")
     scorer: list[dict[str, Any]] | str | None = Field(
         None, description="reward spec(s) that rank candidates, e.g. arithmetic_steps or [{name: ..., ...}]; "
         "default: the task's own verifier (an oracle: best-of-N then equals pass@N)")
     split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
 
 
-VERB_CONFIGS["search"] = SearchConfig
-
-
-class _YamlError(Exception):
-    """Unparsable YAML text: `line` (1-based, or None) and a one-line `cause`."""
-
-    def __init__(self, line: int | None, cause: str) -> None:
-        super().__init__(cause)
-        self.line, self.cause = line, cause
-
-
-def _yaml_problem(exc: BaseException) -> tuple[int | None, str]:
-    """(1-based line or None, one-line cause) of an exception raised while parsing YAML text."""
-    if isinstance(exc, RecursionError):
-        return None, "nested too deeply"
-    mark = getattr(exc, "problem_mark", None)
-    line = mark.line + 1 if mark is not None else None
-    cause = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
-    if isinstance(exc, yaml.reader.ReaderError):  # its str() spans lines; the character is what matters
-        cause = f"unacceptable character #x{exc.character:04x}" if isinstance(exc.character, int) else exc.reason
-    return line, " ".join(str(cause).split())
-
-
-def _safe_load(text: str) -> Any:
-    """`yaml.safe_load`; what it raises for bad text (YAMLError, a ValueError for an impossible date such as
-    2020-13-45, RecursionError for deep nesting) is re-raised as `_YamlError`."""
-    try:
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
-        raise _YamlError(*_yaml_problem(exc)) from None
-
-
-def _parse_value(text: str, key: str = "value") -> Any:
-    try:
-        value = _safe_load(text) if text.strip() else ""
-    except _YamlError as exc:
-        raise ConfigError(f"{key}: cannot parse {text!r} as a YAML value ({exc.cause})") from None
-    if isinstance(value, str) and text.strip()[:1] not in ("'", '"'):  # a quoted value stays a string
-        try:
-            return float(value)  # YAML 1.1 reads "1e-4" as a string
-        except ValueError:
-            return value
-    return value
-
-
-def apply_override(data: dict[str, Any], item: str) -> None:
-    """Apply one `dotted.key=value` override to a nested dict (value parsed as YAML)."""
-    key, sep, raw = item.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"override {item!r}: expected key=value, e.g. rl.lr=1e-4")
-    if not key.isprintable() or any(c.isspace() for c in key):
-        raise ConfigError(f"override {item!r}: the key {key!r} holds spaces or control characters")
-    node = data
-    parts = key.split(".")
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{key}: {part!r} is a value, not a section")
-        node = child
-    node[parts[-1]] = _parse_value(raw, key)
-
-
-def _key_text(part: Any) -> str:
-    """A key as written in messages: as is when printable, else its repr (a message stays one line)."""
-    text = str(part)
-    return text if text.isprintable() else repr(text)
-
-
-def _describe(err: dict[str, Any], cls: type[BaseModel]) -> str:
-    loc = ".".join(_key_text(p) for p in err["loc"])
-    if err["type"] == "extra_forbidden":
-        model: Any = cls
-        for part in err["loc"][:-1]:
-            field = model.model_fields.get(str(part)) if isinstance(model, type) else None
-            model = field.annotation if field is not None else None
-        valid = sorted(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
-        hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
-        return f"{loc}: unknown key{hint}"
-    if err["type"] == "value_error" and not loc:  # a cross-field check of a whole config: its own message
-        return str(err.get("ctx", {}).get("error", err["msg"]))
-    return f"{loc}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"
-
-
-def _section_default(cls: type[BaseModel], name: str) -> dict[str, Any] | None:
-    """The default of section `name` of `cls` as a dict, when that field is a section with a default."""
-    field = cls.model_fields.get(name)
-    if field is None or field.is_required():
-        return None
-    default = field.get_default(call_default_factory=True)
-    return default.model_dump() if isinstance(default, BaseModel) else None
-
-
-def _merge_section(cls: type[BaseModel], base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """`given` written over `base` for model `cls`: sub-sections are merged key by key, any other value (a plain
-    mapping such as `task.options` included) replaced."""
-    out = dict(base)
-    for key, value in given.items():
-        field = cls.model_fields.get(key)
-        annotation = field.annotation if field is not None else None
-        if (isinstance(value, dict) and isinstance(out.get(key), dict) and isinstance(annotation, type)
-                and issubclass(annotation, BaseModel)):
-            out[key] = _merge_section(annotation, out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def with_section_defaults(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
-    """Fill each partly given section of `data` from that section's default in `cls`, not from its class defaults.
-
-    A verb's config may give a section non-class defaults (`QuickstartConfig.rl` is a `RLConfig` with 450 steps,
-    128 prompts per step, lr 3e-4, ...). Without this, `rl: {steps: 450}` would build the section from its class
-    defaults and silently drop the verb's other settings; with it, only the keys given change (as in Hydra).
-    Sections without a default are filled recursively from their own fields' defaults.
-    """
-    out = dict(data)
-    for name, value in data.items():
-        field = cls.model_fields.get(name)
-        annotation = field.annotation if field is not None else None
-        if not isinstance(value, dict) or not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            continue
-        default = _section_default(cls, name)
-        out[name] = (_merge_section(annotation, default, value) if default is not None
-                     else with_section_defaults(annotation, value))
-    return out
-
-
-def validate(cls: type[_Base], data: dict[str, Any]) -> Any:
-    """Validate a nested dict as config `cls`; partly given sections keep the verb's other defaults
-    (`with_section_defaults`). Raises ConfigError naming the first bad key."""
-    try:
-        return cls.model_validate(with_section_defaults(cls, data))
-    except ValidationError as exc:
-        raise ConfigError("config error: " + _describe(exc.errors()[0], cls)) from None
-
-
-def load_config(cls: type[_Base], path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
-    """Load config `cls` from an optional YAML file, then apply dotted overrides.
-
-    Raises:
-        ConfigError: a missing or unparsable file (named with its line), a top level that is not a mapping, an
-            unknown key or a bad value.
-    """
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path}: not found")
-        raw = path.read_bytes()
-        try:
-            text = raw.decode("utf-8-sig")  # a byte-order mark is accepted
-        except UnicodeDecodeError as exc:
-            line = raw[: exc.start].count(b"\n") + 1
-            raise ConfigError(f"config file {path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
-        try:
-            loaded = _safe_load(text)
-        except _YamlError as exc:
-            where = f":{exc.line}" if exc.line is not None else ""
-            raise ConfigError(f"config file {path}{where}: invalid YAML ({exc.cause})") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: top level must be a mapping of keys")
-        data = loaded
-    data = with_section_defaults(cls, data)
-    for item in overrides or []:
-        # A dotted override edits the section's resolved default (e.g. quickstart's `task.options`), so
-        # `task.options.size=5000` keeps the other options while `task.options={...}` replaces them all.
-        top = item.partition("=")[0].split(".")[0]
-        if "." in item.partition("=")[0] and top not in data:
-            default = _section_default(cls, top)
-            if default is not None:
-                data[top] = default
-        apply_override(data, item)
-    return validate(cls, data)
-
-
-def dump_config(cfg: BaseModel) -> str:
-    """The resolved config as YAML (every field, defaults included)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-
-
-# ------------------------------------------------------------------ reward models (issue 5): rm train|eval|pairs,
-# prm label|train. Sources: Bradley–Terry (Bradley & Terry 1952; Ouyang et al. 2022), margin (Touvron et al. 2023),
-# centering (Eisenstein et al. 2023), Math-Shepherd MC labels (Wang et al. 2024), OmegaPRM binary search (Luo et al.
-# 2024), RewardBench (Lambert et al. 2024), RewardBench 2 (Malik et al. 2025), ProcessBench (Zheng et al. 2024).
+# Reward models: rm train|eval|pairs, prm label|train. Sources: Bradley–Terry (Bradley & Terry 1952; Ouyang et al.
+# 2022), margin (Touvron et al. 2023), centering (Eisenstein et al. 2023), Math-Shepherd MC labels (Wang et al. 2024),
+# OmegaPRM binary search (Luo et al. 2024), RewardBench (Lambert et al. 2024), RewardBench 2 (Malik et al. 2025),
+# ProcessBench (Zheng et al. 2024).
 class BackboneConfig(_Base):
     """The network under a reward model's one-label head."""
 
@@ -438,19 +298,22 @@ class BackboneConfig(_Base):
         'Llama, fresh weights) or an HF model directory (encoder or decoder, e.g. an SFT checkpoint)'
     )
     device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
-    tiny: TinyArch = Field(default_factory=TinyArch)
+    tiny: TinyArch = Field(default_factory=TinyArch, description='size of the embedded model (path "tiny" only)')
 
 
 class _FitParams(_Base):
+    """Fitting a reward model: AdamW, linear warm-up, then a constant or cosine learning rate."""
+
     epochs: int = Field(3, gt=0, description="passes over the training rows")
     batch_size: int = Field(32, gt=0, description="rows (pairs / solutions) per optimizer step")
-    lr: float = Field(5e-5, gt=0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
-    lr_schedule: Literal["constant", "cosine"] = Field("cosine", description="cosine: decay to 0.1 x lr at the end")
+    lr: float = Field(5e-5, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019)")
+    weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up, optimizer steps")
+    lr_schedule: Literal["constant", "cosine"] = Field("cosine", description="cosine: decay to 0.1 x lr at the end "
+                                                       "(Loshchilov & Hutter 2017)")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
     max_length: int = Field(512, gt=0, description="token limit per input")
-    eval_every: int = Field(0, ge=0, description="evaluate on eval_data every N steps (0: only at the end)")
+    eval_every: int = Field(0, ge=0, description="evaluate on eval_data every N optimizer steps (0: only at the end)")
 
 
 class RMTrainParams(_FitParams):
@@ -460,15 +323,23 @@ class RMTrainParams(_FitParams):
                                "2023 use 0.01); 0: off")
 
 
-class RmTrainConfig(_Checkpoints):
+# `_Run, _Checkpoints` in this order keeps the key order save_every, keep_checkpoints, out, seed, model, ... (see
+# `_Verb`).
+class _RewardModelFit(_Run, _Checkpoints):
+    """A verb that fits a reward model (`rm train`, `prm train`): a backbone, training rows and held-out rows."""
+
+    model: BackboneConfig = Field(default_factory=BackboneConfig, description="the backbone under the reward head")
+    data: str = Field(..., description="training rows JSONL")
+    eval_data: str | None = Field(None, description="held-out rows JSONL, evaluated during and after training")
+
+
+class RmTrainConfig(_RewardModelFit):
     """`rewardlab rm train`: a Bradley–Terry reward model from preference pairs (RewardBench-format JSONL)."""
 
-    out: str = "runs/rm"
-    seed: int = 0
-    model: BackboneConfig = Field(default_factory=BackboneConfig)
+    out: str = _out("runs/rm")
     data: str = Field(..., description="training pairs JSONL {prompt, chosen, rejected[, subset, margin]}")
     eval_data: str | None = Field(None, description="held-out pairs JSONL, evaluated during and after training")
-    train: RMTrainParams = Field(default_factory=RMTrainParams)
+    train: RMTrainParams = Field(default_factory=RMTrainParams, description="training settings")
 
 
 class PRMTrainParams(_FitParams):
@@ -477,15 +348,13 @@ class PRMTrainParams(_FitParams):
     separator: str = Field("\n", description="step separator of completions when scoring, stored in config.json")
 
 
-class PrmTrainConfig(_Checkpoints):
+class PrmTrainConfig(_RewardModelFit):
     """`rewardlab prm train`: a process reward model from step-labelled JSONL rows {prompt, steps, labels}."""
 
-    out: str = "runs/prm"
-    seed: int = 0
-    model: BackboneConfig = Field(default_factory=BackboneConfig)
+    out: str = _out("runs/prm")
     data: str = Field(..., description="training rows JSONL {prompt, steps: [..], labels: [..]} (labels in [0, 1])")
     eval_data: str | None = Field(None, description="held-out rows JSONL (same format, or ProcessBench's label)")
-    train: PRMTrainParams = Field(default_factory=PRMTrainParams)
+    train: PRMTrainParams = Field(default_factory=PRMTrainParams, description="training settings")
 
 
 class PairsParams(_Base):
@@ -500,7 +369,8 @@ class PairsParams(_Base):
     max_pairs: int | None = Field(None, gt=0, description="stop after this many pairs (None: all questions)")
     limit: int | None = Field(None, gt=0, description="use only the first N questions of the split")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (policy)")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (policy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (Holtzman et al. 2020; policy): draw from the "
+                         "smallest set of tokens whose probability reaches top_p; 1: off")
     max_new_tokens: int = Field(32, gt=0, description="completion token limit (policy)")
     batch_size: int = Field(64, gt=0, description="questions per generate call (policy) or per sandbox round "
                             "(mutants)")
@@ -511,9 +381,9 @@ class RmPairsConfig(_Verb):
     pairs.source=mutants, from a task's canonical solutions (canonical vs failing mutant; a `model` setting is
     refused)."""
 
-    out: str = "runs/pairs"
+    out: str = _out("runs/pairs")
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
-    pairs: PairsParams = Field(default_factory=PairsParams)
+    pairs: PairsParams = Field(default_factory=PairsParams, description="pair generation settings")
 
     @model_validator(mode="after")
     def _mutants_take_no_model(self):
@@ -527,6 +397,9 @@ class RmPairsConfig(_Verb):
 
 
 class LabelParams(_Base):
+    """Step labels: Monte Carlo values (Wang et al. 2024, Math-Shepherd), binary search for the first error (Luo et
+    al. 2024, OmegaPRM), or exact reference labels."""
+
     method: Literal["mc", "binary", "reference"] = Field(
         "mc", description="mc: Monte Carlo value of every step (Math-Shepherd); binary: binary search for the first "
         "error (OmegaPRM); reference: exact labels from the step checker on the row's +/- chain (reasoning_gym:"
@@ -538,7 +411,7 @@ class LabelParams(_Base):
     limit: int | None = Field(None, gt=0, description="use only the first N questions of the split")
     budget: int | None = Field(None, gt=0, description="most rollouts spent on labelling (None: no limit)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of solutions and continuations")
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
     max_new_tokens: int = Field(32, gt=0, description="token limit of solutions and continuations")
     separator: str = Field("\n", description="step separator")
     question_batch: int = Field(64, gt=0, description="questions per round of solution sampling")
@@ -548,20 +421,25 @@ class LabelParams(_Base):
 class PrmLabelConfig(_Checkpoints, _Verb):
     """`rewardlab prm label`: step labels for a policy's own solutions, written as PRM-training JSONL."""
 
-    out: str = "runs/labels"
+    out: str = _out("runs/labels")
     save_every: int = Field(1, gt=0, description="checkpoint the labelled solutions every N question batches "
                             "(label.question_batch questions each; and at the end): a resume starts after the last one")
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
-    label: LabelParams = Field(default_factory=LabelParams)
+    label: LabelParams = Field(default_factory=LabelParams, description="labelling settings")
 
 
 class ScorerModel(_Base):
+    """A trained reward model or PRM to evaluate."""
+
     path: str | None = Field(None, description="a reward-model or PRM checkpoint directory (a PRM when its config has "
                              "step_tag); None: use `scorer`")
-    device: str = "cpu"
+    device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
 
 
 class RMEvalParams(_Base):
+    """Reward-model evaluation: pairwise accuracy (RewardBench, Lambert et al. 2024), best-of-k (RewardBench 2,
+    Malik et al. 2025), first-error F1 (ProcessBench, Zheng et al. 2024) and probes."""
+
     batch_size: int = Field(64, gt=0, description="responses per scorer call")
     master_keys: bool = Field(True, description="run the master-key probe on the pairs (Zhao et al. 2025)")
     dev_fraction: float = Field(0.3, gt=0, lt=1, description="share of step rows used to choose the first-error "
@@ -570,24 +448,30 @@ class RMEvalParams(_Base):
     separator: str = Field("\n", description="joins a row's steps into the completion an outcome scorer sees")
 
 
-class RmEvalConfig(_Base):
+class RmEvalConfig(_Run):
     """`rewardlab rm eval`: pairwise / best-of-k / first-error metrics and probes for any scorer."""
 
-    out: str = "runs/rm_eval"
+    out: str = _out("runs/rm_eval")
     seed: int = Field(0, description="seed of the dev/test split of step rows")
-    model: ScorerModel = Field(default_factory=ScorerModel)
+    model: ScorerModel = Field(default_factory=ScorerModel, description="the trained scorer to evaluate")
     scorer: list[dict[str, Any]] | str | None = Field(
         None, description="reward specs as in `train` (e.g. [{name: worked_answer}]), used when model.path is None"
     )
     data: str = Field(..., description="JSONL of pairs, best-of-k rows and/or step rows (kinds may be mixed)")
     dev_data: str | None = Field(None, description="step rows for choosing the first-error threshold")
-    eval: RMEvalParams = Field(default_factory=RMEvalParams)
+    eval: RMEvalParams = Field(default_factory=RMEvalParams, description="evaluation settings")
 
 
-VERB_CONFIGS.update({
+#: The config class of each CLI verb (grouped verbs as "rm train"), in the order docs/config.md lists them.
+VERB_CONFIGS: dict[str, type[_Base]] = {
+    "sft": SFTConfig,
+    "train": TrainConfig,
+    "evaluate": EvaluateConfig,
+    "quickstart": QuickstartConfig,
+    "search": SearchConfig,
     "rm train": RmTrainConfig,
     "rm eval": RmEvalConfig,
     "rm pairs": RmPairsConfig,
     "prm label": PrmLabelConfig,
     "prm train": PrmTrainConfig,
-})
+}

@@ -1,0 +1,196 @@
+"""Loading configs: YAML files, dotted command-line overrides (`rl.lr=1e-4`), section defaults and one-line errors.
+
+The schemas themselves live in `rewardlab.config.schema`; this module knows nothing of any verb. An unknown key or a
+bad value raises `ConfigError` with one line naming the key and what was expected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config problem, one line naming the key."""
+
+
+class _YamlError(Exception):
+    """Unparsable YAML text: `line` (1-based, or None) and a one-line `cause`."""
+
+    def __init__(self, line: int | None, cause: str) -> None:
+        super().__init__(cause)
+        self.line, self.cause = line, cause
+
+
+def _yaml_problem(exc: BaseException) -> tuple[int | None, str]:
+    """(1-based line or None, one-line cause) of an exception raised while parsing YAML text."""
+    if isinstance(exc, RecursionError):
+        return None, "nested too deeply"
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    cause = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
+    if isinstance(exc, yaml.reader.ReaderError):  # its str() spans lines; the character is what matters
+        cause = f"unacceptable character #x{exc.character:04x}" if isinstance(exc.character, int) else exc.reason
+    return line, " ".join(str(cause).split())
+
+
+def _safe_load(text: str) -> Any:
+    """`yaml.safe_load`; what it raises for bad text (YAMLError, a ValueError for an impossible date such as
+    2020-13-45, RecursionError for deep nesting) is re-raised as `_YamlError`."""
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise _YamlError(*_yaml_problem(exc)) from None
+
+
+def _parse_value(text: str, key: str = "value") -> Any:
+    try:
+        value = _safe_load(text) if text.strip() else ""
+    except _YamlError as exc:
+        raise ConfigError(f"{key}: cannot parse {text!r} as a YAML value ({exc.cause})") from None
+    if isinstance(value, str) and text.strip()[:1] not in ("'", '"'):  # a quoted value stays a string
+        try:
+            return float(value)  # YAML 1.1 reads "1e-4" as a string
+        except ValueError:
+            return value
+    return value
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one `dotted.key=value` override to a nested dict (value parsed as YAML)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. rl.lr=1e-4")
+    if not key.isprintable() or any(c.isspace() for c in key):
+        raise ConfigError(f"override {item!r}: the key {key!r} holds spaces or control characters")
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = _parse_value(raw, key)
+
+
+def _key_text(part: Any) -> str:
+    """A key as written in messages: as is when printable, else its repr (a message stays one line)."""
+    text = str(part)
+    return text if text.isprintable() else repr(text)
+
+
+def _describe(err: dict[str, Any], cls: type[BaseModel]) -> str:
+    loc = ".".join(_key_text(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        model: Any = cls
+        for part in err["loc"][:-1]:
+            field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+            model = field.annotation if field is not None else None
+        valid = sorted(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+        hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
+        return f"{loc}: unknown key{hint}"
+    if err["type"] == "value_error" and not loc:  # a cross-field check of a whole config: its own message
+        return str(err.get("ctx", {}).get("error", err["msg"]))
+    return f"{loc}: {err['msg'].rstrip('.')} (got {err.get('input')!r})"
+
+
+def _section_default(cls: type[BaseModel], name: str) -> dict[str, Any] | None:
+    """The default of section `name` of `cls` as a dict, when that field is a section with a default."""
+    field = cls.model_fields.get(name)
+    if field is None or field.is_required():
+        return None
+    default = field.get_default(call_default_factory=True)
+    return default.model_dump() if isinstance(default, BaseModel) else None
+
+
+def _merge_section(cls: type[BaseModel], base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` written over `base` for model `cls`: sub-sections are merged key by key, any other value (a plain
+    mapping such as `task.options` included) replaced."""
+    out = dict(base)
+    for key, value in given.items():
+        field = cls.model_fields.get(key)
+        annotation = field.annotation if field is not None else None
+        if (isinstance(value, dict) and isinstance(out.get(key), dict) and isinstance(annotation, type)
+                and issubclass(annotation, BaseModel)):
+            out[key] = _merge_section(annotation, out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def with_section_defaults(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """Fill each partly given section of `data` from that section's default in `cls`, not from its class defaults.
+
+    A verb's config may give a section non-class defaults (`QuickstartConfig.rl` is a `RLConfig` with 450 steps,
+    128 prompts per step, lr 3e-4, ...). Without this, `rl: {steps: 450}` would build the section from its class
+    defaults and silently drop the verb's other settings; with it, only the keys given change (as in Hydra).
+    Sections without a default are filled recursively from their own fields' defaults.
+    """
+    out = dict(data)
+    for name, value in data.items():
+        field = cls.model_fields.get(name)
+        annotation = field.annotation if field is not None else None
+        if not isinstance(value, dict) or not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            continue
+        default = _section_default(cls, name)
+        out[name] = (_merge_section(annotation, default, value) if default is not None
+                     else with_section_defaults(annotation, value))
+    return out
+
+
+def validate(cls: type[BaseModel], data: dict[str, Any]) -> Any:
+    """Validate a nested dict as config `cls`; partly given sections keep the verb's other defaults
+    (`with_section_defaults`). Raises ConfigError naming the first bad key."""
+    try:
+        return cls.model_validate(with_section_defaults(cls, data))
+    except ValidationError as exc:
+        raise ConfigError("config error: " + _describe(exc.errors()[0], cls)) from None
+
+
+def load_config(cls: type[BaseModel], path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
+    """Load config `cls` from an optional YAML file, then apply dotted overrides.
+
+    Raises:
+        ConfigError: a missing or unparsable file (named with its line), a top level that is not a mapping, an
+            unknown key or a bad value.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path}: not found")
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8-sig")  # a byte-order mark is accepted
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise ConfigError(f"config file {path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+        try:
+            loaded = _safe_load(text)
+        except _YamlError as exc:
+            where = f":{exc.line}" if exc.line is not None else ""
+            raise ConfigError(f"config file {path}{where}: invalid YAML ({exc.cause})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping of keys")
+        data = loaded
+    data = with_section_defaults(cls, data)
+    for item in overrides or []:
+        # A dotted override edits the section's resolved default (e.g. quickstart's `task.options`), so
+        # `task.options.size=5000` keeps the other options while `task.options={...}` replaces them all.
+        top = item.partition("=")[0].split(".")[0]
+        if "." in item.partition("=")[0] and top not in data:
+            default = _section_default(cls, top)
+            if default is not None:
+                data[top] = default
+        apply_override(data, item)
+    return validate(cls, data)
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """The resolved config as YAML (every field, defaults included)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
