@@ -64,8 +64,9 @@ class RewardOutput:
         components: named parts of the score, logged as `reward/<name>/mean` (e.g. `correct`, `format`); a
             component need not contribute to `score`.
         step_scores: one score per entry of `Rollout.steps` for process rewards, else None.
-        error: None on success; otherwise a one-line text naming the reward and the cause. A failed reward is
-            never silently a 0: the caller decides what `score` means for it.
+        error: None on success; otherwise a one-line text naming the reward and the cause, "<reward>: <cause>",
+            several joined by "; " when several members of a composite fail (read them as `errors`). A failed
+            reward is never silently a 0: the caller decides what `score` means for it.
     """
 
     score: float
@@ -76,6 +77,27 @@ class RewardOutput:
     def __post_init__(self) -> None:
         if self.error is None and (self.score is None or math.isnan(float(self.score))):
             raise ValueError("RewardOutput.score is NaN without an error; set `error` to say why")
+
+    @property
+    def correct(self) -> bool:
+        """Exact-match correctness: no error, and the `correct` component >= 1 when the reward has one, else
+        score >= 1 (the accuracy metric of training, evaluation and search)."""
+        return self.error is None and self.components.get("correct", float(self.score >= 1.0)) >= 1.0
+
+    @property
+    def errors(self) -> list[tuple[str, str]]:
+        """`error` as (reward, cause) pairs, one per failed reward: "judge: HTTP 500; math: timed out" ->
+        [("judge", "HTTP 500"), ("math", "timed out")]; [] without an error (see `parse_errors`)."""
+        return parse_errors(self.error)
+
+
+def parse_errors(error: str | None) -> list[tuple[str, str]]:
+    """Split an error text into (reward, cause) pairs: the parts joined by "; ", each "<reward>: <cause>" (both
+    stripped); a part without a ":" names no reward and is left out. [] for None or ""."""
+    if not error:
+        return []
+    return [(name.strip(), cause.strip()) for name, _, cause in
+            (part.partition(":") for part in error.split("; ") if ":" in part)]
 
 
 def split_steps(text: str, separator: str = "\n") -> list[tuple[int, int]]:

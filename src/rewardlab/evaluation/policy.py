@@ -68,8 +68,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def is_correct(output: RewardOutput) -> bool:
-    """Exact-match correctness: the `correct` component when the reward has one, else score >= 1."""
-    return output.error is None and output.components.get("correct", float(output.score >= 1.0)) >= 1.0
+    """Exact-match correctness: the `correct` component when the reward has one, else score >= 1
+    (`RewardOutput.correct`)."""
+    return output.correct
 
 
 def evaluate_policy(

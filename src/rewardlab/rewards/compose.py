@@ -30,7 +30,7 @@ from typing import Any
 from rewardlab.registry import Registry
 from rewardlab.rewards.base import ON_ERROR, REWARDS, Reward, RewardError
 from rewardlab.rewards.shaping import SHAPINGS, build_shaped
-from rewardlab.types import Rollout, RewardOutput
+from rewardlab.types import Rollout, RewardOutput, parse_errors
 
 #: compose kind -> builder(path, label, <the node's keys>) -> Reward.
 COMPOSITIONS: Registry[Callable[..., Reward]] = Registry("composition", reserved=("path", "label"))
@@ -61,9 +61,7 @@ def add_child(components: dict[str, float], label: str, out: RewardOutput, *, ba
 def error_sources(error: str | None) -> list[str]:
     """The reward names an error text starts with, one per joined error: "judge: HTTP 500 ...; math: timed out"
     -> ["judge", "math"] (for `reward/errors/<name>` counts). [] for None."""
-    if not error:
-        return []
-    return [part.split(":", 1)[0].strip() for part in error.split("; ") if ":" in part]
+    return [name for name, _ in parse_errors(error)]
 
 
 def _failed(components: dict[str, float], errors: Sequence[str]) -> RewardOutput:

@@ -1,11 +1,19 @@
-"""The RL training loop (GRPO family), top to bottom in one function.
+"""The RL training loop (GRPO family): `train` = `setup` + per step `collect` -> `assign_credit` -> `update` -> log.
 
-Per step: draw prompts (curriculum looked up by name) -> generate G rollouts each -> score -> keep groups (group
-filter looked up by name, generating more rounds when it drops some) -> leave out errored rollouts (on_error=skip)
-and groups left below the estimator's minimum size -> token rewards (optionally minus beta * KL) -> advantages
-(estimator looked up by name; its extra inputs such as a greedy baseline or step rewards computed by the providers
-below, looked up by input name) -> mu epochs of policy-loss minimization (loss, aggregation and KL estimator looked
-up by name; optional entropy bonus) -> log, checkpoint. The loop never branches on an algorithm name.
+- `setup(cfg, resume)` -> `TrainState`: task, reward, policy, reference, critic, optimizer, schedule, prompt sampler;
+  opens the run directory and, on a resume, restores the newest valid checkpoint.
+- `collect(state)` -> `Collected`: draw prompts (curriculum looked up by name) -> generate G rollouts each -> score ->
+  keep groups (group filter looked up by name, generating more rounds when it drops some) -> leave out errored
+  rollouts (on_error=skip) and groups left below the estimator's minimum size -> the estimator's inputs that need
+  generation (e.g. ReMax's greedy baseline), all generation counted in time/gen_s.
+- `assign_credit(state, batch)` -> `Credit`: token rewards (optionally minus beta * KL) -> advantages (estimator
+  looked up by name; its other inputs, such as reward components, step rewards or the critic's values, computed
+  by the providers below, looked up by input name) and the critic's returns.
+- `update(state, batch, credit)`: mu epochs of minibatch policy-loss minimization (loss, aggregation and KL
+  estimator looked up by name; optional entropy bonus), the critic's update, the learning-rate schedule.
+- `log_step`, `save_checkpoint`: metrics.jsonl, samples.jsonl, atomic checkpoints.
+
+The loop never branches on an algorithm name.
 """
 
 from __future__ import annotations
@@ -13,26 +21,26 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rewardlab.config import TrainConfig, dump_config
-from rewardlab.evaluation.policy import is_correct
 from rewardlab.modeldir import check_model_dir
 from rewardlab.optim import make_optimizer, make_scheduler
-from rewardlab.policy import Policy, load_policy, rollout_batch
+from rewardlab.policy import Batch, Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
-from rewardlab.rewards import build_reward
-from rewardlab.rewards.compose import check_specs, error_sources
+from rewardlab.rewards import Reward, build_reward
+from rewardlab.rewards.compose import check_specs
 from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, filter_groups, make_curriculum
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
                                  kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir
-from rewardlab.tasks import load as load_task
+from rewardlab.tasks import Task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
 STATE_FILE = "trainer_state.pt"
@@ -197,54 +205,137 @@ def step_reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], ma
     return step_rewards * mask, step_mask * mask
 
 
-# Estimator inputs the trainer can compute, by input name (see the `needs` of `ESTIMATORS.meta(name)`). Each
-# provider gets the step's context and returns a dict of options.
-def _greedy_baseline(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+@dataclass
+class TrainState:
+    """Everything a training step reads or changes, built by `setup`.
+
+    Attributes:
+        cfg: the run's config. task, reward: the task and its reward (or `cfg.rewards`). policy: the trained model.
+        reference: the frozen KL reference (rl.beta > 0), else None. critic: the value model (estimators that
+            need values, e.g. gae), else None. optimizer, scheduler: the policy's AdamW and its learning-rate
+            schedule. sampler: the prompt curriculum. run: the open run directory.
+        loss_options, agg_options: `resolve_loss_options(cfg.rl)` and its aggregation part (the entropy bonus and
+            the KL in the loss are aggregated with them too).
+        start_step: the last step done before this run (0, or the resumed checkpoint's step).
+        latest: (step, path) of the newest checkpoint, None before the first.
+        step: the step being run (1-based).
+    """
+
+    cfg: TrainConfig
+    task: Task
+    reward: Reward
+    policy: Policy
+    reference: Policy | None
+    critic: ValueModel | None
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sampler: Any
+    run: RunDir
+    loss_options: dict[str, Any]
+    agg_options: dict[str, Any]
+    start_step: int = 0
+    latest: tuple[int, Path] | None = None
+    step: int = 0
+
+
+@dataclass
+class Collected:
+    """One step's rollouts, built by `collect`.
+
+    Attributes:
+        rollouts, outputs: what the estimator and the loss see (after the group filter, on_error=skip and the
+            estimator's minimum group size), N of each.
+        all_rollouts, all_outputs: every rollout generated and scored this step, every filter round (logged).
+        inputs: estimator inputs that needed generation (e.g. ReMax's `baseline` [N] float32).
+        metrics: reward, accuracy, rollout-shape and filter metrics.
+        gen_s: seconds spent generating (rounds and sampled inputs). gen_tokens: tokens generated.
+    """
+
+    rollouts: list[Rollout]
+    outputs: list[RewardOutput]
+    all_rollouts: list[Rollout]
+    all_outputs: list[RewardOutput]
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    gen_s: float = 0.0
+    gen_tokens: int = 0
+
+
+@dataclass
+class Credit:
+    """The credit assigned to one step's kept rollouts, built by `assign_credit` (N rollouts, T tokens).
+
+    Attributes:
+        packed: the rollouts as tensors. old_logprobs: behaviour log-probs [N, T] float32.
+        ref_logprobs: the reference's log-probs [N, T] float32 (rl.beta > 0), else None.
+        loss_mask: [N, T] float32, `packed.mask` with truncated rollouts zeroed when rl.mask_truncated.
+        advantages: [N, T] float32. values, returns: the critic's V_t and its targets [N, T] float32 (estimators
+            that need values), else None.
+        metrics: the KL-in-reward metrics (policy/kl_reward, policy/kl_clamped) when rl.kl_in = reward.
+    """
+
+    packed: Batch
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# Estimator inputs the trainer can compute, by input name (see the `needs` of `ESTIMATORS.meta(name)`), in two
+# kinds. A sampled input generates text: `collect` computes it (its time counts in time/gen_s) and its provider
+# returns the inputs and the rollouts it generated. A batch input is computed by `assign_credit` from the collected
+# batch and its packed tensors.
+def _greedy_baseline(state: TrainState, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], list[Rollout]]:
     """ReMax's baseline: the reward of one greedy completion of each prompt, broadcast to its group's rollouts."""
+    rl = state.cfg.rl
     first: dict[int, Rollout] = {}
-    for r in ctx["rollouts"]:
+    for r in rollouts:
         first.setdefault(r.group, r)
     groups = list(first)
     rows = [first[g].row for g in groups]
-    greedy = ctx["policy"].generate([row["prompt"] for row in rows], greedy=True,
-                                    max_new_tokens=ctx["rl"].max_new_tokens, rows=rows)
-    if ctx["rl"].step_separator is not None:
+    greedy = state.policy.generate([row["prompt"] for row in rows], greedy=True, max_new_tokens=rl.max_new_tokens,
+                                   rows=rows)
+    if rl.step_separator is not None:
         for r in greedy:
-            ctx["policy"].mark_steps(r, ctx["rl"].step_separator)
-    score = {g: o.score for g, o in zip(groups, ctx["reward"](greedy))}
-    return {"baseline": torch.tensor([score[r.group] for r in ctx["rollouts"]], dtype=torch.float32)}
+            state.policy.mark_steps(r, rl.step_separator)
+    score = {g: o.score for g, o in zip(groups, state.reward(greedy))}
+    return {"baseline": torch.tensor([score[r.group] for r in rollouts], dtype=torch.float32)}, greedy
 
 
-def _reward_components(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _reward_components(state: TrainState, batch: Collected, packed: Batch) -> dict[str, torch.Tensor]:
     """GDPO's inputs: each member reward's score as a column of components [N, K], and the members' weights [K]."""
-    reward = ctx["reward"]
+    reward = state.reward
     labels = list(getattr(reward, "labels", [reward.name]))
     weights = [w for _, w in getattr(reward, "members", [(reward, 1.0)])]
     comps = [[o.components.get(label, o.score if len(labels) == 1 else 0.0) for label in labels]
-             for o in ctx["outputs"]]
+             for o in batch.outputs]
     return {"components": torch.tensor(comps, dtype=torch.float32),
             "weights": torch.tensor(weights, dtype=torch.float32)}
 
 
-def _critic_values(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _critic_values(state: TrainState, batch: Collected, packed: Batch) -> dict[str, torch.Tensor]:
     """GAE's values: the value model's V_t on the batch, before this step's updates (no gradient)."""
     with torch.no_grad():
-        return {"values": ctx["critic"].values(ctx["batch"]) * ctx["mask"]}
+        return {"values": state.critic.values(packed) * packed.mask}
 
 
-def _step_inputs(ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
-    step_rewards, step_mask = step_reward_tensors(ctx["rollouts"], ctx["outputs"], ctx["mask"])
+def _step_inputs(state: TrainState, batch: Collected, packed: Batch) -> dict[str, torch.Tensor]:
+    step_rewards, step_mask = step_reward_tensors(batch.rollouts, batch.outputs, packed.mask)
     return {"step_rewards": step_rewards, "step_mask": step_mask}
 
 
-INPUT_PROVIDERS: dict[str, Any] = {
-    "baseline": _greedy_baseline,
+SAMPLED_INPUTS: dict[str, Any] = {"baseline": _greedy_baseline}
+BATCH_INPUTS: dict[str, Any] = {
     "components": _reward_components,
     "weights": _reward_components,
     "step_rewards": _step_inputs,
     "step_mask": _step_inputs,
     "values": _critic_values,
 }
+INPUT_PROVIDERS: dict[str, Any] = {**SAMPLED_INPUTS, **BATCH_INPUTS}
 
 
 def trainable_estimators() -> list[str]:
@@ -252,17 +343,14 @@ def trainable_estimators() -> list[str]:
     return [n for n in ESTIMATORS if all(k in INPUT_PROVIDERS for k in estimator_needs(n))]
 
 
-def estimator_inputs(name: str, ctx: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """The extra options estimator `name` needs (`estimator_needs`), computed by their providers unless `given`."""
-    options: dict[str, Any] = {}
-    done = set()
+def _providers(name: str, given: dict[str, Any], table: dict[str, Any]) -> list[Any]:
+    """The providers in `table` of the inputs estimator `name` needs and `given` lacks, each once, in need order."""
+    out: list[Any] = []
     for key in estimator_needs(name):
-        provider = INPUT_PROVIDERS.get(key)
-        if key in given or key in options or provider is None or provider in done:
-            continue
-        options.update(provider(ctx))
-        done.add(provider)
-    return options
+        provider = table.get(key)
+        if key not in given and provider is not None and provider not in out:
+            out.append(provider)
+    return out
 
 
 def filter_metric(output: RewardOutput, name: str) -> float:
@@ -289,7 +377,7 @@ def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_siz
         "reward/mean": scores.mean().item(),
         "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
         "reward/errors": float(sum(o.error is not None for o in outputs)),
-        "accuracy": sum(is_correct(o) for o in outputs) / len(outputs),
+        "accuracy": sum(o.correct for o in outputs) / len(outputs),
         "rollout/len_mean": lengths.mean().item(),
         "rollout/len_max": lengths.max().item(),
         "rollout/truncated_frac": sum(r.truncated for r in rollouts) / len(rollouts),
@@ -298,8 +386,8 @@ def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_siz
     for name in sorted({k for o in outputs for k in o.components}):
         vals = [o.components[name] for o in outputs if name in o.components]
         m[f"reward/{name}/mean"] = sum(vals) / len(vals)
-    for o in outputs:  # errors read "<reward>: <cause>", joined by "; " when several members fail
-        for name in error_sources(o.error):
+    for o in outputs:  # one count per failed reward of a rollout
+        for name, _ in o.errors:
             m[f"reward/errors/{name}"] = m.get(f"reward/errors/{name}", 0.0) + 1.0
     return m
 
@@ -311,6 +399,253 @@ def _rng_state() -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
+
+
+def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> TrainState:
+    """Check `cfg`, load the task, reward and models, open the run directory and, with `resume`, restore the newest
+    valid checkpoint (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
+
+    The model is loaded before the directory is touched (an overwrite deletes the old run); the RNGs are seeded
+    with `cfg.seed` after every model is built, then a resume restores their saved state. The run directory is
+    closed again when a later part of the set-up fails.
+
+    Raises:
+        see `train`.
+    """
+    check_names(cfg)
+    if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0):
+        check_model_dir(cfg.model.path)  # a bad path is refused before the run directory is created
+    rl = cfg.rl
+    task = load_task(cfg.task.spec, **cfg.task.options)
+    reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
+    model_kw = dict(prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
+                    tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
+    if not resume:
+        policy: Policy = load_policy(cfg.model.path, **model_kw)
+    run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
+    try:
+        run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
+        latest = run.resume_checkpoint() if resume else None  # newest valid checkpoint; logs rolled back to it
+        if latest is not None:
+            policy = load_policy(str(latest[1]), **model_kw)
+        reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
+        if reference is not None:
+            reference.model.eval().requires_grad_(False)
+        critic = None  # a value model, only for estimators that need values (gae)
+        if "values" in estimator_needs(rl.estimator) and "values" not in rl.estimator_options:
+            critic = ValueModel(policy, lr=rl.critic_lr, value_clip=rl.value_clip, weight_decay=rl.weight_decay,
+                                path=latest[1] / CRITIC_DIR if latest else None)
+        optimizer = make_optimizer(policy.model, rl.lr, rl.weight_decay)
+        scheduler = make_scheduler(optimizer, warmup_steps=rl.warmup_steps, total_steps=rl.steps,
+                                   kind=rl.lr_schedule)
+        sampler = make_curriculum(rl.curriculum, task.train, seed=cfg.seed, **rl.curriculum_options)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        start_step = 0
+        if latest is not None:
+            saved = torch.load(latest[1] / STATE_FILE, weights_only=False)
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+            sampler.load_state_dict(saved["sampler"])
+            _set_rng_state(saved["rng"])
+            if critic is not None:
+                critic.optimizer.load_state_dict(saved["critic_optimizer"])
+            if reference is not None and saved.get("reference") is not None:
+                reference.model.load_state_dict(saved["reference"])
+            start_step = saved["step"]
+        loss_options = resolve_loss_options(rl)
+        _, agg_options = split_loss_options(rl.loss, rl.agg, loss_options)
+    except BaseException:
+        run.close()
+        raise
+    policy.model.train()
+    return TrainState(cfg, task, reward, policy, reference, critic, optimizer, scheduler, sampler, run,
+                      loss_options, agg_options, start_step=start_step, latest=latest, step=start_step)
+
+
+def collect(state: TrainState) -> Collected:
+    """Step `state.step`'s rollouts: draw prompts, generate rl.group_size rollouts each, score them, update the
+    curriculum; with a group filter, keep the groups it passes and generate more rounds (up to rl.max_rounds) until
+    rl.prompts_per_step groups are kept. Then leave out what the estimator must not see (`training_rollouts`) and
+    generate the estimator's sampled inputs (e.g. ReMax's greedy baseline), all generation timed in `gen_s`."""
+    rl, policy, sampler = state.cfg.rl, state.policy, state.sampler
+    gen_s = 0.0
+    rollouts, outputs, all_outputs, all_rollouts = [], [], [], []
+    rounds = dropped = 0
+    next_group = state.step * rl.prompts_per_step * rl.max_rounds  # group ids unique across steps
+    while rounds < rl.max_rounds and len(rollouts) < rl.prompts_per_step * rl.group_size:
+        rounds += 1
+        need = rl.prompts_per_step - len(rollouts) // rl.group_size
+        indices = sampler.next_indices(need)
+        rows = [state.task.train[i] for i in indices]
+        tg = time.perf_counter()
+        new = policy.generate([r["prompt"] for r in rows], n=rl.group_size, temperature=rl.temperature,
+                              top_p=rl.top_p, max_new_tokens=rl.max_new_tokens, rows=rows)
+        gen_s += time.perf_counter() - tg
+        for r in new:
+            r.group += next_group
+            if rl.step_separator is not None:
+                policy.mark_steps(r, rl.step_separator)
+        next_group += need
+        scored = state.reward(new)
+        all_rollouts += new
+        all_outputs += scored
+        correct = torch.tensor([float(o.correct) for o in scored]).view(need, rl.group_size)
+        sampler.update(indices, correct.mean(dim=1).tolist())
+        if rl.group_filter is None:
+            rollouts, outputs = new, scored
+            break
+        keep = filter_groups(rl.group_filter, metric=torch.tensor([filter_metric(o, rl.filter_metric) for o in scored]),
+                             group=torch.tensor([r.group for r in new]), **rl.group_filter_options)
+        dropped += int((~keep).sum()) // rl.group_size
+        rollouts += [r for r, k in zip(new, keep) if k]
+        outputs += [o for o, k in zip(scored, keep) if k]
+    rollouts = rollouts[: rl.prompts_per_step * rl.group_size]
+    outputs = outputs[: len(rollouts)]
+    metrics = step_metrics(all_rollouts, all_outputs, rl.group_size)
+    if rl.group_filter is not None:
+        metrics.update({"filter/rounds": float(rounds), "filter/dropped_groups": float(dropped),
+                        "filter/kept_groups": float(len(rollouts) // rl.group_size)})
+    rollouts, outputs, skipped, dropped_groups = training_rollouts(
+        rollouts, outputs, skip_errors=state.cfg.on_error == "skip",
+        min_group_size=estimator_min_group_size(rl.estimator))
+    metrics.update({"reward/skipped": float(skipped), "rollout/dropped_groups": float(dropped_groups)})
+    gen_tokens = sum(len(r.completion_ids) for r in all_rollouts)
+    inputs: dict[str, torch.Tensor] = {}
+    for provider in _providers(rl.estimator, rl.estimator_options, SAMPLED_INPUTS) if rollouts else []:
+        tg = time.perf_counter()
+        more, generated = provider(state, rollouts)
+        gen_s += time.perf_counter() - tg
+        gen_tokens += sum(len(r.completion_ids) for r in generated)
+        inputs.update(more)
+    return Collected(rollouts, outputs, all_rollouts, all_outputs, inputs, metrics, gen_s, gen_tokens)
+
+
+def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
+    """Pack the kept rollouts; outcome rewards on their last tokens, minus rl.beta * KL(policy || reference) per
+    token when rl.kl_in = reward; advantages by the estimator, with the inputs it needs; the critic's returns.
+    None when no rollout is left to learn from."""
+    rl = state.cfg.rl
+    if not batch.rollouts:
+        return None
+    packed, old_logprobs = rollout_batch(state.policy, batch.rollouts)
+    mask = packed.mask
+    token_rewards, group = reward_tensors(batch.rollouts, batch.outputs, mask)
+    ref_logprobs, metrics = None, {}
+    if state.reference is not None:
+        with torch.no_grad():
+            ref_logprobs, _ = state.reference.token_logprobs(packed, temperature=rl.temperature)
+        if rl.kl_in == "reward":
+            kl_tokens = kl_penalty(rl.kl_estimator, old_logprobs, ref_logprobs) * mask
+            token_rewards = token_rewards - rl.beta * kl_tokens
+            metrics["policy/kl_reward"] = (kl_tokens.sum() / mask.sum().clamp(min=1)).item()
+            metrics["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, old_logprobs, ref_logprobs, mask))
+    options = dict(batch.inputs)
+    for provider in _providers(rl.estimator, {**options, **rl.estimator_options}, BATCH_INPUTS):
+        options.update(provider(state, batch, packed))
+    options.update(rl.estimator_options)
+    advantages = compute_advantages(rl.estimator, token_rewards=token_rewards, mask=mask, group=group, **options)
+    values = returns = None
+    if state.critic is not None:
+        values = options["values"]
+        returns = state.critic.returns(token_rewards, mask, group, values, **rl.estimator_options)
+    loss_mask = mask
+    if rl.mask_truncated:
+        keep_rows = torch.tensor([not r.truncated for r in batch.rollouts], dtype=mask.dtype)
+        loss_mask = mask * keep_rows[:, None]
+    return Credit(packed, old_logprobs, ref_logprobs, loss_mask, advantages, values, returns, metrics)
+
+
+def update(state: TrainState, batch: Collected, credit: Credit | None) -> dict[str, float]:
+    """rl.epochs passes over the kept rollouts in shuffled minibatches of rl.minibatch_size: policy loss (+ beta *
+    KL when rl.kl_in = loss, - entropy_coef * entropy), clipped gradient step, critic step. Then the learning-rate
+    schedule steps and the reference is refreshed every rl.ref_refresh_every steps.
+
+    Returns:
+        each minibatch statistic averaged over the updates, and policy/updates (their number).
+    """
+    rl, policy = state.cfg.rl, state.policy
+    sums: dict[str, float] = {}
+    updates = 0
+    n = len(batch.rollouts) if credit is not None else 0
+    for _ in range(rl.epochs if n else 0):
+        for idx in torch.randperm(n).split(rl.minibatch_size or n):
+            logprobs, entropy = policy.token_logprobs(credit.packed.select(idx), temperature=rl.temperature,
+                                                      with_entropy=True, entropy_grad=rl.entropy_coef > 0)
+            m = credit.loss_mask[idx]
+            loss, stats = compute_policy_loss(rl.loss, logprobs=logprobs, old_logprobs=credit.old_logprobs[idx],
+                                              advantages=credit.advantages[idx], mask=m, agg=rl.agg,
+                                              **state.loss_options)
+            stats["policy/entropy"] = ((entropy * m).sum() / m.sum().clamp(min=1)).item()
+            if rl.entropy_coef > 0:
+                loss = loss - rl.entropy_coef * aggregate(entropy, m, rl.agg, **state.agg_options)
+            if credit.ref_logprobs is not None and rl.kl_in == "loss":
+                ref = credit.ref_logprobs[idx]
+                kl = aggregate(kl_penalty(rl.kl_estimator, logprobs, ref), m, rl.agg, **state.agg_options)
+                loss = loss + rl.beta * kl
+                stats["policy/kl"] = kl.item()
+                stats["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, logprobs, ref, m))
+            state.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)
+            state.optimizer.step()
+            stats["policy/loss"] = loss.item()
+            stats["policy/grad_norm"] = grad_norm.item()
+            if state.critic is not None:
+                stats.update(state.critic.update(credit.packed.select(idx), credit.returns[idx], credit.values[idx],
+                                                 credit.packed.mask[idx], rl.grad_clip))
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+            updates += 1
+    state.scheduler.step()
+    if state.reference is not None and rl.ref_refresh_every is not None and state.step % rl.ref_refresh_every == 0:
+        state.reference.model.load_state_dict(policy.model.state_dict())
+    return {**{k: v / updates for k, v in sums.items()}, "policy/updates": float(updates)}
+
+
+def log_step(state: TrainState, batch: Collected, credit: Credit | None, stats: dict[str, float], *,
+             step_s: float, elapsed_s: float) -> dict[str, float]:
+    """Append step `state.step`'s metrics to metrics.jsonl and every rollout of it to samples.jsonl (its advantage
+    on the first token, and whether the loss saw it); returns the metrics."""
+    metrics = {**batch.metrics, **credit.metrics} if credit is not None else dict(batch.metrics)
+    metrics.update({k: v for k, v in stats.items() if k != "policy/updates"})
+    metrics.update({"lr": state.scheduler.get_last_lr()[0], "time/step_s": step_s, "time/gen_s": batch.gen_s,
+                    "time/gen_tokens_per_s": batch.gen_tokens / max(batch.gen_s, 1e-9),
+                    "policy/updates": stats["policy/updates"], "time/elapsed_s": elapsed_s})
+    state.run.log_metrics(state.step, metrics)
+    adv_seq = dict(zip((id(r) for r in batch.rollouts), credit.advantages[:, 0].tolist())) if credit else {}
+    state.run.log_samples(
+        {"step": state.step, "group": r.group, "prompt": r.row.get("prompt", r.prompt), "completion": r.completion,
+         "answer": r.row.get("answer"), "reward": o.score, "components": o.components, "error": o.error,
+         "advantage": adv_seq.get(id(r)), "kept": id(r) in adv_seq, "truncated": r.truncated,
+         **({"step_scores": o.step_scores} if o.step_scores is not None else {})}
+        for r, o in zip(batch.all_rollouts, batch.all_outputs)
+    )
+    return metrics
+
+
+def save_checkpoint(state: TrainState) -> Path:
+    """Checkpoint step `state.step` (weights, trainer_state.pt, the critic) atomically; records it as `latest`.
+
+    Raises:
+        OSError: the checkpoint could not be written (the message names it and the intact previous one).
+    """
+    rl = state.cfg.rl
+
+    def write(tmp: Path) -> None:
+        state.policy.save(tmp)
+        refreshed = state.reference is not None and rl.ref_refresh_every is not None
+        with (tmp / STATE_FILE).open("wb") as fh:  # a Python file: a failed write surfaces as an OSError
+            torch.save({"step": state.step, "optimizer": state.optimizer.state_dict(),
+                        "scheduler": state.scheduler.state_dict(), "sampler": state.sampler.state_dict(),
+                        "rng": _rng_state(), "reference": state.reference.model.state_dict() if refreshed else None,
+                        "critic_optimizer": state.critic.optimizer.state_dict() if state.critic else None}, fh)
+        if state.critic is not None:
+            state.critic.save(tmp / CRITIC_DIR)
+
+    path = state.run.save_checkpoint(state.step, write, keep=state.cfg.keep_checkpoints)
+    state.latest = (state.step, path)
+    return path
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True,
@@ -336,224 +671,39 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
             checkpoint.
         OSError: a checkpoint could not be written (the message names it and the intact previous one).
     """
-    opened: list[RunDir] = []
+    state = setup(cfg, resume=resume, overwrite=overwrite)
+    rl, run = cfg.rl, state.run
     try:
-        return _train(cfg, resume, overwrite, show_progress, time_budget_s, opened)
-    finally:
-        for run in opened:
-            run.close()  # release the run directory's lock
-
-
-def _train(cfg: TrainConfig, resume: bool, overwrite: bool, show_progress: bool, time_budget_s: float | None,
-           opened: list[RunDir]) -> dict[str, Any]:
-    check_names(cfg)
-    if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0):
-        check_model_dir(cfg.model.path)  # a bad path is refused before the run directory is created
-    rl = cfg.rl
-    task = load_task(cfg.task.spec, **cfg.task.options)
-    reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
-    model_kw = dict(prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
-                    tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-
-    start_step, latest = 0, None
-    if not resume:  # load the model before the directory is touched (an overwrite deletes the old run)
-        policy: Policy = load_policy(cfg.model.path, **model_kw)
-    run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
-    opened.append(run)
-    run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
-    if resume:
-        latest = run.resume_checkpoint()  # newest valid checkpoint; logs rolled back to it
-        policy = load_policy(str(latest[1]), **model_kw)
-    reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
-    if reference is not None:
-        reference.model.eval().requires_grad_(False)
-
-    critic = None  # a value model, only for estimators that need values (gae)
-    if "values" in estimator_needs(rl.estimator) and "values" not in rl.estimator_options:
-        critic = ValueModel(policy, lr=rl.critic_lr, value_clip=rl.value_clip, weight_decay=rl.weight_decay,
-                            path=latest[1] / CRITIC_DIR if latest else None)
-    optimizer = make_optimizer(policy.model, rl.lr, rl.weight_decay)
-    scheduler = make_scheduler(optimizer, warmup_steps=rl.warmup_steps, total_steps=rl.steps, kind=rl.lr_schedule)
-    sampler = make_curriculum(rl.curriculum, task.train, seed=cfg.seed, **rl.curriculum_options)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    if latest is not None:
-        state = torch.load(latest[1] / STATE_FILE, weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"])
-        _set_rng_state(state["rng"])
-        if critic is not None:
-            critic.optimizer.load_state_dict(state["critic_optimizer"])
-        if reference is not None and state.get("reference") is not None:
-            reference.model.load_state_dict(state["reference"])
-        start_step = state["step"]
-
-    loss_options = resolve_loss_options(rl)
-    _, agg_options = split_loss_options(rl.loss, rl.agg, loss_options)  # the entropy bonus and KL are aggregated too
-
-    def save(step: int) -> Path:
-        def write(tmp: Path) -> None:
-            policy.save(tmp)
-            refreshed = reference is not None and rl.ref_refresh_every is not None
-            with (tmp / STATE_FILE).open("wb") as fh:  # a Python file: a failed write surfaces as an OSError
-                torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                            "sampler": sampler.state_dict(), "rng": _rng_state(),
-                            "reference": reference.model.state_dict() if refreshed else None,
-                            "critic_optimizer": critic.optimizer.state_dict() if critic else None}, fh)
-            if critic is not None:
-                critic.save(tmp / CRITIC_DIR)
-
-        return run.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
-
-    policy.model.train()
-    wall0, last = time.perf_counter(), {}
-    with stage(rl.estimator.upper(), rl.steps, enabled=show_progress) as bar:
-        bar.advance(start_step)
-        for step in range(start_step + 1, rl.steps + 1):
-            t0 = time.perf_counter()
-            gen_s = 0.0
-            # 1. rollouts: draw prompts, generate G each, score; a group filter may drop groups -> more rounds
-            rollouts, outputs, all_outputs, all_rollouts = [], [], [], []
-            rounds = dropped = 0
-            next_group = step * rl.prompts_per_step * rl.max_rounds  # group ids unique across steps
-            while rounds < rl.max_rounds and len(rollouts) < rl.prompts_per_step * rl.group_size:
-                rounds += 1
-                need = rl.prompts_per_step - len(rollouts) // rl.group_size
-                indices = sampler.next_indices(need)
-                rows = [task.train[i] for i in indices]
-                tg = time.perf_counter()
-                new = policy.generate([r["prompt"] for r in rows], n=rl.group_size, temperature=rl.temperature,
-                                      top_p=rl.top_p, max_new_tokens=rl.max_new_tokens, rows=rows)
-                gen_s += time.perf_counter() - tg
-                for r in new:
-                    r.group += next_group
-                    if rl.step_separator is not None:
-                        policy.mark_steps(r, rl.step_separator)
-                next_group += need
-                scored = reward(new)
-                all_rollouts += new
-                all_outputs += scored
-                correct = torch.tensor([float(is_correct(o)) for o in scored]).view(need, rl.group_size)
-                sampler.update(indices, correct.mean(dim=1).tolist())
-                if rl.group_filter is None:
-                    rollouts, outputs = new, scored
+        wall0, last = time.perf_counter(), {}
+        with stage(rl.estimator.upper(), rl.steps, enabled=show_progress) as bar:
+            bar.advance(state.start_step)
+            for step in range(state.start_step + 1, rl.steps + 1):
+                t0 = time.perf_counter()
+                state.step = step
+                batch = collect(state)  # 1. rollouts, rewards, group filter
+                credit = assign_credit(state, batch)  # 2. token rewards (- beta * KL) -> advantages
+                stats = update(state, batch, credit)  # 3. epochs x minibatches of the policy (and critic) loss
+                last = log_step(state, batch, credit, stats, step_s=time.perf_counter() - t0,  # 4. log
+                                elapsed_s=time.perf_counter() - wall0)
+                bar.advance(1, reward=last["reward/mean"], acc=last["accuracy"])
+                out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
+                if step % cfg.save_every == 0 or step == rl.steps or out_of_time:
+                    save_checkpoint(state)
+                if out_of_time:
                     break
-                keep = filter_groups(rl.group_filter,
-                                     metric=torch.tensor([filter_metric(o, rl.filter_metric) for o in scored]),
-                                     group=torch.tensor([r.group for r in new]), **rl.group_filter_options)
-                dropped += int((~keep).sum()) // rl.group_size
-                rollouts += [r for r, k in zip(new, keep) if k]
-                outputs += [o for o, k in zip(scored, keep) if k]
-            rollouts = rollouts[: rl.prompts_per_step * rl.group_size]
-            outputs = outputs[: len(rollouts)]
-            metrics = step_metrics(all_rollouts, all_outputs, rl.group_size)
-            if rl.group_filter is not None:
-                metrics.update({"filter/rounds": float(rounds), "filter/dropped_groups": float(dropped),
-                                "filter/kept_groups": float(len(rollouts) // rl.group_size)})
-            rollouts, outputs, skipped, dropped_groups = training_rollouts(
-                rollouts, outputs, skip_errors=cfg.on_error == "skip",
-                min_group_size=estimator_min_group_size(rl.estimator))
-            metrics.update({"reward/skipped": float(skipped), "rollout/dropped_groups": float(dropped_groups)})
-            sums: dict[str, float] = {}
-            updates = 0
-            advantages = torch.zeros(0, 1)
-            if rollouts:
-                # 2. rewards -> token rewards (- beta * KL) -> advantages
-                batch, old_logprobs = rollout_batch(policy, rollouts)
-                mask = batch.mask
-                token_rewards, group = reward_tensors(rollouts, outputs, mask)
-                ref_logprobs = None
-                if reference is not None:
-                    with torch.no_grad():
-                        ref_logprobs, _ = reference.token_logprobs(batch, temperature=rl.temperature)
-                    if rl.kl_in == "reward":
-                        kl_tokens = kl_penalty(rl.kl_estimator, old_logprobs, ref_logprobs) * mask
-                        token_rewards = token_rewards - rl.beta * kl_tokens
-                        metrics["policy/kl_reward"] = (kl_tokens.sum() / mask.sum().clamp(min=1)).item()
-                        metrics["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, old_logprobs, ref_logprobs,
-                                                                        mask))
-                ctx = {"policy": policy, "reward": reward, "rollouts": rollouts, "outputs": outputs, "mask": mask,
-                       "rl": rl, "batch": batch, "critic": critic}
-                options = {**estimator_inputs(rl.estimator, ctx, rl.estimator_options), **rl.estimator_options}
-                advantages = compute_advantages(rl.estimator, token_rewards=token_rewards, mask=mask, group=group,
-                                                **options)
-                if critic is not None:
-                    returns = critic.returns(token_rewards, mask, group, options["values"], **rl.estimator_options)
-                loss_mask = mask
-                if rl.mask_truncated:
-                    keep_rows = torch.tensor([not r.truncated for r in rollouts], dtype=mask.dtype)
-                    loss_mask = mask * keep_rows[:, None]
-                # 3. policy optimization: mu epochs over minibatches
-                n = len(rollouts)
-                mb = rl.minibatch_size or n
-                for _ in range(rl.epochs):
-                    for idx in torch.randperm(n).split(mb):
-                        logprobs, entropy = policy.token_logprobs(batch.select(idx), temperature=rl.temperature,
-                                                                  with_entropy=True, entropy_grad=rl.entropy_coef > 0)
-                        m = loss_mask[idx]
-                        loss, stats = compute_policy_loss(rl.loss, logprobs=logprobs, old_logprobs=old_logprobs[idx],
-                                                          advantages=advantages[idx], mask=m, agg=rl.agg,
-                                                          **loss_options)
-                        stats["policy/entropy"] = ((entropy * m).sum() / m.sum().clamp(min=1)).item()
-                        if rl.entropy_coef > 0:
-                            loss = loss - rl.entropy_coef * aggregate(entropy, m, rl.agg, **agg_options)
-                        if ref_logprobs is not None and rl.kl_in == "loss":
-                            kl = aggregate(kl_penalty(rl.kl_estimator, logprobs, ref_logprobs[idx]), m, rl.agg,
-                                           **agg_options)
-                            loss = loss + rl.beta * kl
-                            stats["policy/kl"] = kl.item()
-                            stats["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, logprobs,
-                                                                          ref_logprobs[idx], m))
-                        optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
-                        grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)
-                        optimizer.step()
-                        stats["policy/loss"] = loss.item()
-                        stats["policy/grad_norm"] = grad_norm.item()
-                        if critic is not None:
-                            stats.update(critic.update(batch.select(idx), returns[idx], options["values"][idx],
-                                                       mask[idx], rl.grad_clip))
-                        for k, v in stats.items():
-                            sums[k] = sums.get(k, 0.0) + v
-                        updates += 1
-            scheduler.step()
-            if reference is not None and rl.ref_refresh_every is not None and step % rl.ref_refresh_every == 0:
-                reference.model.load_state_dict(policy.model.state_dict())
-            # 4. log
-            step_s = time.perf_counter() - t0
-            gen_tokens = sum(len(r.completion_ids) for r in all_rollouts)
-            metrics.update({k: v / updates for k, v in sums.items()})
-            metrics.update({"lr": scheduler.get_last_lr()[0], "time/step_s": step_s, "time/gen_s": gen_s,
-                            "time/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9), "policy/updates": float(updates),
-                            "time/elapsed_s": time.perf_counter() - wall0})
-            run.log_metrics(step, metrics)
-            adv_seq = dict(zip((id(r) for r in rollouts), advantages[:, 0].tolist()))
-            run.log_samples(
-                {"step": step, "group": r.group, "prompt": r.row.get("prompt", r.prompt), "completion": r.completion,
-                 "answer": r.row.get("answer"), "reward": o.score, "components": o.components, "error": o.error,
-                 "advantage": adv_seq.get(id(r)), "kept": id(r) in adv_seq, "truncated": r.truncated,
-                 **({"step_scores": o.step_scores} if o.step_scores is not None else {})}
-                for r, o in zip(all_rollouts, all_outputs)
-            )
-            last = metrics
-            bar.advance(1, reward=metrics["reward/mean"], acc=metrics["accuracy"])
-            out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
-            if step % cfg.save_every == 0 or step == rl.steps or out_of_time:
-                latest = (step, save(step))
-            if out_of_time:
-                break
-    run.plot(["reward/mean", "accuracy", "policy/entropy", "rollout/len_mean"], "train.png")
-    summary = {
-        "stage": "train",
-        "estimator": rl.estimator,
-        "loss": rl.loss,
-        "steps": rl.steps,
-        "steps_done": step if rl.steps > start_step else start_step,
-        "resumed_from": start_step if resume else None,
-        "wall_s": time.perf_counter() - wall0,
-        "final_metrics": last or (run.read_metrics() or [{}])[-1],
-        "final_checkpoint": str(latest[1]) if latest else None,
-    }
-    run.write_summary(summary)
-    return summary
+        run.plot(["reward/mean", "accuracy", "policy/entropy", "rollout/len_mean"], "train.png")
+        summary = {
+            "stage": "train",
+            "estimator": rl.estimator,
+            "loss": rl.loss,
+            "steps": rl.steps,
+            "steps_done": state.step,
+            "resumed_from": state.start_step if resume else None,
+            "wall_s": time.perf_counter() - wall0,
+            "final_metrics": last or (run.read_metrics() or [{}])[-1],
+            "final_checkpoint": str(state.latest[1]) if state.latest else None,
+        }
+        run.write_summary(summary)
+        return summary
+    finally:
+        run.close()  # release the run directory's lock
