@@ -91,15 +91,25 @@ def kill_after_line(args: list[str], log: Path, k: int, rng: random.Random, *, r
         delay = u * min(gaps, default=pause)
         time.sleep(delay)
         alive()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        sigkill(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+        reap(proc)
     return delay
+
+
+def sigkill(proc: subprocess.Popen) -> None:
+    """SIGKILL a child that is still running and check that the signal is what ended it."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"the child ended with {proc.returncode}, not by the SIGKILL"
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Kill and wait for a child the test left running (after a failure), and close its stderr pipe."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=60)
+    proc.stderr.close()
 
 
 def read_strict(path: Path) -> list[dict]:

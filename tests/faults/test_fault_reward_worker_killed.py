@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,7 +30,6 @@ from rewardlab.rewards import executor as executor_module
 from rewardlab.rewards import math as math_module
 from rewardlab.sandbox import runner as sandbox_module
 from rewardlab.rewards.executor import shared_executor
-from rewardlab.sandbox import Sandbox, SandboxError
 from rewardlab.rl.trainer import step_metrics
 from rewardlab.types import Rollout
 
