@@ -10,7 +10,7 @@ from rewardlab.cli import main
 from rewardlab.rewards.code import CodeReward
 from rewardlab.rm.data import load_pairs, make_rollout, mutant_pairs
 from rewardlab.tasks import load
-from rewardlab.tasks.humaneval import mutate
+from rewardlab.rm.mutants import mutate
 
 ADD_TEST = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-4, 4) == 0\n"
 

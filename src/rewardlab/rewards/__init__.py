@@ -5,11 +5,10 @@ from rewardlab.rewards.base import (
     FunctionReward,
     Reward,
     RewardError,
-    WeightedSum,
-    build_reward,
     register_reward,
     reward,
 )
+from rewardlab.rewards.compose import WeightedSum, build_reward
 
 # Registration imports (no other side effects).
 from rewardlab.rewards import text as _text  # noqa: E402,F401
