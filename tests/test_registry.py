@@ -128,7 +128,7 @@ def _project_registries():
     from rewardlab.rl.advantages import ESTIMATORS
     from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
     from rewardlab.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-    from rewardlab.search.base import AGGREGATIONS as STEP_AGGREGATIONS
+    from rewardlab.rewards.steps import STEP_AGGREGATIONS
     from rewardlab.search.report import METHODS
     from rewardlab.search.voting import EQUIVALENCES
     from rewardlab.tasks import LOADERS
