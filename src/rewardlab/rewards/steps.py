@@ -16,7 +16,7 @@ from typing import Any
 
 from rewardlab.registry import Registry
 from rewardlab.rewards.base import reward
-from rewardlab.rewards.text import extract_tagged_answer
+from rewardlab.rewards.extract import extract_tagged_answer
 from rewardlab.tasks.steps import parse_chain
 from rewardlab.types import RewardOutput, split_steps
 
