@@ -1,4 +1,4 @@
-"""`rm pairs --source mutants`: canonical solution vs sandbox-confirmed failing mutant (HumanEval, issue 5), and
+"""`rm pairs --source mutants`: canonical solution vs sandbox-confirmed failing mutant (HumanEval), and
 `rm eval` scoring those pairs with the `code` reward and the length rule."""
 
 import json

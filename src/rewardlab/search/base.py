@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rewardlab.registry import Registry
 from rewardlab.rewards.base import Reward
 from rewardlab.rewards.steps import STEP_AGGREGATIONS
 from rewardlab.types import Rollout, RewardOutput

@@ -8,7 +8,6 @@ Broken variants of the solutions (for preference pairs) are made by `rewardlab.r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,5 +61,4 @@ def load_humaneval(path: str = "", /, *, test_size: int | float = 0.2, seed: int
         for p in read_humaneval(path or None)
     ]
     train, test = dedup_and_split(rows, key=lambda r: r["task_id"], test_size=test_size, seed=seed)
-    return Task(name="humaneval" + (f":{path}" if path else ""), train=train, test=test, reward="code",
-                info={"problems": len(rows)})
+    return Task(name="humaneval" + (f":{path}" if path else ""), train=train, test=test, reward="code")
