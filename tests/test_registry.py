@@ -126,7 +126,8 @@ def _project_registries():
     from rewardlab.rewards.format import PATTERNS
     from rewardlab.rewards.shaping import SHAPINGS
     from rewardlab.rl.advantages import ESTIMATORS
-    from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
+    from rewardlab.rl.curricula import CURRICULA
+    from rewardlab.rl.filters import GROUP_FILTERS
     from rewardlab.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
     from rewardlab.rewards.steps import STEP_AGGREGATIONS
     from rewardlab.search.report import METHODS
