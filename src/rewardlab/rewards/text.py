@@ -20,6 +20,7 @@ from typing import Any
 from rewardlab.rewards.base import reward
 from rewardlab.rewards.extract import NUMBER, check_methods, extract_answer, extract_tagged_answer, last_tag
 
+
 def _references(answer: Any, references: Any = None) -> list[str]:
     """The row's reference(s) as a non-empty list of strings: its `references` field when it has one (a list; the
     JSONL loader keeps it as is, while it stores a non-string `answer` as JSON text), else its `answer` (a string,
