@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5's figures, end to end: a policy with written-out steps, preference pairs and step labels it generates,
+# The reward-model figures, end to end: a policy with written-out steps, preference pairs and step labels it generates,
 # outcome (Bradley-Terry) and process reward models on MiniLM and on the tiny backbone, and their evaluation.
 #
 #     bash benchmarks/reward_models.sh [OUT]        # default OUT=runs/rm_bench; 76 min measured on 2 cores

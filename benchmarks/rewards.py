@@ -1,4 +1,4 @@
-"""Reward throughput benchmarks, both halves of issue 4's performance targets in one command.
+"""Reward throughput benchmarks, math and code, in one command.
 
     python benchmarks/rewards.py            # math, then code, each with its own defaults
 

@@ -126,9 +126,10 @@ def _project_registries():
     from rewardlab.rewards.format import PATTERNS
     from rewardlab.rewards.shaping import SHAPINGS
     from rewardlab.rl.advantages import ESTIMATORS
-    from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS
+    from rewardlab.rl.curricula import CURRICULA
+    from rewardlab.rl.filters import GROUP_FILTERS
     from rewardlab.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-    from rewardlab.search.base import AGGREGATIONS as STEP_AGGREGATIONS
+    from rewardlab.rewards.steps import STEP_AGGREGATIONS
     from rewardlab.search.report import METHODS
     from rewardlab.search.voting import EQUIVALENCES
     from rewardlab.tasks import LOADERS

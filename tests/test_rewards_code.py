@@ -178,7 +178,7 @@ def test_every_canonical_solution_scores_one(humaneval_rows):
 
 @pytest.mark.slow
 def test_a_broken_variant_of_every_solution_scores_below_one(humaneval_rows):
-    from rewardlab.tasks.humaneval import failing_variants
+    from rewardlab.rm.mutants import failing_variants
 
     variants = [found[0] if found else None for found in failing_variants(humaneval_rows, seed=0, limit=1)]
     assert [r["task_id"] for r, v in zip(humaneval_rows, variants) if v is None] == []

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, GatedReward, PenaltyReward, TieredReward, WeightedSum, build_reward, reward
-from rewardlab.rewards.base import WeightedSum as BaseWeightedSum
 from rewardlab.rewards.compose import error_sources
 from rewardlab.types import Rollout, RewardOutput
 
@@ -51,8 +50,15 @@ def F(key, **kw):
 
 
 # ---------------------------------------------------------------------------------------------- weighted sum
-def test_weighted_sum_moved_but_still_importable_from_base():
-    assert BaseWeightedSum is WeightedSum and WeightedSum.__module__ == "rewardlab.rewards.compose"
+def test_compose_owns_build_reward_and_base_does_not_import_compose():
+    import ast
+    import inspect
+
+    from rewardlab.rewards import base
+
+    assert WeightedSum.__module__ == build_reward.__module__ == "rewardlab.rewards.compose"
+    imported = {n.module for n in ast.walk(ast.parse(inspect.getsource(base))) if isinstance(n, ast.ImportFrom)}
+    assert "rewardlab.rewards.compose" not in imported and not hasattr(base, "build_reward")
 
 
 def test_weighted_sum_components_and_weighted_step_scores():

@@ -163,3 +163,16 @@ def test_references_field_takes_precedence_over_answer():
     assert out.score == pytest.approx(0.8)  # vs "New York": P = 2/3, R = 1, F1 = 0.8 (see above)
     (out,) = REWARDS["exact_match"]()([Rollout("p", [1], "NYC", [5], [0.0], row=row)])
     assert out.score == 1.0
+
+
+def test_one_answer_tag_extraction_shared_by_the_text_rewards():
+    from rewardlab.rewards.extract import extract_tagged_answer, last_tag
+
+    text = "<answer> 3 </answer> then <answer>\n 4 \n</answer>"
+    assert extract_tagged_answer(text) == "4" == last_tag(text)  # the last tag, stripped
+    assert last_tag(text, strip=False) == "\n 4 \n"
+    assert extract_tagged_answer("  no tag  ") == "  no tag  ".strip() and last_tag("no tag") is None
+    # exact_match compares the raw tag content when strip=False: " 4" (with its space) is not "4"
+    assert _score("exact_match", "<answer> 4</answer>", "4", strip=False) == 0.0
+    assert _score("exact_match", "<answer>4</answer>", "4", strip=False) == 1.0
+    assert _score("exact_match", "<answer> 4</answer>", "4") == 1.0

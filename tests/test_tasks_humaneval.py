@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rewardlab.tasks import load
-from rewardlab.tasks.humaneval import mutate
+from rewardlab.rm.mutants import mutate
 
 
 def test_load_humaneval_gives_the_bundled_problems_split_by_seed():

@@ -24,7 +24,7 @@ def test_rollout_answer_comes_from_row():
 
 def test_rollout_defaults():
     r = _rollout()
-    assert (r.group, r.steps, r.truncated, r.turns, r.row) == (0, [], False, [], {})
+    assert (r.group, r.steps, r.truncated, r.row) == (0, [], False, {})
 
 
 def test_reward_output_nan_without_error_is_rejected():

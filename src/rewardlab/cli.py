@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Reward models (issue 5): `rm train|eval|pairs` and `prm label|train`, dispatched by `_run_reward_model_verb`.
+# Reward models: `rm train|eval|pairs` and `prm label|train`, dispatched by `_run_reward_model_verb`.
 GROUPED_VERBS = {
     "rm": {
         "train": "train a Bradley-Terry reward model on preference pairs (JSONL)",

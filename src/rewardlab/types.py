@@ -25,7 +25,6 @@ class Rollout:
             empty when the completion is not split into steps.
         step_text: the text of each step in `steps` (same length), for rewards that read steps.
         truncated: True when generation stopped at the token limit before an end-of-sequence token.
-        turns: earlier turns of a multi-turn episode as chat messages (unused by single-turn tasks).
     """
 
     prompt: str
@@ -38,7 +37,6 @@ class Rollout:
     steps: list[tuple[int, int]] = field(default_factory=list)
     step_text: list[str] = field(default_factory=list)
     truncated: bool = False
-    turns: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.completion_ids):

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, PassRateCurriculum, filter_groups, make_curriculum
+from rewardlab.rl.curricula import CURRICULA, PassRateCurriculum, make_curriculum
+from rewardlab.rl.filters import GROUP_FILTERS, filter_groups
 from rewardlab.tasks.sampler import RowSampler
 
 

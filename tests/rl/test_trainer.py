@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, register_reward, reward
-from rewardlab.rl.trainer import reward_tensors, step_metrics, step_reward_tensors, train, training_rollouts
+from rewardlab.rl.trainer import process_reward_tensors, reward_tensors, step_metrics, train, training_rollouts
 from rewardlab.runs import RunDir, RunDirError
 from rewardlab.types import Rollout, RewardOutput
 
@@ -93,17 +93,17 @@ def test_step_metrics_hand_computed():
     assert m["reward/errors"] == 0.0
 
 
-def test_step_reward_tensors_place_scores_on_step_ends():
+def test_process_reward_tensors_place_scores_on_step_ends():
     r0, r1 = _rollout(4, 0), _rollout(3, 0)
     r0.steps, r0.step_text = [(0, 2), (2, 4)], ["xx", "xx"]
     r1.steps, r1.step_text = [(0, 3)], ["xxx"]
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.float32)
     outputs = [RewardOutput(1.0, step_scores=[0.8, 0.2]), RewardOutput(0.0, step_scores=[0.5])]
-    sr, sm = step_reward_tensors([r0, r1], outputs, mask)
+    sr, sm = process_reward_tensors([r0, r1], outputs, mask)
     assert torch.allclose(sr, torch.tensor([[0.0, 0.8, 0.0, 0.2], [0.0, 0.0, 0.5, 0.0]]))  # on tokens end - 1
     assert sm.tolist() == [[0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]]
     with pytest.raises(ValueError, match="reward returned 1 step scores for a rollout with 2 steps"):
-        step_reward_tensors([r0], [RewardOutput(1.0, step_scores=[1.0])], mask[:1])
+        process_reward_tensors([r0], [RewardOutput(1.0, step_scores=[1.0])], mask[:1])
 
 
 def test_step_metrics_count_errors_per_reward():

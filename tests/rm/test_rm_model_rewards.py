@@ -10,7 +10,8 @@ from conftest import TINY_ARCH, write_jsonl
 from rewardlab.config import PrmTrainConfig, RmTrainConfig
 from rewardlab.policy.tiny import build_tokenizer
 from rewardlab.rewards import build_reward
-from rewardlab.rewards.model import aggregate_steps, encode_outcome, encode_process
+from rewardlab.rewards.model import encode_outcome, encode_process
+from rewardlab.rewards.steps import aggregate_steps
 from rewardlab.rm.bradley_terry import run_rm_train
 from rewardlab.rm.data import make_rollout
 from rewardlab.rm.prm import run_prm_train
@@ -63,7 +64,7 @@ def test_aggregate_steps(how, expected):
 
 
 def test_aggregate_steps_rejects_unknown():
-    with pytest.raises(ValueError, match="aggregate"):
+    with pytest.raises(ValueError, match=r"^aggregate: expected one of \('min', 'last', 'prod', 'mean'\), got 'max'$"):
         aggregate_steps([0.5], "max")
 
 

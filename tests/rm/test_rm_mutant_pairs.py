@@ -1,4 +1,4 @@
-"""`rm pairs --source mutants`: canonical solution vs sandbox-confirmed failing mutant (HumanEval, issue 5), and
+"""`rm pairs --source mutants`: canonical solution vs sandbox-confirmed failing mutant (HumanEval), and
 `rm eval` scoring those pairs with the `code` reward and the length rule."""
 
 import json
@@ -11,7 +11,7 @@ from rewardlab.rewards.code import CodeReward
 from rewardlab.rm.data import load_pairs, make_rollout
 from rewardlab.rm.pairs import mutant_pairs
 from rewardlab.tasks import load
-from rewardlab.tasks.humaneval import mutate
+from rewardlab.rm.mutants import mutate
 
 ADD_TEST = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-4, 4) == 0\n"
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from rewardlab.rewards import build_reward
 from rewardlab.search import (
-    AGGREGATIONS,
+    STEP_AGGREGATIONS,
     VerifierEquivalence,
     exact_equivalent,
     group_answers,
@@ -61,7 +61,7 @@ def test_step_score_aggregations(name, expected):
 
 
 def test_aggregations_are_the_four_of_search_and_learn():
-    assert sorted(AGGREGATIONS) == ["last", "mean", "min", "prod"]
+    assert sorted(STEP_AGGREGATIONS) == ["last", "mean", "min", "prod"]
 
 
 def test_outcome_scorer_uses_its_score_and_errors_are_minus_infinity():

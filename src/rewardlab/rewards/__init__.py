@@ -5,11 +5,10 @@ from rewardlab.rewards.base import (
     FunctionReward,
     Reward,
     RewardError,
-    WeightedSum,
-    build_reward,
     register_reward,
     reward,
 )
+from rewardlab.rewards.compose import WeightedSum, build_reward
 
 # Registration imports (no other side effects).
 from rewardlab.rewards import text as _text  # noqa: E402,F401
@@ -20,7 +19,7 @@ from rewardlab.rewards import sql as _sql  # noqa: E402,F401
 from rewardlab.rewards import code as _code  # noqa: E402,F401
 # Step checker: arithmetic_steps and its outcome half worked_answer (the verifier of worked:NAME tasks).
 from rewardlab.rewards import steps as _steps  # noqa: E402,F401
-# Reward models (issue 5): reward_model and process_reward_model.
+# Reward models: reward_model and process_reward_model.
 from rewardlab.rewards import model as _model  # noqa: E402,F401
 
 __all__ = [

@@ -1,7 +1,7 @@
-"""The reward contract: `Reward` protocol, the `@reward` decorator, the `REWARDS` registry and `build_reward`.
+"""The reward contract: `Reward` protocol, the `@reward` decorator and the `REWARDS` registry.
 
-`WeightedSum` and the other composition nodes live in `rewards/compose.py`; `WeightedSum` is re-exported here so
-`from rewardlab.rewards.base import WeightedSum` keeps working.
+`build_reward`, `WeightedSum` and the other composition nodes live in `rewards/compose.py`, which imports this
+module (never the other way round); `rewardlab.rewards` re-exports them.
 """
 
 from __future__ import annotations
@@ -251,31 +251,3 @@ def _factory_signature(fn: Callable[..., Any]) -> inspect.Signature:
     return inspect.Signature([inspect.Parameter(n, keyword, default=None) for n in named]
                              + [inspect.Parameter(k, keyword, default=None) for k in EXECUTION_OPTIONS
                                 if k not in named])
-
-
-def build_reward(specs: Sequence[Mapping[str, Any] | str] | Mapping[str, Any] | str, *, on_error: str = "zero"):
-    """Build the reward of a `rewards:` config: a weighted sum over a list of specs (see `rewards.compose`).
-
-    A bare string is one reward with its default weight; a single mapping is a one-element list. Each list item is
-    a leaf `{name, weight, label, ...options}` (a registered reward), a composition node `{compose: sum | gated |
-    tiered | penalty, ...}` or a shaping node `{shape: length | overlong | par | clip | delta, reward: {...}, ...}`;
-    nodes nest. Returns a `WeightedSum` whose `on_error` ("zero", "skip", "raise") decides the score of a rollout
-    with an error anywhere in the tree.
-
-    Raises:
-        ValueError: a bad spec, in one line naming its path (e.g. "rewards[1].tiers[0]: missing 'name'"): an unknown
-            reward name or node kind (the message lists valid ones), a missing or unknown key, an option the reward
-            does not take.
-    """
-    from rewardlab.rewards.compose import build_sum  # compose imports this module; import at call time
-
-    return build_sum(specs, on_error=on_error)
-
-
-def __getattr__(attr: str) -> Any:
-    """Re-export `WeightedSum` from `rewards.compose` (lazily: compose imports this module)."""
-    if attr == "WeightedSum":
-        from rewardlab.rewards.compose import WeightedSum
-
-        return WeightedSum
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -1,7 +1,7 @@
 """Composed rewards: weighted sum, gated, tiered (lexicographic) and multiplicative penalties, and the config builder.
 
 Every node is a `Reward` (a batch of rollouts in, one `RewardOutput` per rollout out) built from config by
-`build_reward` (`rewards.base`), so nodes nest. A node's components hold each child's score under the child's label
+`build_reward` (below), so nodes nest. A node's components hold each child's score under the child's label
 and the child's own components under "<label>/<key>"; the first child component named `correct` is also kept as
 `correct` (the accuracy metric reads it). A child's error makes the node's output an error (score 0, the texts
 joined with "; "); the top-level `WeightedSum` then applies `on_error`.
@@ -521,7 +521,7 @@ def check_specs(specs: Sequence[Any] | Mapping[str, Any] | str, *, on_error: str
     connection): every reward name, composition and shaping kind, key and option, and the nodes' own values.
 
     Raises:
-        ValueError: the first problem, in one line naming its path (as `build_sum` would raise it).
+        ValueError: the first problem, in one line naming its path (as `build_reward` would raise it).
     """
     token = _CHECKING.set(True)
     try:
@@ -530,11 +530,23 @@ def check_specs(specs: Sequence[Any] | Mapping[str, Any] | str, *, on_error: str
         _CHECKING.reset(token)
 
 
-def build_sum(specs: Sequence[Any] | Mapping[str, Any] | str, *, on_error: str = "zero") -> WeightedSum:
-    """The top-level `rewards:` list as a `WeightedSum` (see `rewards.base.build_reward`, which calls this).
+def build_reward(specs: Sequence[Mapping[str, Any] | str] | Mapping[str, Any] | str, *,
+                 on_error: str = "zero") -> WeightedSum:
+    """Build the reward of a `rewards:` config: a weighted sum over a list of specs.
+
+    A bare string is one reward with its default weight; a single mapping is a one-element list. Each list item is
+    a leaf `{name, weight, label, ...options}` (a registered reward), a composition node `{compose: sum | gated |
+    tiered | penalty, ...}` or a shaping node `{shape: length | overlong | par | clip | delta, reward: {...}, ...}`;
+    nodes nest. Returns a `WeightedSum` whose `on_error` ("zero", "skip", "raise") decides the score of a rollout
+    with an error anywhere in the tree.
 
     The whole tree is checked first (`check_specs`), so a bad option anywhere is reported before any leaf is
     constructed (e.g. before a reward model earlier in the list loads).
+
+    Raises:
+        ValueError: a bad spec, in one line naming its path (e.g. "rewards[1].tiers[0]: missing 'name'"): an unknown
+            reward name or node kind (the message lists valid ones), a missing or unknown key, an option the reward
+            does not take.
     """
     check_specs(specs, on_error=on_error)
     return _build_sum(specs, on_error)

@@ -64,10 +64,19 @@ def last_boxed(text: str) -> str | None:
     return text[a:b].strip()
 
 
-def last_tag(text: str, tag: str = "answer") -> str | None:
-    """The content of the last `<tag>...</tag>` (shortest match, may span lines), stripped; None if none."""
+def last_tag(text: str, tag: str = "answer", *, strip: bool = True) -> str | None:
+    """The content of the last `<tag>...</tag>` (shortest match, may span lines), stripped unless `strip=False`;
+    None if none."""
     found = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, re.DOTALL)
-    return found[-1].strip() if found else None
+    if not found:
+        return None
+    return found[-1].strip() if strip else found[-1]
+
+
+def extract_tagged_answer(completion: str) -> str:
+    """The content of the last `<answer>...</answer>` tag, else the whole completion; stripped."""
+    found = last_tag(completion)
+    return completion.strip() if found is None else found
 
 
 def last_number(text: str) -> str | None:

@@ -23,13 +23,13 @@ import torch
 
 from rewardlab.modeldir import check_model_dir, load_pretrained
 from rewardlab.rewards.base import register_reward
+from rewardlab.rewards.steps import STEP_AGGREGATIONS, aggregate_steps
 from rewardlab.types import Rollout, RewardOutput, split_steps
 
 #: Default PRM step tag: plain ASCII, so every tokenizer (the tiny character one included) gives it tokens.
 DEFAULT_STEP_TAG = " <step>"
 #: Default step separator of completions (one step per line), as in `split_steps`.
 DEFAULT_SEPARATOR = "\n"
-AGGREGATES = ("min", "last", "prod", "mean")
 
 
 # ---------------------------------------------------------------------------------------------- input formats
@@ -108,25 +108,6 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
         ids[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
         att[i, : len(r)] = 1
     return ids, att
-
-
-def aggregate_steps(scores: Sequence[float], how: str) -> float:
-    """One score from step scores: `min`, `last`, `prod` (product) or `mean`.
-
-    Raises:
-        ValueError: an unknown `how`, or no scores.
-    """
-    if how not in AGGREGATES:
-        raise ValueError(f"aggregate: expected one of {AGGREGATES}, got {how!r}")
-    if not scores:
-        raise ValueError("aggregate: no step scores")
-    if how == "min":
-        return min(scores)
-    if how == "last":
-        return scores[-1]
-    if how == "prod":
-        return math.prod(scores)
-    return sum(scores) / len(scores)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -243,8 +224,8 @@ class ProcessRewardModel:
     def __init__(self, path: str, aggregate: str = "min", separator: str | None = None, step_tag: str | None = None,
                  batch_size: int = 32, max_length: int = 512, device: str = "cpu",
                  name: str = "process_reward_model") -> None:
-        if aggregate not in AGGREGATES:
-            raise ValueError(f"aggregate: expected one of {AGGREGATES}, got {aggregate!r}")
+        if aggregate not in STEP_AGGREGATIONS:
+            raise ValueError(f"aggregate: expected one of {tuple(STEP_AGGREGATIONS)}, got {aggregate!r}")
         self.name, self.aggregate = name, aggregate
         self.model, self.tokenizer = _load(path, "process", device, name)
         tag = step_tag or getattr(self.model.config, "step_tag", None)

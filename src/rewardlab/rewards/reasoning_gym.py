@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rewardlab.rewards.base import reward
-from rewardlab.rewards.text import extract_tagged_answer
+from rewardlab.rewards.extract import extract_tagged_answer
 from rewardlab.tasks.reasoning_gym import score_answer
 
 

@@ -1,4 +1,5 @@
-"""Step-checking rewards: a worked arithmetic solution judged step by step (a process reward without a model).
+"""Step-checking rewards: a worked arithmetic solution judged step by step (a process reward without a model); and
+`STEP_AGGREGATIONS`, the reductions of a solution's step scores to one score (shared by the PRM reward and search).
 
 One implementation for the worked `+`/`-` chains of `reasoning_gym:NAME` with `target="steps"` and of its preset
 `worked:NAME`: `check_steps` scores the steps, `final_answer` / `answer_correct` the outcome, `first_error` turns
@@ -8,14 +9,56 @@ the two into the index of the first wrong step (`rm.labels`, label.method=refere
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from rewardlab.registry import Registry
 from rewardlab.rewards.base import reward
-from rewardlab.rewards.text import extract_tagged_answer
+from rewardlab.rewards.extract import extract_tagged_answer
 from rewardlab.tasks.steps import parse_chain
 from rewardlab.types import RewardOutput, split_steps
+
+#: Step-score aggregations for whole solutions (Snell et al. 2024; search-and-learn, Beeching et al. 2024):
+#: min over steps, the last step's score, the product over steps, the mean over steps. `fn(scores) -> float`.
+#: Used by `process_reward_model` (its `aggregate` option) and by search (`search.aggregate`).
+STEP_AGGREGATIONS: Registry[Callable[[Sequence[float]], float]] = Registry("step-score aggregation",
+                                                                           reserved=("scores",))
+
+
+@STEP_AGGREGATIONS.register("min")
+def _min(scores: Sequence[float]) -> float:
+    return float(min(scores))
+
+
+@STEP_AGGREGATIONS.register("last")
+def _last(scores: Sequence[float]) -> float:
+    return float(scores[-1])
+
+
+@STEP_AGGREGATIONS.register("prod")
+def _prod(scores: Sequence[float]) -> float:
+    return float(math.prod(scores))
+
+
+@STEP_AGGREGATIONS.register("mean")
+def _mean(scores: Sequence[float]) -> float:
+    return float(sum(scores) / len(scores))
+
+
+def aggregate_steps(scores: Sequence[float], how: str) -> float:
+    """One score from step scores with `STEP_AGGREGATIONS[how]`: `min`, `last`, `prod` (product) or `mean`.
+
+    Raises:
+        ValueError: an unknown `how`, or no scores.
+    """
+    if how not in STEP_AGGREGATIONS:
+        raise ValueError(f"aggregate: expected one of {tuple(STEP_AGGREGATIONS)}, got {how!r}")
+    if not scores:
+        raise ValueError("aggregate: no step scores")
+    return STEP_AGGREGATIONS[how](scores)
+
 
 _STEP = re.compile(r"(-?\d+)([+-])(\d+)=(-?\d+)")
 _INT = re.compile(r"-?\d+")

@@ -18,15 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from rewardlab.rewards.base import reward
-from rewardlab.rewards.extract import NUMBER, check_methods, extract_answer
-
-_ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
-
-
-def extract_tagged_answer(completion: str) -> str:
-    """The content of the last `<answer>...</answer>` tag, else the whole completion; stripped."""
-    found = _ANSWER_TAG.findall(completion)
-    return (found[-1] if found else completion).strip()
+from rewardlab.rewards.extract import NUMBER, check_methods, extract_answer, extract_tagged_answer, last_tag
 
 
 def _references(answer: Any, references: Any = None) -> list[str]:
@@ -91,8 +83,9 @@ def exact_match(
 
     Errors: a row without `answer` (RewardOutput.error "exact_match: ValueError: row has no 'answer'").
     """
-    tagged = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
-    got = tagged[-1] if tagged else completion
+    got = last_tag(completion, strip=False)
+    if got is None:
+        got = completion
 
     def norm(text: str) -> str:
         if strip:

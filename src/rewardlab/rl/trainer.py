@@ -36,7 +36,8 @@ from rewardlab.rewards import Reward, build_reward
 from rewardlab.rewards.compose import check_specs
 from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
-from rewardlab.rl.filters import CURRICULA, GROUP_FILTERS, filter_groups, make_curriculum
+from rewardlab.rl.curricula import CURRICULA, make_curriculum
+from rewardlab.rl.filters import GROUP_FILTERS, filter_groups
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
                                  kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir
@@ -186,8 +187,8 @@ def reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput],
     return token_rewards * mask, group
 
 
-def step_reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], mask: torch.Tensor):
-    """Process rewards on the last token of each step: step_rewards [N, T] and step_mask [N, T] float32.
+def process_reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput], mask: torch.Tensor):
+    """Process rewards on the last token of each reasoning step: step_rewards [N, T] and step_mask [N, T] float32.
 
     Raises:
         ValueError: a reward returned a number of step scores different from the rollout's number of steps.
@@ -323,7 +324,7 @@ def _critic_values(state: TrainState, batch: Collected, packed: Batch) -> dict[s
 
 
 def _step_inputs(state: TrainState, batch: Collected, packed: Batch) -> dict[str, torch.Tensor]:
-    step_rewards, step_mask = step_reward_tensors(batch.rollouts, batch.outputs, packed.mask)
+    step_rewards, step_mask = process_reward_tensors(batch.rollouts, batch.outputs, packed.mask)
     return {"step_rewards": step_rewards, "step_mask": step_mask}
 
 

@@ -78,8 +78,9 @@ def pair_rewards(model, tokenizer, pairs: Sequence[Pair], max_length: int) -> tu
 
 
 @torch.inference_mode()
-def evaluate_pairs(model, tokenizer, pairs: Sequence[Pair], *, batch_size: int = 64, max_length: int = 512) -> dict:
-    """`pair_stats` of a model on pairs, in eval mode (the model's mode is restored)."""
+def model_pair_stats(model, tokenizer, pairs: Sequence[Pair], *, batch_size: int = 64, max_length: int = 512) -> dict:
+    """`pair_stats` of a Bradley–Terry model being trained on pairs, in eval mode (the model's mode is restored): the
+    `eval/*` metrics of `rm train`. (`rm.evaluate.evaluate_pairs` evaluates any finished scorer, a `Reward`.)"""
     was = model.training
     model.eval()
     ch: list[float] = []
@@ -118,7 +119,7 @@ def run_rm_train(cfg, *, resume: bool = False, overwrite: bool = False, show_pro
     with open_fit_run(cfg, model, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
 
         def evaluate() -> dict[str, float]:
-            res = evaluate_pairs(model, tokenizer, eval_pairs, batch_size=t.batch_size, max_length=t.max_length)
+            res = model_pair_stats(model, tokenizer, eval_pairs, batch_size=t.batch_size, max_length=t.max_length)
             return {f"eval/{k}": v for k, v in res.items()}
 
         def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, dict[str, float]]:

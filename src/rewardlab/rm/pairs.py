@@ -153,7 +153,7 @@ def mutant_pairs(
     Rows are taken `batch_size` at a time. In each batch the canonical solutions are first run with the `code`
     reward (defaults: timeout 10 s, test_timeout 3 s); a row whose canonical solution does not pass every test is
     skipped (`canonical_failures`). The others get up to `pairs_per_question` failing mutants from
-    `rewardlab.tasks.humaneval.failing_variants(..., seed=seed, limit=pairs_per_question)` (a mutant counts only
+    `rewardlab.rm.mutants.failing_variants(..., seed=seed, limit=pairs_per_question)` (a mutant counts only
     when a test fails by an assertion, an exception or at load, never by a timeout alone), one pair each, in
     mutation order. A row's pairs depend only on the row and `seed`, not on `batch_size`.
 
@@ -175,7 +175,7 @@ def mutant_pairs(
         ValueError: a row lacks a canonical solution or tests (naming the row).
     """
     from rewardlab.rewards.code import CodeReward
-    from rewardlab.tasks.humaneval import failing_variants
+    from rewardlab.rm.mutants import failing_variants
 
     check_code_rows(rows)
     canonical_reward = CodeReward()

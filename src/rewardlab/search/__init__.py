@@ -6,7 +6,8 @@ Every method takes a policy (`rewardlab.policy.Policy`), task rows and, except `
 compares them against pass@N and greedy decoding.
 """
 
-from rewardlab.search.base import AGGREGATIONS, SearchResult, pick_best, sample_solutions, solution_score
+from rewardlab.rewards.steps import STEP_AGGREGATIONS
+from rewardlab.search.base import SearchResult, pick_best, sample_solutions, solution_score
 from rewardlab.search.beam import beam, dvts, join_steps
 from rewardlab.search.best_of_n import best_of_n, select_best_of_n
 from rewardlab.search.voting import (
@@ -23,8 +24,8 @@ from rewardlab.search.voting import (
 )
 
 __all__ = [
-    "AGGREGATIONS",
     "EQUIVALENCES",
+    "STEP_AGGREGATIONS",
     "SearchResult",
     "VerifierEquivalence",
     "Vote",

@@ -8,12 +8,12 @@ top_p, max_new_tokens, rows, batch_size, prefixes, stop) -> list[Rollout]` (prom
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rewardlab.registry import Registry
 from rewardlab.rewards.base import Reward
+from rewardlab.rewards.steps import STEP_AGGREGATIONS
 from rewardlab.types import Rollout, RewardOutput
 
 
@@ -50,43 +50,17 @@ class SearchResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-#: Step-score aggregations for whole solutions (Snell et al. 2024; search-and-learn, Beeching et al. 2024):
-#: min over steps, the last step's score, the product over steps, the mean over steps. `fn(scores) -> float`.
-AGGREGATIONS: Registry[Callable[[Sequence[float]], float]] = Registry("step-score aggregation",
-                                                                      reserved=("scores",))
-
-
-@AGGREGATIONS.register("min")
-def _min(scores: Sequence[float]) -> float:
-    return float(min(scores))
-
-
-@AGGREGATIONS.register("last")
-def _last(scores: Sequence[float]) -> float:
-    return float(scores[-1])
-
-
-@AGGREGATIONS.register("prod")
-def _prod(scores: Sequence[float]) -> float:
-    return float(math.prod(scores))
-
-
-@AGGREGATIONS.register("mean")
-def _mean(scores: Sequence[float]) -> float:
-    return float(sum(scores) / len(scores))
-
-
 def solution_score(output: RewardOutput, aggregate: str = "last") -> float:
     """One number per (partial) solution from a scorer's output.
 
-    A process scorer's `step_scores` (non-empty) are aggregated with `AGGREGATIONS[aggregate]`; otherwise the
+    A process scorer's `step_scores` (non-empty) are aggregated with `STEP_AGGREGATIONS[aggregate]` (`rewards.steps`); otherwise the
     outcome `score` is used. A failed score (`error` set) is -inf, so it is never preferred.
 
     Raises:
         ValueError: an unknown aggregation (the message lists the valid ones).
     """
     try:
-        fn = AGGREGATIONS.get(aggregate)
+        fn = STEP_AGGREGATIONS.get(aggregate)
     except ValueError as exc:
         raise ValueError(f"search.aggregate: {exc}") from None
     if output.error is not None:

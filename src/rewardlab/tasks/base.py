@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 Row = dict[str, Any]
@@ -33,7 +33,6 @@ class Task:
     train: list[Row]
     test: list[Row]
     reward: str = "exact_match"
-    info: dict[str, Any] = field(default_factory=dict)
     eval_split: str = "test"
     all_rows: list[Row] | None = None
 

@@ -173,5 +173,4 @@ def load_reasoning_gym(
         train=train,
         test=test,
         reward="arithmetic_steps" if target == "steps" else "reasoning_gym",
-        info={"drawn": len(rows), "unique": len(train) + len(test), "template": template, "target": target},
     )

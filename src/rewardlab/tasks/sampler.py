@@ -40,7 +40,7 @@ class RowSampler:
         return out
 
     def update(self, indices: list[int], pass_rates: list[float]) -> None:
-        """Uniform sampling ignores outcomes (the curriculum interface; see `rewardlab.rl.filters`)."""
+        """Uniform sampling ignores outcomes (the curriculum interface; see `rewardlab.rl.curricula`)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.getstate(), "order": list(self.order), "pos": self.pos}

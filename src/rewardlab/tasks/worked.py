@@ -64,5 +64,4 @@ def load_worked(name: str, /, **options: Any) -> Task:
         train=[worked_row(r) for r in base.train],
         test=[worked_row(r) for r in base.test],
         reward="worked_answer",
-        info=dict(base.info),
     )
