@@ -7,7 +7,6 @@ import pytest
 from conftest import write_jsonl
 from rewardlab.rewards import build_reward
 from rewardlab.rm.data import (
-    load_best_of_k,
     load_eval_rows,
     load_pairs,
     load_step_rows,
@@ -48,10 +47,10 @@ def test_malformed_json_line(tmp_path):
 
 def test_rewardbench2_rows_need_exactly_one_chosen(tmp_path):
     good = {"prompt": "q", "chosen": ["a"], "rejected": ["b", "c", "d"], "subset": "Math"}
-    rows = load_best_of_k(write_jsonl(tmp_path / "g.jsonl", [good]))
+    rows = load_eval_rows(write_jsonl(tmp_path / "g.jsonl", [good]))["best_of_k"]
     assert rows[0].chosen == "a" and rows[0].rejected == ["b", "c", "d"]
     with pytest.raises(ValueError, match="b.jsonl:1: field 'chosen' must hold exactly one"):
-        load_best_of_k(write_jsonl(tmp_path / "b.jsonl", [dict(good, chosen=["a", "e"])]))
+        load_eval_rows(write_jsonl(tmp_path / "b.jsonl", [dict(good, chosen=["a", "e"])]))
 
 
 def test_step_rows_and_processbench_labels(tmp_path):

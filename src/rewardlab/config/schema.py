@@ -129,7 +129,7 @@ class RLConfig(_Base):
     group_filter_options: dict[str, Any] = Field(default_factory=dict, description="options of the group filter "
                                                  "(dapo takes none)")
     max_rounds: int = Field(3, gt=0, description="generation rounds per step at most when a group filter drops groups")
-    curriculum: str = Field("uniform", description="prompt sampler, a key of rl.filters.CURRICULA: 'uniform' or "
+    curriculum: str = Field("uniform", description="prompt sampler, a key of rl.curricula.CURRICULA: 'uniform' or "
                             "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
     curriculum_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {mu: 0.5, sigma: 0.2}")
     critic_lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the value model (created only for "

@@ -175,11 +175,6 @@ def load_pairs(path: str | Path) -> list[Pair]:
     return [parse_pair(o, f"{path}:{n}") for n, o in read_jsonl(path)]
 
 
-def load_best_of_k(path: str | Path) -> list[BestOfK]:
-    """Best-of-k rows from a RewardBench-2-style JSONL file. Raises ValueError `PATH:LINE: ...` on a bad row."""
-    return [parse_best_of_k(o, f"{path}:{n}") for n, o in read_jsonl(path)]
-
-
 def load_step_rows(path: str | Path) -> list[StepRow]:
     """Step-labelled solutions from a JSONL file. Raises ValueError `PATH:LINE: ...` on a bad row."""
     return [parse_steps(o, f"{path}:{n}") for n, o in read_jsonl(path)]

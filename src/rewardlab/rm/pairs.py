@@ -148,7 +148,7 @@ def mutant_pairs(
     on_batch: Callable[[int, dict[str, float]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Preference pairs with no policy: a row's canonical solution (chosen) vs a single-point mutant of it that the
-    sandbox confirms fails the row's tests (rejected), as issue 5 asks for HumanEval (Chen et al., 2021).
+    sandbox confirms fails the row's tests (rejected), for HumanEval-style rows (Chen et al., 2021).
 
     Rows are taken `batch_size` at a time. In each batch the canonical solutions are first run with the `code`
     reward (defaults: timeout 10 s, test_timeout 3 s); a row whose canonical solution does not pass every test is
