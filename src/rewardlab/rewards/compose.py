@@ -177,6 +177,19 @@ class WeightedSum:
 
 
 # ---------------------------------------------------------------------------------------------- gated
+def component_weights(reward: Reward) -> list[tuple[str, float]]:
+    """The (component label, weight) pairs whose weighted sum is `reward`'s score: score = sum_k w_k * score_k.
+
+    For a `WeightedSum` (what `build_reward` returns): each member's label (the key of its score in the output's
+    `components`) and weight w_k, in member order. Any other reward is one component: its `name`, weight 1.0 (a
+    tiered or penalty reward is not a sum, so it is not split). GDPO (`rl.advantages.gdpo`) normalizes each of these
+    components on its own and sums them with these weights.
+    """
+    if isinstance(reward, WeightedSum):
+        return [(label, float(w)) for label, (_, w) in zip(reward.labels, reward.members)]
+    return [(reward.name, 1.0)]
+
+
 class GatedReward:
     """A reward that counts only for rollouts whose gate reward reaches a threshold.
 

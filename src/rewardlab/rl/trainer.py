@@ -33,7 +33,7 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Batch, Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
 from rewardlab.rewards import Reward, build_reward
-from rewardlab.rewards.compose import check_specs
+from rewardlab.rewards.compose import check_specs, component_weights
 from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.curricula import CURRICULA, make_curriculum
@@ -308,9 +308,9 @@ def _greedy_baseline(state: TrainState, rollouts: list[Rollout]) -> tuple[dict[s
 
 def _reward_components(state: TrainState, batch: Collected, packed: Batch) -> dict[str, torch.Tensor]:
     """GDPO's inputs: each member reward's score as a column of components [N, K], and the members' weights [K]."""
-    reward = state.reward
-    labels = list(getattr(reward, "labels", [reward.name]))
-    weights = [w for _, w in getattr(reward, "members", [(reward, 1.0)])]
+    pairs = component_weights(state.reward)
+    labels = [label for label, _ in pairs]
+    weights = [w for _, w in pairs]
     comps = [[o.components.get(label, o.score if len(labels) == 1 else 0.0) for label in labels]
              for o in batch.outputs]
     return {"components": torch.tensor(comps, dtype=torch.float32),

@@ -131,3 +131,54 @@ def sample_solutions(
                 r.group = start + i
             out.append(group)
     return out
+
+
+def _first_n(what: str, given: Sequence[Sequence[Any]], rows: int, n: int) -> list[list[Any]]:
+    if len(given) != rows:
+        raise ValueError(f"{what}: {len(given)} lists for {rows} rows")
+    short = next((i for i, g in enumerate(given) if len(g) < n), None)
+    if short is not None:
+        raise ValueError(f"{what}: row {short} has {len(given[short])}, fewer than n={n}")
+    return [list(g[:n]) for g in given]
+
+
+def pool_groups(
+    policy: SearchPolicy | None,
+    rows: Sequence[dict[str, Any]],
+    n: int,
+    samples: Sequence[Sequence[Rollout]] | None = None,
+    **sampling: Any,
+) -> list[list[Rollout]]:
+    """The N candidates of each row for the pool methods (best-of-N and the votes): the first `n` of each row's
+    `samples` when given (a shared pool sampled once for several budgets; `policy` is not called), else `n` fresh
+    solutions per row from `sample_solutions(policy, rows, n=n, **sampling)`.
+
+    Raises:
+        ValueError: `samples` with another number of rows than `rows`, or fewer than n in a row.
+    """
+    if samples is not None:
+        return _first_n("samples", samples, len(rows), n)
+    if policy is None:
+        raise ValueError("search: give a policy or samples")
+    return sample_solutions(policy, rows, n=n, **sampling)
+
+
+def pool_scores(
+    scorer: Reward | None,
+    groups: Sequence[Sequence[Rollout]],
+    n: int,
+    scores: Sequence[Sequence[float]] | None = None,
+    aggregate: str = "last",
+) -> list[float]:
+    """The scores of the candidates `groups` (N per row), flat in row order: the first `n` of each row's `scores`
+    when given (`scorer` is not called), else `score_solutions(scorer, ..., aggregate)` in one batch.
+
+    Raises:
+        ValueError: `scores` with another number of rows than `groups`, or fewer than n in a row; an unknown
+            aggregation.
+    """
+    if scores is not None:
+        return [float(x) for g in _first_n("scores", scores, len(groups), n) for x in g]
+    if scorer is None:
+        raise ValueError("search: give a scorer or scores")
+    return score_solutions(scorer, [r for g in groups for r in g], aggregate)

@@ -6,24 +6,24 @@ from collections.abc import Sequence
 from typing import Any
 
 from rewardlab.rewards.base import Reward
-from rewardlab.search.base import SearchPolicy, SearchResult, check_budget, pick_best, sample_solutions, score_solutions
+from rewardlab.search.base import SearchPolicy, SearchResult, check_budget, pick_best, pool_groups, pool_scores
 from rewardlab.types import Rollout
 
 
 def select_best_of_n(candidates: Sequence[Rollout], scores: Sequence[float], tokens: int = 0) -> SearchResult:
     """Best-of-N selection over already sampled and scored candidates: argmax of `scores`, ties to the first.
 
-    Cost recorded: `tokens` as given, one scorer call per candidate.
+    Cost recorded: `tokens` as given, one scorer call per candidate. `info["index"]` is the chosen candidate's index.
     """
     i = pick_best(scores)
     return SearchResult(best=candidates[i], score=scores[i], candidates=list(candidates), scores=list(scores),
-                        tokens=tokens, scorer_calls=len(candidates))
+                        tokens=tokens, scorer_calls=len(candidates), info={"index": i})
 
 
 def best_of_n(
-    policy: SearchPolicy,
+    policy: SearchPolicy | None,
     rows: Sequence[dict[str, Any]],
-    scorer: Reward,
+    scorer: Reward | None,
     *,
     n: int,
     aggregate: str = "last",
@@ -32,6 +32,8 @@ def best_of_n(
     top_p: float = 1.0,
     max_new_tokens: int = 64,
     batch_size: int = 1024,
+    samples: Sequence[Sequence[Rollout]] | None = None,
+    scores: Sequence[Sequence[float]] | None = None,
 ) -> list[SearchResult]:
     """Best-of-N (rejection sampling with a verifier or reward model; e.g. Cobbe et al. 2021, Lightman et al. 2023).
 
@@ -46,15 +48,21 @@ def best_of_n(
         n: N, samples per row.
         temperature, top_p, max_new_tokens: sampling settings of each solution (max_new_tokens in tokens).
         batch_size: about this many sequences per `generate` call.
+        samples: already sampled solutions, one list per row with at least N each: the first N of each row are
+            the candidates and `policy` is not called (it may be None). `rewardlab search` passes its shared pool.
+        scores: their scores, one list per row (same layout as `samples`; -inf for a failed score): the first N
+            of each row are used and `scorer` is not called (it may be None).
     Returns:
-        one `SearchResult` per row; cost: the sampled tokens, N scorer calls.
+        one `SearchResult` per row (`info["index"]`: the chosen candidate's index); cost: the sampled tokens
+        (of the N candidates), N scorer calls.
     Raises:
-        ValueError: n < 1, an unknown aggregation.
+        ValueError: n < 1, an unknown aggregation, `samples` or `scores` with another number of rows or fewer than N
+            in a row.
     """
     check_budget(n)
-    groups = sample_solutions(policy, rows, n=n, temperature=temperature, top_p=top_p,
-                              max_new_tokens=max_new_tokens, separator=separator, batch_size=batch_size)
-    flat = score_solutions(scorer, [r for g in groups for r in g], aggregate)  # one batch for all rows
+    groups = pool_groups(policy, rows, n, samples, temperature=temperature, top_p=top_p,
+                         max_new_tokens=max_new_tokens, separator=separator, batch_size=batch_size)
+    flat = pool_scores(scorer, groups, n, scores, aggregate)  # one batch for all rows
     return [
         select_best_of_n(g, flat[i * n : (i + 1) * n], tokens=sum(len(r.completion_ids) for r in g))
         for i, g in enumerate(groups)

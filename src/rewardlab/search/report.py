@@ -30,30 +30,35 @@ from rewardlab.rewards import build_reward
 from rewardlab.rewards.steps import final_answer
 from rewardlab.registry import Registry
 from rewardlab.runs import RunDir, atomic_write_text
-from rewardlab.search.base import pick_best, sample_solutions, score_solutions
+from rewardlab.search.base import sample_solutions, score_solutions
 from rewardlab.search.beam import beam, dvts
-from rewardlab.search.voting import EQUIVALENCES, VerifierEquivalence, majority_vote, weighted_majority_vote
+from rewardlab.search.best_of_n import best_of_n
+from rewardlab.search.voting import EQUIVALENCES, VerifierEquivalence, majority, weighted_majority
+from rewardlab.types import Rollout
 
 #: The methods `rewardlab search` can compare, in table order. Meta: `display` (name in tables and plots), `style`
-#: (matplotlib marker and line style), `pool` (True: a selector `fn(scores, answers, equivalent, row) -> index`
-#: over the first N samples of the shared pool; False: a tree search `fn(policy, rows, scorer, *, n, ...)` run
-#: afresh for each N), `scorer` (whether it calls the scorer).
+#: (matplotlib marker and line style), `pool` (True: `fn(rows, samples, scores, n, equivalent) -> list[SearchResult]`
+#: over the first N samples of the shared pool, `info["index"]` the chosen sample; False: a tree search
+#: `fn(policy, rows, scorer, *, n, ...)` run afresh for each N), `scorer` (whether it calls the scorer).
 METHODS: Registry = Registry("search method")
 
 
+# Pool methods: each calls the library's public function on the first n pooled samples (and scores) of each row,
+# so the report's figures are that function's figures.
 @METHODS.register("best_of_n", display="best-of-N", style=("o", "-"), pool=True, scorer=True)
-def _select_best_of_n(scores, answers, equivalent, row) -> int:
-    return pick_best(scores)
+def _pool_best_of_n(rows, samples, scores, n, equivalent):
+    return best_of_n(None, rows, None, n=n, samples=samples, scores=scores)
 
 
 @METHODS.register("majority", display="majority", style=("s", "-"), pool=True, scorer=False)
-def _select_majority(scores, answers, equivalent, row) -> int:
-    return majority_vote(answers, equivalent, row).index
+def _pool_majority(rows, samples, scores, n, equivalent):
+    return majority(None, rows, n=n, equivalent=equivalent, extract=final_answer, samples=samples)
 
 
 @METHODS.register("weighted_majority", display="weighted majority", style=("x", "--"), pool=True, scorer=True)
-def _select_weighted_majority(scores, answers, equivalent, row) -> int:
-    return weighted_majority_vote(answers, scores, equivalent, row).index
+def _pool_weighted_majority(rows, samples, scores, n, equivalent):
+    return weighted_majority(None, rows, None, n=n, equivalent=equivalent, extract=final_answer, samples=samples,
+                             scores=scores)
 
 
 METHODS.register("beam", display="beam search", style=("^", "-"), pool=False, scorer=True)(beam)
@@ -218,7 +223,11 @@ def _search(cfg: SearchConfig, rows, policy, verifier, scorer, units: _Units, sh
     if need_scores:
         scores = [[float(x) for x in g] for g in rec["scores"]]
         timing["pool_scoring_s"] = rec["pool_scoring_s"]
-    answers = [[final_answer(c) for c in g] for g in rec["completions"]]
+    # The pooled samples as rollouts (text only: a resumed run has their texts, not their token ids; the token
+    # cost below is read from the pool's record).
+    samples = [[Rollout(prompt=str(row.get("prompt", "")), prompt_ids=[], completion=c, completion_ids=[],
+                        logprobs=[], row=row, group=i) for c in g]
+               for i, (row, g) in enumerate(zip(rows, rec["completions"]))]
     pool_tokens = rec["tokens"]
     pass_at = {}
     for n in ns:
@@ -231,10 +240,8 @@ def _search(cfg: SearchConfig, rows, policy, verifier, scorer, units: _Units, sh
             if cell is None:
                 t0 = time.perf_counter()
                 select, uses_scorer = METHODS[m], METHODS.meta(m)["scorer"]
-                hits = []
-                for i, row in enumerate(rows):
-                    idx = select(scores[i][:n] if uses_scorer else None, answers[i][:n], equivalent, row)
-                    hits.append(correct[i][idx])
+                out = select(rows, samples, scores if uses_scorer else None, n, equivalent)
+                hits = [correct[i][r.info["index"]] for i, r in enumerate(out)]
                 cell = {"result": {"accuracy": _mean(hits), "tokens_per_question": tokens,
                                    "scorer_calls_per_question": float(n) if uses_scorer else 0.0,
                                    "select_s": time.perf_counter() - t0}}

@@ -17,7 +17,7 @@ from typing import Any
 from rewardlab.registry import Registry
 from rewardlab.rewards.base import Reward
 from rewardlab.rewards.steps import final_answer
-from rewardlab.search.base import SearchPolicy, SearchResult, check_budget, pick_best, sample_solutions, score_solutions
+from rewardlab.search.base import SearchPolicy, SearchResult, check_budget, pick_best, pool_groups, pool_scores
 from rewardlab.types import Rollout
 
 #: equivalent(a, b, row) -> True when answers a and b (strings) are the same answer to the row's question.
@@ -166,11 +166,11 @@ def weighted_majority_vote(
 def _voted(group: list[Rollout], scores: list[float], vote: Vote, tokens: int, scorer_calls: int) -> SearchResult:
     return SearchResult(best=group[vote.index], score=vote.support, candidates=group, scores=scores, tokens=tokens,
                         scorer_calls=scorer_calls, answer=vote.answer,
-                        info={"groups": vote.groups, "totals": vote.totals})
+                        info={"index": vote.index, "groups": vote.groups, "totals": vote.totals})
 
 
 def majority(
-    policy: SearchPolicy,
+    policy: SearchPolicy | None,
     rows: Sequence[dict[str, Any]],
     *,
     n: int,
@@ -181,29 +181,33 @@ def majority(
     top_p: float = 1.0,
     max_new_tokens: int = 64,
     batch_size: int = 1024,
+    samples: Sequence[Sequence[Rollout]] | None = None,
 ) -> list[SearchResult]:
     """Sample N solutions per row and return the majority-vote answer (`majority_vote` over `extract(completion)`).
 
+    `samples`: already sampled solutions, one list per row with at least N each; the first N of each row are voted
+    on and `policy` is not called (it may be None). `rewardlab search` passes its shared pool.
+
     Returns:
         one `SearchResult` per row: `best` = the first sample giving the winning answer, `answer` = that answer,
-        `score` = its vote count; cost: the sampled tokens, 0 scorer calls.
+        `score` = its vote count, `info["index"]` = the index of `best`; cost: the sampled tokens, 0 scorer calls.
     Raises:
-        ValueError: n < 1.
+        ValueError: n < 1; `samples` with another number of rows or fewer than N in a row.
     """
     check_budget(n)
     out = []
-    for row, group in zip(rows, sample_solutions(policy, rows, n=n, temperature=temperature, top_p=top_p,
-                                                 max_new_tokens=max_new_tokens, separator=separator,
-                                                 batch_size=batch_size)):
+    for row, group in zip(rows, pool_groups(policy, rows, n, samples, temperature=temperature, top_p=top_p,
+                                            max_new_tokens=max_new_tokens, separator=separator,
+                                            batch_size=batch_size)):
         vote = majority_vote([extract(r.completion) for r in group], equivalent, row)
         out.append(_voted(group, [1.0] * len(group), vote, sum(len(r.completion_ids) for r in group), 0))
     return out
 
 
 def weighted_majority(
-    policy: SearchPolicy,
+    policy: SearchPolicy | None,
     rows: Sequence[dict[str, Any]],
-    scorer: Reward,
+    scorer: Reward | None,
     *,
     n: int,
     aggregate: str = "last",
@@ -214,20 +218,27 @@ def weighted_majority(
     top_p: float = 1.0,
     max_new_tokens: int = 64,
     batch_size: int = 1024,
+    samples: Sequence[Sequence[Rollout]] | None = None,
+    scores: Sequence[Sequence[float]] | None = None,
 ) -> list[SearchResult]:
     """Sample N solutions per row, score them (`solution_score` with `aggregate`), return the weighted-majority
     answer (`weighted_majority_vote`).
 
+    `samples` / `scores`: already sampled solutions / their scores, one list per row with at least N each; the
+    first N of each row are used and `policy` / `scorer` is not called (it may be None). `rewardlab search` passes
+    its shared pool.
+
     Returns:
         one `SearchResult` per row: `best` = the first sample giving the winning answer, `score` = the winning
-        group's summed score; cost: the sampled tokens, N scorer calls.
+        group's summed score, `info["index"]` = the index of `best`; cost: the sampled tokens, N scorer calls.
     Raises:
-        ValueError: n < 1, an unknown aggregation.
+        ValueError: n < 1, an unknown aggregation; `samples` or `scores` with another number of rows or fewer than
+            N in a row.
     """
     check_budget(n)
-    groups = sample_solutions(policy, rows, n=n, temperature=temperature, top_p=top_p,
-                              max_new_tokens=max_new_tokens, separator=separator, batch_size=batch_size)
-    flat = score_solutions(scorer, [r for g in groups for r in g], aggregate)
+    groups = pool_groups(policy, rows, n, samples, temperature=temperature, top_p=top_p,
+                         max_new_tokens=max_new_tokens, separator=separator, batch_size=batch_size)
+    flat = pool_scores(scorer, groups, n, scores, aggregate)
     out = []
     for i, (row, group) in enumerate(zip(rows, groups)):
         scores = flat[i * n : (i + 1) * n]
