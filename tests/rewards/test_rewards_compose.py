@@ -13,7 +13,7 @@ from rewardlab.rewards import REWARDS, GatedReward, PenaltyReward, TieredReward,
 from rewardlab.rewards.compose import error_sources
 from rewardlab.types import Rollout, RewardOutput
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "rewards-compose.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "rewards-compose.md"
 
 
 def _rollout(completion="c", row=None, n_steps=0):
