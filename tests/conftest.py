@@ -27,6 +27,19 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def make_rollout(completion: str = "c", row: dict | None = None, *, prompt: str = "p", n_tokens: int | None = None,
+                 **fields):
+    """A Rollout of `completion` for scoring tests: prompt_ids [1], `n_tokens` completion ids (default one per
+    character, at least one; ids 4, 5, ... so none is a special token), log-probs 0.0, `row` (default {}); `fields`
+    (group, steps, step_text, truncated, or any of the above to override it) pass through to Rollout."""
+    from rewardlab.types import Rollout
+
+    n = max(1, len(completion)) if n_tokens is None else n_tokens
+    base = dict(prompt=prompt, prompt_ids=[1], completion=completion, completion_ids=list(range(4, 4 + n)),
+                logprobs=[0.0] * n, row=row or {})
+    return Rollout(**{**base, **fields})
+
+
 @pytest.fixture
 def tiny_policy():
     from rewardlab.policy import load_policy
