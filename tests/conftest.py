@@ -40,6 +40,15 @@ def make_rollout(completion: str = "c", row: dict | None = None, *, prompt: str 
     return Rollout(**{**base, **fields})
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every fault-injection test is `slow` too, so `make test-fast` (`-m "not slow"`) leaves out the SIGKILL and
+    resume runs."""
+    faults = Path(__file__).parent / "faults"
+    for item in items:
+        if faults in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def tiny_policy():
     from rewardlab.policy import load_policy
