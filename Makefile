@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The full suite less the `slow` tests (the fault-injection suite and the end-to-end training runs), for the edit loop.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -27,6 +27,28 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def make_rollout(completion: str = "c", row: dict | None = None, *, prompt: str = "p", n_tokens: int | None = None,
+                 **fields):
+    """A Rollout of `completion` for scoring tests: prompt_ids [1], `n_tokens` completion ids (default one per
+    character, at least one; ids 4, 5, ... so none is a special token), log-probs 0.0, `row` (default {}); `fields`
+    (group, steps, step_text, truncated, or any of the above to override it) pass through to Rollout."""
+    from rewardlab.types import Rollout
+
+    n = max(1, len(completion)) if n_tokens is None else n_tokens
+    base = dict(prompt=prompt, prompt_ids=[1], completion=completion, completion_ids=list(range(4, 4 + n)),
+                logprobs=[0.0] * n, row=row or {})
+    return Rollout(**{**base, **fields})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every fault-injection test is `slow` too, so `make test-fast` (`-m "not slow"`) leaves out the SIGKILL and
+    resume runs."""
+    faults = Path(__file__).parent / "faults"
+    for item in items:
+        if faults in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def tiny_policy():
     from rewardlab.policy import load_policy

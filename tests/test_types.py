@@ -2,28 +2,23 @@ import math
 
 import pytest
 
+from conftest import make_rollout
 from rewardlab.types import Rollout, RewardOutput
-
-
-def _rollout(**kw):
-    base = dict(prompt="1+1=", prompt_ids=[1, 21, 15, 21, 33], completion="2", completion_ids=[22, 2],
-                logprobs=[-0.5, -0.1])
-    base.update(kw)
-    return Rollout(**base)
 
 
 def test_rollout_rejects_logprobs_of_other_length():
     with pytest.raises(ValueError, match="logprobs has 1 entries but completion_ids has 2"):
-        _rollout(logprobs=[-0.5])
+        make_rollout("2", n_tokens=2, logprobs=[-0.5])
 
 
 def test_rollout_answer_comes_from_row():
-    assert _rollout(row={"answer": "2"}).answer == "2"
-    assert _rollout().answer is None
+    assert make_rollout("2", {"answer": "2"}).answer == "2"
+    assert make_rollout("2").answer is None
 
 
 def test_rollout_defaults():
-    r = _rollout()
+    r = Rollout(prompt="1+1=", prompt_ids=[1, 21, 15, 21, 33], completion="2", completion_ids=[22, 2],
+                logprobs=[-0.5, -0.1])
     assert (r.group, r.steps, r.truncated, r.row) == (0, [], False, {})
 
 

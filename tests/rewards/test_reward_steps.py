@@ -4,13 +4,12 @@ import json
 
 import pytest
 
-from conftest import TINY_OVERRIDES
+from conftest import TINY_OVERRIDES, make_rollout
 from rewardlab.config import SFTConfig, load_config
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.steps import check_steps, final_answer
 from rewardlab.tasks import load
 from rewardlab.tasks.steps import parse_chain, worked_steps
-from rewardlab.types import Rollout
 
 
 # ---------------------------------------------------------------- worked solutions
@@ -85,17 +84,13 @@ def test_check_steps_one_term_chain():
     assert check_steps(["-3"], "-3") == [1.0]
 
 
-def _rollout(completion, row):
-    return Rollout(prompt=row["prompt"], prompt_ids=[], completion=completion, completion_ids=[], logprobs=[], row=row)
-
-
 ROW = {"prompt": "3+4-2=", "answer": "5", "metadata": {"expression": "3 + 4 - 2"}}
 
 
 def test_arithmetic_steps_reward_scores_steps_and_final_answer():
     reward = build_reward("arithmetic_steps")
-    right, wrong_step, short = reward([_rollout("3+4=7\n7-2=5", ROW), _rollout("3+4=7\n7-2=4", ROW),
-                                       _rollout("3+4=7", ROW)])
+    right, wrong_step, short = reward([make_rollout("3+4=7\n7-2=5", ROW), make_rollout("3+4=7\n7-2=4", ROW),
+                                       make_rollout("3+4=7", ROW)])
     assert (right.score, right.step_scores, right.components["steps_correct"]) == (1.0, [1.0, 1.0], 1.0)
     assert (wrong_step.score, wrong_step.step_scores) == (0.0, [1.0, 0.0])
     assert wrong_step.components["steps_correct"] == 0.5 and wrong_step.components["n_steps"] == 2.0
@@ -105,7 +100,7 @@ def test_arithmetic_steps_reward_scores_steps_and_final_answer():
 
 def test_arithmetic_steps_reads_marked_step_texts_and_an_expression_field():
     row = {"prompt": "q", "answer": "-1", "expression": "2 - 3"}
-    r = _rollout("2-3=-1", row)
+    r = make_rollout("2-3=-1", row)
     r.steps, r.step_text = [(0, 6)], ["2-3=-1"]
     (out,) = build_reward("arithmetic_steps")([r])
     assert out.score == 1.0 and out.step_scores == [1.0]
@@ -114,13 +109,14 @@ def test_arithmetic_steps_reads_marked_step_texts_and_an_expression_field():
 def test_arithmetic_steps_on_worked_rows_reads_final():
     # worked:chain_sum rows: answer is the worked solution, final the number
     row = {"prompt": "3+4-2=", "answer": "3+4=7\n7-2=5", "final": "5", "metadata": {"expression": "3 + 4 - 2"}}
-    right, wrong = build_reward("arithmetic_steps")([_rollout("3+4=7\n7-2=5", row), _rollout("3+4=7\n7-2=6", row)])
+    right, wrong = build_reward("arithmetic_steps")([make_rollout("3+4=7\n7-2=5", row),
+                                                     make_rollout("3+4=7\n7-2=6", row)])
     assert (right.score, right.step_scores) == (1.0, [1.0, 1.0])
     assert (wrong.score, wrong.step_scores) == (0.0, [1.0, 0.0])
 
 
 def test_arithmetic_steps_without_an_expression_is_an_error():
-    (out,) = build_reward("arithmetic_steps")([_rollout("1+1=2", {"prompt": "q", "answer": "2"})])
+    (out,) = build_reward("arithmetic_steps")([make_rollout("1+1=2", {"prompt": "q", "answer": "2"})])
     assert out.error is not None and out.error.startswith("arithmetic_steps: KeyError")
 
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import TINY_OVERRIDES, write_jsonl
+from conftest import TINY_OVERRIDES, make_rollout, write_jsonl
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, register_reward, reward
 from rewardlab.rl.trainer import process_reward_tensors, reward_tensors, step_metrics, train, training_rollouts
 from rewardlab.runs import RunDir, RunDirError
-from rewardlab.types import Rollout, RewardOutput
+from rewardlab.types import RewardOutput
 
 if "test_digit_frac" not in REWARDS:  # the module may be imported twice (e.g. by a plugin)
 
@@ -47,13 +47,8 @@ def _metrics(path):
 
 
 # ---------------------------------------------------------------- pure helpers
-def _rollout(n_tokens, group, truncated=False):
-    return Rollout(prompt="p", prompt_ids=[1], completion="x" * n_tokens, completion_ids=[5] * n_tokens,
-                   logprobs=[0.0] * n_tokens, group=group, truncated=truncated)
-
-
 def test_reward_tensors_put_score_on_last_token():
-    rollouts = [_rollout(2, 0), _rollout(1, 0), _rollout(3, 1)]
+    rollouts = [make_rollout("xx", group=0), make_rollout("x", group=0), make_rollout("xxx", group=1)]
     outputs = [RewardOutput(1.0), RewardOutput(0.5), RewardOutput(0.0, error="r: boom")]
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.float32)
     rewards, group = reward_tensors(rollouts, outputs, mask)
@@ -65,7 +60,7 @@ def test_training_rollouts_leave_out_skipped_rollouts_and_small_groups():
     # groups: 0 = [ok, ok, err], 1 = [ok, err], 2 = [err, err], 3 = [ok]
     groups = [0, 0, 0, 1, 1, 2, 2, 3]
     errors = [None, None, "r: x", None, "r: x", "r: x", "r: x", None]
-    rollouts = [_rollout(1, g) for g in groups]
+    rollouts = [make_rollout("x", group=g) for g in groups]
     outputs = [RewardOutput(0.0, error=e) for e in errors]
     # on_error=skip, min group size 2 (rloo): the 4 errored rollouts leave; group 1 keeps 1 and group 3 has 1 -> both
     # leave; group 2 has none left. Kept: group 0's two good rollouts; dropped groups 1, 2, 3.
@@ -80,7 +75,8 @@ def test_training_rollouts_leave_out_skipped_rollouts_and_small_groups():
 
 
 def test_step_metrics_hand_computed():
-    rollouts = [_rollout(2, 0), _rollout(4, 0, truncated=True), _rollout(3, 1), _rollout(3, 1)]
+    rollouts = [make_rollout("xx", group=0), make_rollout("xxxx", group=0, truncated=True),
+                make_rollout("xxx", group=1), make_rollout("xxx", group=1)]
     outputs = [RewardOutput(1.0, {"correct": 1.0}), RewardOutput(0.0, {"correct": 0.0}),
                RewardOutput(1.0, {"correct": 1.0}), RewardOutput(1.0, {"correct": 1.0})]
     m = step_metrics(rollouts, outputs, group_size=2)
@@ -94,7 +90,7 @@ def test_step_metrics_hand_computed():
 
 
 def test_process_reward_tensors_place_scores_on_step_ends():
-    r0, r1 = _rollout(4, 0), _rollout(3, 0)
+    r0, r1 = make_rollout("xxxx", group=0), make_rollout("xxx", group=0)
     r0.steps, r0.step_text = [(0, 2), (2, 4)], ["xx", "xx"]
     r1.steps, r1.step_text = [(0, 3)], ["xxx"]
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.float32)
@@ -107,7 +103,7 @@ def test_process_reward_tensors_place_scores_on_step_ends():
 
 
 def test_step_metrics_count_errors_per_reward():
-    rollouts = [_rollout(1, 0), _rollout(1, 0), _rollout(1, 1), _rollout(1, 1)]
+    rollouts = [make_rollout("x", group=g) for g in (0, 0, 1, 1)]
     outputs = [RewardOutput(0.0, error="math: timeout after 5 s"),
                RewardOutput(0.0, error="math: ValueError: x; judge: HTTP 500"),
                RewardOutput(1.0), RewardOutput(0.0, error="judge: unparsable reply")]

@@ -2,15 +2,11 @@
 
 import pytest
 
+from conftest import make_rollout
 from rewardlab.rewards import REWARDS, build_reward
 from rewardlab.rewards.extract import extract_answer, last_boxed, last_number, last_tag
 from rewardlab.rewards.math import MathReward, python_powers
-from rewardlab.types import Rollout
 
-
-def _rollout(completion, answer="__none__"):
-    row = {} if answer == "__none__" else {"answer": answer}
-    return Rollout(prompt="p", prompt_ids=[1], completion=completion, completion_ids=[5], logprobs=[0.0], row=row)
 
 
 # ---------------------------------------------------------------- extraction
@@ -81,7 +77,8 @@ NOT_EQUIVALENT = [
 
 def test_equivalences_and_non_equivalences_in_one_batch():
     cases = [(c, a, 1.0) for c, a in EQUIVALENT] + [(c, a, 0.0) for c, a in NOT_EQUIVALENT]
-    outs = MathReward(timeout=30)([_rollout(c, a) for c, a, _ in cases])  # a generous limit: not a timeout test
+    # a generous limit: not a timeout test
+    outs = MathReward(timeout=30)([make_rollout(c, {"answer": a}) for c, a, _ in cases])
     wrong = [(c, a, want, o) for (c, a, want), o in zip(cases, outs) if o.score != want or o.error is not None]
     assert not wrong
     assert all(o.components == {"correct": o.score, "extracted": 1.0} for o in outs)
@@ -89,12 +86,12 @@ def test_equivalences_and_non_equivalences_in_one_batch():
 
 def test_no_answer_found_is_a_zero_not_an_error():
     r = MathReward(extract=["boxed"])
-    (out,) = r([_rollout("the answer is 5", "5")])  # no \boxed{} and only boxes are looked for
+    (out,) = r([make_rollout("the answer is 5", {"answer": "5"})])  # no \boxed{} and only boxes are looked for
     assert out.score == 0.0 and out.error is None and out.components == {"correct": 0.0, "extracted": 0.0}
 
 
 def test_missing_or_empty_reference_is_an_error():
-    none, empty = MathReward()([_rollout(r"\boxed{1}"), _rollout(r"\boxed{1}", " ")])
+    none, empty = MathReward()([make_rollout(r"\boxed{1}"), make_rollout(r"\boxed{1}", {"answer": " "})])
     assert none.error == "math: row has no 'answer'" and none.score == 0.0
     assert empty.error == "math: row has an empty 'answer'"
 
@@ -103,13 +100,15 @@ def test_hung_item_is_a_timeout_error_and_the_batch_still_scores():
     # sympy evaluates 10^(10^10) eagerly; with math-verify's own alarm timeouts off it never returns, so only the
     # pool's hard timeout ends it - by killing the worker.
     reward = MathReward(timeout=2.0)
-    outs = reward([_rollout(r"\boxed{\frac{1}{2}}", "0.5"), _rollout(r"\boxed{10^{10^{10}}}", "5"),
-                   _rollout(r"\boxed{4}", "3"), _rollout(r"\boxed{1,000}", "1000")])
+    cases = [(r"\boxed{\frac{1}{2}}", "0.5"), (r"\boxed{10^{10^{10}}}", "5"), (r"\boxed{4}", "3"),
+             (r"\boxed{1,000}", "1000")]
+    outs = reward([make_rollout(c, {"answer": a}) for c, a in cases])
     assert [o.score for o in outs] == [1.0, 0.0, 0.0, 1.0]
     assert outs[1].error == "math: timed out after 2 s (worker killed and replaced)"
     assert outs[1].components == {"correct": 0.0, "extracted": 1.0}
     assert [o.error for o in (outs[0], outs[2], outs[3])] == [None, None, None]
-    assert reward([_rollout(r"\boxed{6}", "6")])[0].score == 1.0  # the replaced worker scores the next batch
+    # the replaced worker scores the next batch
+    assert reward([make_rollout(r"\boxed{6}", {"answer": "6"})])[0].score == 1.0
 
 
 def test_registered_and_composed_with_format():
@@ -117,9 +116,9 @@ def test_registered_and_composed_with_format():
     built = build_reward([{"name": "math", "weight": 1.0}, {"name": "format", "pattern": "think_answer",
                                                             "weight": 0.2}])
     both, wrong, malformed = built([
-        _rollout("<think>2+3</think><answer>5</answer>", "5"),
-        _rollout("<think>2+3</think><answer>6</answer>", "5"),
-        _rollout("<answer>5</answer>", "5"),
+        make_rollout("<think>2+3</think><answer>5</answer>", {"answer": "5"}),
+        make_rollout("<think>2+3</think><answer>6</answer>", {"answer": "5"}),
+        make_rollout("<answer>5</answer>", {"answer": "5"}),
     ])
     assert both.score == pytest.approx(1.2)  # 1.0 * 1 + 0.2 * 1
     assert wrong.score == pytest.approx(0.2)  # 1.0 * 0 + 0.2 * 1

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from conftest import make_rollout
 from rewardlab.rewards import REWARDS, build_reward, reward
 from rewardlab.rewards.shaping import (
     clip_steps,
@@ -12,15 +13,9 @@ from rewardlab.rewards.shaping import (
     overlong_penalty,
     par_reward,
 )
-from rewardlab.types import Rollout, RewardOutput
+from rewardlab.types import RewardOutput
 
 SIG1 = 1 / (1 + math.exp(-1))  # sigmoid(1) = 0.7310585786
-
-
-def _rollout(completion="c", row=None, n_tokens=None, prompt="p"):
-    n = n_tokens if n_tokens is not None else max(1, len(completion))
-    return Rollout(prompt=prompt, prompt_ids=[1], completion=completion, completion_ids=list(range(n)),
-                   logprobs=[0.0] * n, row=row or {})
 
 
 SCORED: list[str] = []
@@ -94,7 +89,7 @@ def test_clip_and_delta_steps():
 # ---------------------------------------------------------------------------------------------- config nodes
 def test_overlong_node_keeps_unshaped_and_components():
     built = build_reward([{"shape": "overlong", "reward": {"name": "field"}, "max_len": 20, "buffer": 4}])
-    short, long = built([_rollout(row={"r": 1.0}, n_tokens=10), _rollout(row={"r": 1.0}, n_tokens=18)])
+    short, long = built([make_rollout(row={"r": 1.0}, n_tokens=10), make_rollout(row={"r": 1.0}, n_tokens=18)])
     assert short.score == 1.0 and short.components["unshaped"] == 1.0 and short.components["overlong_penalty"] == 0
     assert long.score == pytest.approx(0.5)  # 1.0 + (16 - 18) / 4
     assert long.components == pytest.approx({"field": 0.5, "correct": 1.0, "unshaped": 1.0,
@@ -104,7 +99,7 @@ def test_overlong_node_keeps_unshaped_and_components():
 def test_nested_shaping_keeps_the_innermost_unshaped_score():
     built = build_reward([{"shape": "length", "coef": 0.1, "free_len": 2,
                            "reward": {"shape": "overlong", "reward": "field", "max_len": 8, "buffer": 4}}])
-    (out,) = built([_rollout(row={"r": 1.0}, n_tokens=6)])
+    (out,) = built([make_rollout(row={"r": 1.0}, n_tokens=6)])
     # overlong: 1.0 + (4 - 6) / 4 = 0.5; length: 0.5 - 0.1 * (6 - 2) = 0.1
     assert out.score == pytest.approx(0.1)
     assert out.components["unshaped"] == 1.0  # before any shaping
@@ -117,7 +112,7 @@ def test_weighted_sum_combines_unshaped_scores():
         {"shape": "overlong", "reward": "field", "max_len": 8, "buffer": 4, "weight": 2.0},
         {"name": "tenths", "weight": 1.0},
     ])
-    (out,) = built([_rollout("abcdef", row={"r": 1.0})])  # 6 tokens, 6 characters
+    (out,) = built([make_rollout("abcdef", row={"r": 1.0})])  # 6 tokens, 6 characters
     assert out.score == pytest.approx(1.6)  # 2 * (1.0 - 0.5) + 1 * 0.6
     assert out.components["unshaped"] == pytest.approx(2.6)  # 2 * 1.0 + 1 * 0.6
     assert out.components["field/unshaped"] == 1.0
@@ -125,10 +120,10 @@ def test_weighted_sum_combines_unshaped_scores():
 
 def test_par_node_with_constant_and_row_field_references():
     built = build_reward([{"shape": "par", "reward": "field", "ref": 0.0}])
-    assert built([_rollout(row={"r": 1.0})])[0].score == pytest.approx(SIG1)
+    assert built([make_rollout(row={"r": 1.0})])[0].score == pytest.approx(SIG1)
     built = build_reward([{"shape": "par", "reward": "field", "ref_field": "ref"}])
-    a, b, missing = built([_rollout(row={"r": 0.5, "ref": [0.5, 1.5]}), _rollout(row={"r": 2.0, "ref": 1.0}),
-                           _rollout(row={"r": 1.0})])
+    a, b, missing = built([make_rollout(row={"r": 0.5, "ref": [0.5, 1.5]}), make_rollout(row={"r": 2.0, "ref": 1.0}),
+                           make_rollout(row={"r": 1.0})])
     assert a.score == pytest.approx(0.3844707107) and a.components["par_ref"] == pytest.approx(1.0)  # mean ref
     assert b.score == pytest.approx(SIG1)  # sigmoid(2 - 1)
     assert missing.error == "par: the task row has no field 'ref'" and missing.components["unshaped"] == 1.0
@@ -137,7 +132,7 @@ def test_par_node_with_constant_and_row_field_references():
 def test_par_node_scores_reference_responses_with_the_same_reward_once_per_prompt():
     built = build_reward([{"shape": "par", "reward": "tenths", "ref_completion_field": "reference"}])
     row = {"reference": "abcde"}  # tenths("abcde") = 0.5
-    outs = built([_rollout("abcdefghij", row), _rollout("abcde", row), _rollout("", row)])
+    outs = built([make_rollout("abcdefghij", row), make_rollout("abcde", row), make_rollout("", row)])
     # sigmoid(1.0 - 0.5), sigmoid(0.5 - 0.5), sigmoid(0.0 - 0.5)
     assert [o.score for o in outs] == pytest.approx([0.6224593312, 0.5, 0.3775406688])
     assert SCORED.count("abcde") == 2  # once as a rollout, once (not three times) as the shared reference
@@ -146,31 +141,31 @@ def test_par_node_scores_reference_responses_with_the_same_reward_once_per_promp
 def test_par_node_with_a_separate_reference_reward():
     built = build_reward([{"shape": "par", "reward": "field", "ref_completion_field": "reference",
                            "ref_reward": {"name": "tenths"}}])
-    (out,) = built([_rollout("x", {"r": 1.0, "reference": "abcdefghij"})])  # reference: tenths = 1.0
+    (out,) = built([make_rollout("x", {"r": 1.0, "reference": "abcdefghij"})])  # reference: tenths = 1.0
     assert out.score == pytest.approx(0.5)  # sigmoid(1.0 - 1.0)
 
 
 def test_clip_and_delta_nodes_transform_step_scores_only():
     spec = {"name": "field", "steps_key": "s"}
     row = {"r": 0.6, "s": [0.9, 0.3, 0.6]}
-    (clipped,) = build_reward([{"shape": "clip", "reward": spec, "eta": 0.5}])([_rollout(row=row)])
+    (clipped,) = build_reward([{"shape": "clip", "reward": spec, "eta": 0.5}])([make_rollout(row=row)])
     assert clipped.step_scores == pytest.approx([0.0, -0.2, 0.0]) and clipped.score == 0.6
-    (delta,) = build_reward([{"shape": "delta", "reward": spec}])([_rollout(row=row)])
+    (delta,) = build_reward([{"shape": "delta", "reward": spec}])([make_rollout(row=row)])
     assert delta.step_scores == pytest.approx([0.6, -0.3, 0.6]) and delta.score == 0.6
     # clip then delta, as Gao et al. combine them: delta([0, -0.2, 0]) = [0.2, -0.2, 0]
     (both,) = build_reward([{"shape": "delta", "reward": {"shape": "clip", "reward": spec, "eta": 0.5}}])(
-        [_rollout(row=row)])
+        [make_rollout(row=row)])
     assert both.step_scores == pytest.approx([0.2, -0.2, 0.0])
 
 
 def test_clip_on_an_outcome_reward_is_an_error():
-    (out,) = build_reward([{"shape": "clip", "reward": "field", "eta": 0.5}])([_rollout(row={"r": 1.0})])
+    (out,) = build_reward([{"shape": "clip", "reward": "field", "eta": 0.5}])([make_rollout(row={"r": 1.0})])
     assert out.error == "clip: reward field gave no step_scores (clip transforms process rewards)"
 
 
 def test_errors_pass_through_shaping_unchanged():
     (out,) = build_reward([{"shape": "overlong", "reward": "field", "max_len": 8, "buffer": 4}])(
-        [_rollout(row={"r": "x"})])
+        [make_rollout(row={"r": "x"})])
     assert out.error == "field: RuntimeError: broken" and "unshaped" not in out.components
 
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from rewardlab.cli import main
 from rewardlab.config import VERB_CONFIGS, config_keys, describe, reference_markdown, undescribed
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 
 @pytest.mark.parametrize("verb", list(VERB_CONFIGS))

@@ -4,15 +4,10 @@ import math
 
 import pytest
 
+from conftest import make_rollout
 from rewardlab.rewards import REWARDS, FunctionReward, Reward, RewardError, WeightedSum, build_reward, reward
 from rewardlab.rewards.compose import GatedReward
-from rewardlab.types import Rollout, RewardOutput
-
-
-def _rollout(completion, row=None, prompt="formatted prompt", steps=()):
-    ids = list(range(4, 4 + max(1, len(completion))))
-    return Rollout(prompt=prompt, prompt_ids=[1], completion=completion, completion_ids=ids,
-                   logprobs=[0.0] * len(ids), row=row or {}, steps=list(steps))
+from rewardlab.types import RewardOutput
 
 
 # ---------------------------------------------------------------- argument injection
@@ -24,7 +19,7 @@ def test_function_receives_only_named_arguments():
         seen.append((completion, answer))
         return float(completion == answer)
 
-    outs = match()([_rollout("7", {"prompt": "3+4=", "answer": "7"}), _rollout("8", {"answer": "7"})])
+    outs = match()([make_rollout("7", {"prompt": "3+4=", "answer": "7"}), make_rollout("8", {"answer": "7"})])
     assert [o.score for o in outs] == [1.0, 0.0]
     assert seen == [("7", "7"), ("8", "7")]
 
@@ -34,10 +29,12 @@ def test_function_receives_task_field_and_prompt_from_row():
     def by_difficulty(prompt, difficulty):
         return {"score": difficulty / 10, "len": float(len(prompt))}
 
-    (out,) = by_difficulty()([_rollout("x", {"prompt": "abc", "answer": "1", "difficulty": 3})])
+    row = {"prompt": "abc", "answer": "1", "difficulty": 3}
+    (out,) = by_difficulty()([make_rollout("x", row, prompt="formatted prompt")])
     assert out.score == pytest.approx(0.3)  # 3 / 10
     assert out.components == {"len": 3.0}  # prompt is the task prompt "abc", not the formatted one
-    (out,) = by_difficulty()([_rollout("x", {"difficulty": 5})])  # no row prompt: the rollout's own prompt
+    # no row prompt: the rollout's own prompt
+    (out,) = by_difficulty()([make_rollout("x", {"difficulty": 5}, prompt="formatted prompt")])
     assert out.components == {"len": float(len("formatted prompt"))}
 
 
@@ -46,11 +43,11 @@ def test_function_receives_steps_as_step_texts():
     def last_step(steps):
         return {"score": float(len(steps)), "last_len": float(len(steps[-1]))}
 
-    r = _rollout("ab\ncd", steps=[(0, 3), (3, 5)])
+    r = make_rollout("ab\ncd", steps=[(0, 3), (3, 5)])
     r.step_text = ["ab\n", "cd"]
     (out,) = last_step()([r])
     assert out.score == 2.0 and out.components == {"last_len": 2.0}  # "cd" has 2 characters
-    (out,) = last_step()([_rollout("abcd")])  # no steps marked: an empty list, so steps[-1] fails explicitly
+    (out,) = last_step()([make_rollout("abcd")])  # no steps marked: an empty list, so steps[-1] fails explicitly
     assert out.error is not None and out.error.startswith("last_step: IndexError")
 
 
@@ -59,7 +56,7 @@ def test_options_are_passed_and_unknown_options_rejected():
     def scaled(completion, factor=1.0):
         return factor * len(completion)
 
-    assert scaled(factor=0.5)([_rollout("abcd")])[0].score == 2.0  # 0.5 * 4
+    assert scaled(factor=0.5)([make_rollout("abcd")])[0].score == 2.0  # 0.5 * 4
     with pytest.raises(ValueError, match=r"reward scaled: unknown option\(s\) \['facter'\]"):
         scaled(facter=2)
 
@@ -69,7 +66,7 @@ def test_var_keyword_function_gets_all_fields():
     def everything(**kw):
         return float({"completion", "answer", "prompt", "row", "rollout", "steps", "level"} <= set(kw))
 
-    assert everything()([_rollout("a", {"answer": "b", "level": 2})])[0].score == 1.0
+    assert everything()([make_rollout("a", {"answer": "b", "level": 2})])[0].score == 1.0
 
 
 def test_function_reward_is_a_reward():
@@ -90,8 +87,8 @@ def test_return_types():
     def as_output(completion):
         return RewardOutput(score=0.25, components={"c": 1.0}, step_scores=[0.5])
 
-    assert [o.score for o in as_bool()([_rollout("y"), _rollout("n")])] == [1.0, 0.0]
-    (out,) = as_output()([_rollout("y")])
+    assert [o.score for o in as_bool()([make_rollout("y"), make_rollout("n")])] == [1.0, 0.0]
+    (out,) = as_output()([make_rollout("y")])
     assert (out.score, out.components, out.step_scores) == (0.25, {"c": 1.0}, [0.5])
 
 
@@ -101,7 +98,7 @@ def test_exception_becomes_error_naming_reward():
     def boom(completion):
         raise KeyError("missing\nsecond line")
 
-    (out,) = boom()([_rollout("x")])
+    (out,) = boom()([make_rollout("x")])
     assert out.score == 0.0
     assert out.error.startswith("boom: KeyError") and "\n" not in out.error
 
@@ -112,7 +109,7 @@ def test_non_finite_score_becomes_error(value):
     def bad(completion):
         return value
 
-    (out,) = bad()([_rollout("x")])
+    (out,) = bad()([make_rollout("x")])
     assert out.score == 0.0 and out.error == f"bad: score is {value}"  # e.g. "bad: score is nan"
 
 
@@ -121,7 +118,7 @@ def test_nan_in_dict_score_becomes_error():
     def bad(completion):
         return {"score": math.nan, "c": 1.0}
 
-    (out,) = bad()([_rollout("x")])
+    (out,) = bad()([make_rollout("x")])
     assert out.score == 0.0 and out.error == "bad: score is nan" and out.components == {"c": 1.0}
 
 
@@ -166,7 +163,7 @@ def test_build_reward_missing_name():
 def test_build_reward_from_string():
     built = build_reward("exact_match")
     assert isinstance(built, WeightedSum) and [w for _, w in built.members] == [1.0]
-    (out,) = built([_rollout("7", {"answer": "7"})])
+    (out,) = built([make_rollout("7", {"answer": "7"})])
     # one member: its own components keep their names, plus the member's score under its name.
     assert out.score == 1.0 and out.components == {"exact_match": 1.0, "correct": 1.0}
 
@@ -191,7 +188,7 @@ def _fails(completion):
 
 def test_weighted_sum_weights_and_components():
     ws = WeightedSum([(_length(), 1.0), (_parts(), 0.5)])
-    (out,) = ws([_rollout("abc")])
+    (out,) = ws([make_rollout("abc")])
     assert out.score == pytest.approx(4.0)  # 1 * len("abc") + 0.5 * 2 = 3 + 1
     assert out.components == {"_length": 3.0, "_parts": 2.0, "_parts/a": 1.0}
     assert out.error is None
@@ -199,13 +196,13 @@ def test_weighted_sum_weights_and_components():
 
 def test_weighted_sum_zero_weight_is_logged_only():
     ws = WeightedSum([(_length(), 0.0), (_parts(), 1.0)])
-    (out,) = ws([_rollout("abcd")])
+    (out,) = ws([make_rollout("abcd")])
     assert out.score == 2.0 and out.components["_length"] == 4.0  # 0 * 4 + 1 * 2
 
 
 def test_weighted_sum_error_zero():
     ws = WeightedSum([(_length(), 1.0), (_fails(), 1.0)], on_error="zero")
-    ok, bad = ws([_rollout("ok"), _rollout("bad")])
+    ok, bad = ws([make_rollout("ok"), make_rollout("bad")])
     assert ok.score == 3.0 and ok.error is None  # 2 + 1
     assert bad.score == 0.0 and bad.error.startswith("_fails: RuntimeError: no")
     assert bad.components["_length"] == 3.0  # the members' scores stay visible for logging
@@ -213,9 +210,9 @@ def test_weighted_sum_error_zero():
 
 def test_weighted_sum_error_raise():
     ws = WeightedSum([(_fails(), 1.0)], on_error="raise")
-    assert ws([_rollout("ok")])[0].score == 1.0
+    assert ws([make_rollout("ok")])[0].score == 1.0
     with pytest.raises(RewardError, match="_fails: RuntimeError: no"):
-        ws([_rollout("ok"), _rollout("bad")])
+        ws([make_rollout("ok"), make_rollout("bad")])
 
 
 def test_weighted_sum_rejects_unknown_on_error():
@@ -225,7 +222,7 @@ def test_weighted_sum_rejects_unknown_on_error():
 
 def test_build_reward_weights():
     built = build_reward([{"name": "exact_match"}, {"name": "exact_match", "weight": 0.5, "case": False}])
-    (out,) = built([_rollout("ABC", {"answer": "abc"})])
+    (out,) = built([make_rollout("ABC", {"answer": "abc"})])
     assert out.score == 0.5  # 1 * 0 (case-sensitive) + 0.5 * 1 (case-insensitive)
 
 
@@ -243,36 +240,36 @@ def test_build_reward_weights():
     ],
 )
 def test_exact_match(completion, answer, score):
-    (out,) = build_reward("exact_match")([_rollout(completion, {"answer": answer})])
+    (out,) = build_reward("exact_match")([make_rollout(completion, {"answer": answer})])
     assert out.score == score and out.components["correct"] == score
 
 
 def test_exact_match_options():
     em = REWARDS["exact_match"]
-    assert em(case=False)([_rollout("Yes", {"answer": "yes"})])[0].score == 1.0
-    assert em()([_rollout("Yes", {"answer": "yes"})])[0].score == 0.0
-    assert em(whitespace=False)([_rollout("1 2", {"answer": "12"})])[0].score == 1.0
+    assert em(case=False)([make_rollout("Yes", {"answer": "yes"})])[0].score == 1.0
+    assert em()([make_rollout("Yes", {"answer": "yes"})])[0].score == 0.0
+    assert em(whitespace=False)([make_rollout("1 2", {"answer": "12"})])[0].score == 1.0
 
 
 def test_reasoning_gym_reward(chain_sum_task):
     row = chain_sum_task.test[0]
     wrong = str(int(row["answer"]) + 1)
     rg = build_reward("reasoning_gym")
-    right, tagged, bad = rg([_rollout(row["answer"], row), _rollout(f"<answer>{row['answer']}</answer>", row),
-                             _rollout(wrong, row)])
+    right, tagged, bad = rg([make_rollout(row["answer"], row), make_rollout(f"<answer>{row['answer']}</answer>", row),
+                             make_rollout(wrong, row)])
     assert right.score == 1.0 and right.components["correct"] == 1.0
     assert tagged.score == 1.0
     assert bad.score == 0.0 and bad.components == {"reasoning_gym": 0.0, "correct": 0.0, "partial": 0.0}
 
 
 def test_reasoning_gym_reward_without_dataset_row_is_an_error():
-    (out,) = build_reward("reasoning_gym")([_rollout("7", {"answer": "7"})])
+    (out,) = build_reward("reasoning_gym")([make_rollout("7", {"answer": "7"})])
     assert out.score == 0.0 and out.error.startswith("reasoning_gym: KeyError")
 
 
 def test_repeated_reward_names_get_distinct_components_and_correct_stays_top_level():
     built = build_reward([{"name": "exact_match"}, {"name": "exact_match", "weight": 0.5, "case": False}])
-    (out,) = built([_rollout("ABC", {"answer": "abc"})])
+    (out,) = built([make_rollout("ABC", {"answer": "abc"})])
     # member 1 (case-sensitive) scores 0, member 2 (case-insensitive) scores 1; neither overwrites the other.
     assert out.components["exact_match"] == 0.0 and out.components["exact_match#2"] == 1.0
     assert out.components["exact_match/correct"] == 0.0 and out.components["exact_match#2/correct"] == 1.0
@@ -299,7 +296,7 @@ class _Fixed:
 def test_non_finite_member_output_is_a_reward_error(bad, cause):
     # Before: inf/NaN passed through WeightedSum and NaN'd the rollout's group (or the whole batch) in the estimator.
     member = _Fixed("prm", [RewardOutput(score=0.25, step_scores=[0.5, 0.5]), bad])
-    rollouts = [_rollout("a"), _rollout("b")]
+    rollouts = [make_rollout("a"), make_rollout("b")]
     for on_error in ("zero", "skip"):
         good, failed = WeightedSum([(member, 2.0), (_length(), 1.0)], on_error=on_error)(rollouts)
         assert good.error is None and good.score == 1.5  # 2 * .25 + 1
@@ -315,7 +312,7 @@ def test_function_reward_nan_component_is_an_error_with_its_name():
     def aux_nan(completion):
         return {"score": 1.0, "aux": math.nan if completion == "bad" else 0.5}
 
-    ok, bad = WeightedSum([(aux_nan(), 1.0)])([_rollout("ok"), _rollout("bad")])
+    ok, bad = WeightedSum([(aux_nan(), 1.0)])([make_rollout("ok"), make_rollout("bad")])
     assert ok.error is None and ok.components == {"aux_nan": 1.0, "aux": 0.5}
     assert bad.error == "aux_nan: component 'aux' is nan" and bad.score == 0.0
     assert bad.components == {"aux_nan": 0.0}
@@ -323,10 +320,10 @@ def test_function_reward_nan_component_is_an_error_with_its_name():
 
 def test_weighted_sum_overflow_is_an_error():
     big = _Fixed("big", [RewardOutput(score=1e308)])
-    (out,) = WeightedSum([(big, 10.0)], name="reward")([_rollout("a")])
+    (out,) = WeightedSum([(big, 10.0)], name="reward")([make_rollout("a")])
     assert out.error == "reward: weighted score is inf" and out.score == 0.0
     # 1e309 - 1e309 = inf - inf = nan: an error too, not a RewardOutput that refuses a NaN score
-    (out,) = WeightedSum([(big, 10.0), (big, -10.0)], name="reward")([_rollout("a")])
+    (out,) = WeightedSum([(big, 10.0), (big, -10.0)], name="reward")([make_rollout("a")])
     assert out.error == "reward: weighted score is nan" and out.score == 0.0
 
 
@@ -334,5 +331,5 @@ def test_non_finite_inside_a_composition_is_caught_at_the_top():
     # a gated node forwards its inner reward's step scores; a NaN among them is an error of the top-level member
     gate = _Fixed("gate", [RewardOutput(score=1.0)])
     inner = _Fixed("prm", [RewardOutput(score=0.5, step_scores=[math.nan])])
-    (out,) = WeightedSum([(GatedReward(gate, inner, name="gated"), 1.0)])([_rollout("a", steps=[(0, 1)])])
+    (out,) = WeightedSum([(GatedReward(gate, inner, name="gated"), 1.0)])([make_rollout("a", steps=[(0, 1)])])
     assert out.error == "gated: step_scores[0] is nan" and out.score == 0.0

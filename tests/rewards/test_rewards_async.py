@@ -5,15 +5,10 @@ import threading
 
 import pytest
 
+from conftest import make_rollout
 from rewardlab.rewards import REWARDS, build_reward, reward
 from rewardlab.rewards.base import DEFAULT_MAX_CONCURRENCY, FunctionReward
-from rewardlab.types import Rollout
 
-
-def _rollout(completion, row=None):
-    ids = list(range(4, 4 + max(1, len(completion))))
-    return Rollout(prompt="p", prompt_ids=[1], completion=completion, completion_ids=ids, logprobs=[0.0] * len(ids),
-                   row=row or {})
 
 
 def _tracking_async(peak):
@@ -35,7 +30,7 @@ def _tracking_async(peak):
 def test_async_reward_scores_in_order_with_the_concurrency_limit():
     peak = []
     built = _tracking_async(peak)(max_concurrency=3)
-    outs = built([_rollout("a" * k) for k in range(1, 8)])
+    outs = built([make_rollout("a" * k) for k in range(1, 8)])
     assert [o.score for o in outs] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]  # len("a" * k) = k, in input order
     assert max(peak) == 3  # 7 items, at most 3 awaited at once
 
@@ -44,7 +39,7 @@ def test_async_reward_default_concurrency_allows_the_whole_small_batch():
     peak = []
     built = _tracking_async(peak)()
     assert built.max_concurrency == DEFAULT_MAX_CONCURRENCY == 16
-    built([_rollout("x") for _ in range(5)])
+    built([make_rollout("x") for _ in range(5)])
     assert max(peak) == 5  # 5 < 16: all in flight together
 
 
@@ -55,7 +50,7 @@ def test_async_item_timeout_is_an_error_and_other_items_finish():
             await asyncio.sleep(30)
         return 1.0
 
-    fast, slow = slow_reward(item_timeout=0.05)([_rollout("fast"), _rollout("slow")])
+    fast, slow = slow_reward(item_timeout=0.05)([make_rollout("fast"), make_rollout("slow")])
     assert fast.score == 1.0 and fast.error is None
     assert slow.score == 0.0 and slow.error == "slow_reward: timed out after 0.05 s"
 
@@ -65,7 +60,7 @@ def test_async_reward_own_timeout_error_is_not_reported_as_our_timeout():
     async def own(completion):
         raise TimeoutError("upstream took too long")
 
-    (out,) = own(item_timeout=10)([_rollout("x")])
+    (out,) = own(item_timeout=10)([make_rollout("x")])
     assert out.error == "own: TimeoutError: upstream took too long"
 
 
@@ -76,7 +71,7 @@ def test_async_reward_exception_and_nan_become_errors():
             raise ValueError("bad input\nsecond line")
         return float("nan")
 
-    boom, nan = flaky()([_rollout("boom"), _rollout("nan")])
+    boom, nan = flaky()([make_rollout("boom"), make_rollout("nan")])
     assert boom.error == "flaky: ValueError: bad input" and boom.score == 0.0
     assert nan.error == "flaky: score is nan"
 
@@ -89,8 +84,8 @@ def test_async_reward_called_while_an_event_loop_runs():
 
     async def caller():
         built = inner()
-        synced = built([_rollout("a")])  # the trainer's sync call, from inside a running loop
-        awaited = await built.acall([_rollout("a"), _rollout("b")])
+        synced = built([make_rollout("a")])  # the trainer's sync call, from inside a running loop
+        awaited = await built.acall([make_rollout("a"), make_rollout("b")])
         return synced, awaited
 
     synced, awaited = asyncio.run(caller())
@@ -105,7 +100,7 @@ def test_sync_reward_workers_run_items_in_parallel_threads():
         barrier.wait()
         return float(len(completion))
 
-    outs = io_bound(workers=3)([_rollout("a"), _rollout("bb"), _rollout("ccc")])
+    outs = io_bound(workers=3)([make_rollout("a"), make_rollout("bb"), make_rollout("ccc")])
     assert [(o.score, o.error) for o in outs] == [(1.0, None), (2.0, None), (3.0, None)]
 
 
@@ -114,7 +109,7 @@ def test_sync_reward_acall_runs_off_the_loop():
     def plain(completion):
         return 0.5
 
-    assert [o.score for o in asyncio.run(plain().acall([_rollout("a")]))] == [0.5]
+    assert [o.score for o in asyncio.run(plain().acall([make_rollout("a")]))] == [0.5]
 
 
 @pytest.mark.parametrize(
@@ -146,7 +141,7 @@ def test_function_parameter_named_like_an_execution_option_receives_it():
 
     built = own_workers(workers=4)
     assert built.workers == 1  # not a thread pool: the function's own parameter
-    assert built([_rollout("a")])[0].score == 4.0
+    assert built([make_rollout("a")])[0].score == 4.0
 
 
 def test_decorator_defaults_and_config_override():
@@ -162,4 +157,4 @@ def test_decorator_defaults_and_config_override():
         REWARDS.unregister("async_cfg")
     (member, _), = built.members
     assert (member.max_concurrency, member.item_timeout) == (7, 0.5)
-    assert built([_rollout("x")])[0].score == 1.0
+    assert built([make_rollout("x")])[0].score == 1.0

@@ -8,19 +8,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import make_rollout
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, GatedReward, PenaltyReward, TieredReward, WeightedSum, build_reward, reward
 from rewardlab.rewards.compose import error_sources
 from rewardlab.types import Rollout, RewardOutput
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "rewards-compose.md"
-
-
-def _rollout(completion="c", row=None, n_steps=0):
-    ids = list(range(4, 4 + max(1, len(completion))))
-    steps = [(k, k + 1) for k in range(n_steps)]
-    return Rollout(prompt="p", prompt_ids=[1], completion=completion, completion_ids=ids, logprobs=[0.0] * len(ids),
-                   row=row or {}, steps=steps, step_text=["s"] * n_steps)
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "rewards-compose.md"
 
 
 #: completions each test reward was called with (to check lazy evaluation).
@@ -64,7 +58,7 @@ def test_compose_owns_build_reward_and_base_does_not_import_compose():
 def test_weighted_sum_components_and_weighted_step_scores():
     ws = WeightedSum([(F("o"), 1.0), (F("p", steps_key="ps"), 0.5), (F("q", steps_key="qs"), 0.0)],
                      labels=["outcome", "prm", None])
-    (out,) = ws([_rollout(row={"o": 1.0, "p": 0.5, "ps": [0.2, 0.4], "q": 3.0, "qs": [9.0, 9.0]})])
+    (out,) = ws([make_rollout(row={"o": 1.0, "p": 0.5, "ps": [0.2, 0.4], "q": 3.0, "qs": [9.0, 9.0]})])
     assert out.score == pytest.approx(1.25)  # 1 * 1.0 + 0.5 * 0.5 + 0 * 3.0
     assert out.components == {"outcome": 1.0, "prm": 0.5, "field": 3.0}
     # step scores: 0.5 * [0.2, 0.4] = [0.1, 0.2]; the zero-weight member (a logged metric) adds nothing
@@ -73,13 +67,13 @@ def test_weighted_sum_components_and_weighted_step_scores():
 
 def test_weighted_sum_step_scores_of_different_lengths_are_an_error():
     ws = WeightedSum([(F("p", steps_key="ps"), 1.0), (F("q", steps_key="qs"), 1.0)], labels=["a", "b"])
-    (out,) = ws([_rollout(row={"p": 0.0, "ps": [1.0], "q": 0.0, "qs": [1.0, 2.0]})])
+    (out,) = ws([make_rollout(row={"p": 0.0, "ps": [1.0], "q": 0.0, "qs": [1.0, 2.0]})])
     assert out.error == "reward: step_scores of b have 2 entries, another member's 1" and out.score == 0.0
 
 
 def test_errors_of_several_members_are_joined_and_attributable():
     ws = WeightedSum([(F("o"), 1.0), (F("p"), 1.0)], labels=["a", "b"])
-    (out,) = ws([_rollout(row={"o": "x", "p": "x"})])
+    (out,) = ws([make_rollout(row={"o": "x", "p": "x"})])
     assert out.error == "field: RuntimeError: no o; field: RuntimeError: no p"
     assert error_sources(out.error) == ["field", "field"]  # one entry per failed reward, for reward/errors/<name>
     assert error_sources("judge: HTTP 500 from http://h/v1/chat/completions: 'x' [3 attempts]") == ["judge"]
@@ -89,8 +83,9 @@ def test_errors_of_several_members_are_joined_and_attributable():
 # ---------------------------------------------------------------------------------------------- gated
 def test_gated_posterior_grpo_process_reward_only_when_correct():
     gated = GatedReward(F("o"), F("p", steps_key="ps"), threshold=1.0, gate_weight=1.0, labels=("outcome", "prm"))
-    correct = _rollout("right", {"o": 1.0, "p": 0.6, "ps": [0.5, 0.7]}, n_steps=2)
-    wrong = _rollout("wrong", {"o": 0.0, "p": 0.9, "ps": [0.9, 0.9]}, n_steps=2)
+    two_steps = {"steps": [(0, 1), (1, 2)], "step_text": ["s", "s"]}
+    correct = make_rollout("right", {"o": 1.0, "p": 0.6, "ps": [0.5, 0.7]}, **two_steps)
+    wrong = make_rollout("wrong", {"o": 0.0, "p": 0.9, "ps": [0.9, 0.9]}, **two_steps)
     a, b = gated([correct, wrong])
     assert a.score == pytest.approx(1.6)  # 1.0 * gate 1.0 + process 0.6
     assert a.step_scores == [0.5, 0.7] and a.components == {"outcome": 1.0, "gate_open": 1.0, "prm": 0.6}
@@ -102,7 +97,7 @@ def test_gated_posterior_grpo_process_reward_only_when_correct():
 
 def test_gated_g_ra_threshold_tau_and_default_gate_weight():
     gated = GatedReward(F("o"), F("p"), threshold=0.5)
-    at, below = gated([_rollout(row={"o": 0.5, "p": 0.3}), _rollout(row={"o": 0.49, "p": 0.3})])
+    at, below = gated([make_rollout(row={"o": 0.5, "p": 0.3}), make_rollout(row={"o": 0.49, "p": 0.3})])
     assert at.score == pytest.approx(0.3)  # 0.5 >= tau = 0.5: open; gate_weight 0, so only 0.3 counts
     assert below.score == 0.0 and below.step_scores is None  # closed, and no steps marked: no step scores
 
@@ -110,9 +105,9 @@ def test_gated_g_ra_threshold_tau_and_default_gate_weight():
 def test_gated_errors():
     gated = GatedReward(F("o"), F("p"), threshold=1.0)
     gate_err, inner_err, closed_inner_would_err = gated([
-        _rollout("g", {"o": "x", "p": 1.0}),
-        _rollout("i", {"o": 1.0, "p": "x"}),
-        _rollout("c", {"o": 0.0, "p": "x"}),
+        make_rollout("g", {"o": "x", "p": 1.0}),
+        make_rollout("i", {"o": 1.0, "p": "x"}),
+        make_rollout("c", {"o": 0.0, "p": "x"}),
     ])
     assert gate_err.error == "field: RuntimeError: no o" and gate_err.score == 0.0
     assert inner_err.error == "field: RuntimeError: no p" and inner_err.score == 0.0
@@ -132,7 +127,7 @@ def test_tiered_bands():
         {"fmt": 1.0, "ok": 1.0, "eff": 1.0},  # (2 + 1) / 3
         {"fmt": 0.0, "ok": 1.0, "eff": 1.0},  # (0 + 0) / 3
     ]
-    outs = _tiers()([_rollout(str(i), r) for i, r in enumerate(rows)])
+    outs = _tiers()([make_rollout(str(i), r) for i, r in enumerate(rows)])
     assert [o.score for o in outs] == pytest.approx([0.5 / 3, 1 / 3, 2.6 / 3, 1.0, 0.0])
     assert [o.components["tier"] for o in outs] == [0.0, 1.0, 2.0, 2.0, 0.0]
     assert outs[0].components == {"format": 0.5, "tier": 0.0}  # lower tiers were not scored
@@ -141,7 +136,7 @@ def test_tiered_bands():
 
 def test_tiered_partial_threshold():
     tiers = TieredReward([F("fmt"), F("ok")], [0.8])
-    a, b = tiers([_rollout(row={"fmt": 0.8, "ok": 0.25}), _rollout(row={"fmt": 0.7, "ok": 1.0})])
+    a, b = tiers([make_rollout(row={"fmt": 0.8, "ok": 0.25}), make_rollout(row={"fmt": 0.7, "ok": 1.0})])
     assert a.score == pytest.approx(0.625)  # 0.8 >= 0.8 passes: (1 + 0.25) / 2
     assert b.score == pytest.approx(0.35)  # 0.7 < 0.8: (0 + 0.7) / 2
 
@@ -155,7 +150,7 @@ def test_tiered_order_is_lexicographic(rows, thresholds):
     Scores on a grid of 1/20 so that distinct keys give scores distinguishable in floating point."""
     CALLS.clear()
     tiers = TieredReward([F("a"), F("b"), F("c")], thresholds)
-    outs = tiers([_rollout(row=dict(zip("abc", r))) for r in rows])
+    outs = tiers([make_rollout(row=dict(zip("abc", r))) for r in rows])
 
     def key(r):
         k = next((j for j in range(2) if r[j] < thresholds[j]), 2)
@@ -169,7 +164,7 @@ def test_tiered_order_is_lexicographic(rows, thresholds):
 
 
 def test_tiered_score_outside_unit_interval_is_an_error():
-    (out,) = _tiers()([_rollout(row={"fmt": 1.5, "ok": 1.0, "eff": 1.0})])
+    (out,) = _tiers()([make_rollout(row={"fmt": 1.5, "ok": 1.0, "eff": 1.0})])
     assert out.error == "tiered: tier format scored 1.5, outside [0, 1]"
 
 
@@ -183,7 +178,7 @@ def test_tiered_validation():
 # ---------------------------------------------------------------------------------------------- penalty
 def test_penalty_multiplies_factors():
     pen = PenaltyReward(F("r", steps_key="rs"), [F("p1"), F("p2")], labels=["completion", "collision", "speed"])
-    (out,) = pen([_rollout(row={"r": 0.8, "rs": [1.0, 0.5], "p1": 0.5, "p2": 0.9})])
+    (out,) = pen([make_rollout(row={"r": 0.8, "rs": [1.0, 0.5], "p1": 0.5, "p2": 0.9})])
     assert out.score == pytest.approx(0.36)  # 0.8 * 0.5 * 0.9
     assert out.components == pytest.approx({"completion": 0.8, "collision": 0.5, "speed": 0.9,
                                             "penalty_factor": 0.45})  # 0.5 * 0.9
@@ -192,7 +187,7 @@ def test_penalty_multiplies_factors():
 
 def test_penalty_factor_outside_unit_interval_is_an_error():
     pen = PenaltyReward(F("r"), [F("p1")])
-    (out,) = pen([_rollout(row={"r": 1.0, "p1": 1.2})])
+    (out,) = pen([make_rollout(row={"r": 1.0, "p1": 1.2})])
     assert out.error == "penalty: factor field#2 = 1.2 is outside [0, 1]" and out.score == 0.0
 
 
@@ -205,7 +200,7 @@ def test_build_nested_config_and_components():
                     "penalties": [{"name": "field", "key": "f", "label": "brevity"}]},
          "weight": 0.5},
     ])
-    (out,) = built([_rollout(row={"o": 1.0, "p": 0.8, "f": 0.5})])
+    (out,) = built([make_rollout(row={"o": 1.0, "p": 0.8, "f": 0.5})])
     assert out.score == pytest.approx(1.2)  # 1 * 1.0 + 0.5 * (gate open: 0.8 * 0.5)
     assert out.components == pytest.approx({
         "outcome": 1.0, "outcome/correct": 1.0, "correct": 1.0,
@@ -293,9 +288,9 @@ def test_docs_round_trip_tiered_example_scores_by_hand():
     built = build_reward(yaml.safe_load(text)["rewards"])
     row = {"answer": "Paris"}
     exact, loose, wrong = built([
-        _rollout("<answer>Paris</answer>", row),
-        _rollout("<answer>paris</answer>", row),
-        _rollout("<answer>Rome</answer>", row),
+        make_rollout("<answer>Paris</answer>", row),
+        make_rollout("<answer>paris</answer>", row),
+        make_rollout("<answer>Rome</answer>", row),
     ])
     # tiers, K = 2: loose (case-insensitive exact match, threshold 1) -> strict (exact match)
     assert exact.score == pytest.approx(1.0)  # (1 + 1) / 2

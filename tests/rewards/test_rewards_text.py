@@ -2,18 +2,14 @@
 
 import pytest
 
+from conftest import make_rollout
 from rewardlab.rewards import REWARDS, build_reward
 from rewardlab.rewards.text import normalize_numbers, parse_number, squad_normalize
 from rewardlab.types import Rollout
 
 
-def _rollout(completion, answer="__none__"):
-    row = {} if answer == "__none__" else {"answer": answer}
-    return Rollout(prompt="p", prompt_ids=[1], completion=completion, completion_ids=[5], logprobs=[0.0], row=row)
-
-
 def _score(name, completion, answer, **options):
-    (out,) = REWARDS[name](**options)([_rollout(completion, answer)])
+    (out,) = REWARDS[name](**options)([make_rollout(completion, {"answer": answer})])
     assert out.error is None, out.error
     return out.score
 
@@ -44,7 +40,7 @@ def test_exact_match_combined_options_and_reference_list():
 
 
 def test_exact_match_missing_answer_is_an_error():
-    (out,) = REWARDS["exact_match"]()([_rollout("7")])
+    (out,) = REWARDS["exact_match"]()([make_rollout("7")])
     assert out.score == 0.0 and out.error == "exact_match: ValueError: row has no 'answer'"
 
 
@@ -76,12 +72,12 @@ def test_numeric_extraction_options_and_components():
     text = "<answer>12</answer> because 3 * 4"
     assert _score("numeric", text, 12) == 0.0  # default: the last number, 4
     assert _score("numeric", text, 12, extract=["answer_tag", "last_number"]) == 1.0
-    (out,) = REWARDS["numeric"]()([_rollout("no digits here", 5)])
+    (out,) = REWARDS["numeric"]()([make_rollout("no digits here", {"answer": 5})])
     assert out.error is None and out.components == {"correct": 0.0, "extracted": 0.0}
 
 
 def test_numeric_reference_must_be_a_number():
-    (out,) = REWARDS["numeric"]()([_rollout("5", "five")])
+    (out,) = REWARDS["numeric"]()([make_rollout("5", {"answer": "five"})])
     assert out.score == 0.0 and out.error == "numeric: ValueError: reference answer 'five' is not a number"
 
 
@@ -133,7 +129,7 @@ def test_token_f1_max_over_references_and_empty_answers():
 def test_rouge_l_by_hand():
     # LCS("the cat sat on the mat", "the cat on the mat") = "the cat on the mat", 5 tokens
     # P = 5/6, R = 5/5, F = 2 * (5/6) / (11/6) = 10/11
-    (out,) = REWARDS["rouge_l"]()([_rollout("the cat sat on the mat", "the cat on the mat")])
+    (out,) = REWARDS["rouge_l"]()([make_rollout("the cat sat on the mat", {"answer": "the cat on the mat"})])
     assert out.score == pytest.approx(10 / 11)
     assert out.components == pytest.approx({"precision": 5 / 6, "recall": 1.0})
     # two references: the better F counts; "a dog" shares nothing
@@ -149,7 +145,7 @@ def test_rouge_l_stemmer_option():
 @pytest.mark.parametrize("name", ["exact_match", "numeric", "bleu", "chrf", "token_f1", "rouge_l"])
 def test_text_rewards_build_from_config_and_report_missing_answers(name):
     built = build_reward([{"name": name, "weight": 0.5}])
-    good, missing = built([_rollout("<answer>42</answer>", "42"), _rollout("42")])
+    good, missing = built([make_rollout("<answer>42</answer>", {"answer": "42"}), make_rollout("42")])
     assert good.score == pytest.approx(0.5)  # 0.5 * 1.0: a perfect match scores 1 on every text reward
     assert good.error is None
     assert missing.error == f"{name}: ValueError: row has no 'answer'"

@@ -9,16 +9,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from conftest import TINY_ARCH
+from conftest import TINY_ARCH, make_rollout
 from rewardlab.rewards import REWARDS, build_reward
 from rewardlab.rewards.judge import Judge, JudgeError, choice_probability, parse_choice, parse_score
-from rewardlab.types import Rollout
 
 
-def _rollout(completion, row=None, prompt="formatted"):
-    ids = list(range(4, 4 + max(1, len(completion))))
-    return Rollout(prompt=prompt, prompt_ids=[1], completion=completion, completion_ids=ids,
-                   logprobs=[0.0] * len(ids), row=row or {"prompt": "What is 3+4?", "answer": "7"})
+#: The row a judged rollout gets when a test names none.
+QA = {"prompt": "What is 3+4?", "answer": "7"}
 
 
 def chat(content, top=None):
@@ -105,7 +102,7 @@ def test_score_mode_parses_and_normalizes(server, monkeypatch):
                      "RESP-X": [(200, chat("I think it is quite good"))],
                      "RESP-11": [(200, chat("Score: 11"))]}
     j = judge(server, api_key_env="JUDGE_KEY_FOR_TEST", system="You are a strict grader.")
-    seven, unparsable, off_scale = j([_rollout("RESP-7"), _rollout("RESP-X"), _rollout("RESP-11")])
+    seven, unparsable, off_scale = j([make_rollout(c, QA) for c in ("RESP-7", "RESP-X", "RESP-11")])
     assert seven.score == pytest.approx(2 / 3) and seven.error is None  # (7 - 1) / (10 - 1)
     assert seven.components == {"judge_raw": 7.0}
     assert unparsable.score == 0.0
@@ -125,7 +122,7 @@ def test_score_mode_parses_and_normalizes(server, monkeypatch):
 def test_custom_template_scale_and_row_fields(server):
     server.routes = {"GRADE": [(200, chat("3"))]}  # a bare number is accepted
     j = judge(server, template="GRADE {topic}: {completion} vs {answer} on {scale_min}-{scale_max}", scale=[0, 4])
-    ok, missing = j([_rollout("c", {"topic": "sums", "answer": "7"}), _rollout("c", {"answer": "7"})])
+    ok, missing = j([make_rollout("c", {"topic": "sums", "answer": "7"}), make_rollout("c", {"answer": "7"})])
     assert ok.score == pytest.approx(0.75)  # (3 - 0) / (4 - 0)
     assert server.requests[0][2]["messages"][0]["content"] == "GRADE sums: c vs 7 on 0-4"
     assert missing.error == "judge: template field 'topic' is not in the task row"
@@ -134,14 +131,14 @@ def test_custom_template_scale_and_row_fields(server):
 # ---------------------------------------------------------------------------------------------- HTTP failures
 def test_transient_500_is_retried_then_succeeds(server):
     server.routes = {"FLAKY": [(500, {"error": "busy"}), (200, chat("Score: 10"))]}
-    (out,) = judge(server, retries=2)([_rollout("FLAKY")])
+    (out,) = judge(server, retries=2)([make_rollout("FLAKY", QA)])
     assert out.score == 1.0 and out.error is None  # (10 - 1) / 9
     assert server.count("FLAKY") == 2
 
 
 def test_persistent_500_is_an_error_after_all_attempts(server):
     server.routes = {"DOWN": [(503, {"error": "down"})]}
-    (out,) = judge(server, retries=2)([_rollout("DOWN")])
+    (out,) = judge(server, retries=2)([make_rollout("DOWN", QA)])
     assert out.score == 0.0
     assert out.error == (f'judge: HTTP 503 from {server.url}/v1/chat/completions: \'{{"error": "down"}}\' '
                          "[3 attempts]")
@@ -150,7 +147,7 @@ def test_persistent_500_is_an_error_after_all_attempts(server):
 
 def test_client_error_is_not_retried(server):
     server.routes = {"BAD": [(400, {"error": "bad request"})]}
-    (out,) = judge(server, retries=3)([_rollout("BAD")])
+    (out,) = judge(server, retries=3)([make_rollout("BAD", QA)])
     assert out.error.startswith("judge: HTTP 400 from ") and server.count("BAD") == 1
 
 
@@ -160,7 +157,7 @@ def test_timeout_is_an_error(server):
         return 200, chat("Score: 5")
 
     server.routes = {"SLOW": [slow]}
-    (out,) = judge(server, timeout=0.2, retries=0)([_rollout("SLOW")])
+    (out,) = judge(server, timeout=0.2, retries=0)([make_rollout("SLOW", QA)])
     assert out.error == f"judge: timed out after 0.2 s at {server.url}/v1/chat/completions [1 attempt]"
 
 
@@ -168,7 +165,7 @@ def test_non_json_reply_and_bad_shapes_are_errors(server):
     bad_logprobs = chat("Yes")
     bad_logprobs["choices"][0]["logprobs"] = {"content": [{"top_logprobs": [{"logprob": -1.0}]}]}  # no token
     server.routes = {"RAW": [(200, b"oops")], "SHAPE": [(200, {"choices": []})], "BADLP": [(200, bad_logprobs)]}
-    raw, shape, lp = judge(server, mode="yes_no")([_rollout("RAW"), _rollout("SHAPE"), _rollout("BADLP")])
+    raw, shape, lp = judge(server, mode="yes_no")([make_rollout(c, QA) for c in ("RAW", "SHAPE", "BADLP")])
     assert raw.error == "judge: reply is not JSON: 'oops'"
     assert shape.error == "judge: unexpected reply shape (no choices[0].message): '{\"choices\": []}'"
     assert lp.error == "judge: unexpected logprobs shape: '{\"content\": [{\"top_logprobs\": [{\"logprob\": -1.0}]}]}'"
@@ -178,7 +175,7 @@ def test_refused_connection_is_an_error():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
-    (out,) = Judge(base_url=f"http://127.0.0.1:{port}/v1", model="m", retries=1, backoff=0.0)([_rollout("x")])
+    (out,) = Judge(base_url=f"http://127.0.0.1:{port}/v1", model="m", retries=1, backoff=0.0)([make_rollout("x", QA)])
     assert out.error.startswith(f"judge: connection to http://127.0.0.1:{port}/v1/chat/completions failed: "
                                 "ConnectionRefusedError")
     assert out.error.endswith(" [2 attempts]")
@@ -202,7 +199,7 @@ def test_requests_run_concurrently_up_to_the_limit(server):
         return reply
 
     server.routes = {"CONC": [gathered]}
-    outs = judge(server, max_concurrency=3)([_rollout(f"CONC-{k}") for k in range(6)])
+    outs = judge(server, max_concurrency=3)([make_rollout(f"CONC-{k}", QA) for k in range(6)])
     assert [o.error for o in outs] == [None] * 6 and [o.score for o in outs] == pytest.approx([1 / 3] * 6)  # 3/9
     assert state["peak"] == 3  # never more than max_concurrency in flight
 
@@ -212,7 +209,7 @@ def test_yes_no_probability_from_top_logprobs(server):
     top = [("Yes", 0.6), (" yes", 0.1), ("No", 0.2), ("Maybe", 0.05)]
     server.routes = {"LP": [(200, chat("Yes", top))], "TEXT": [(200, chat("No."))],
                      "NONE": [(200, chat("Maybe", [("Maybe", 0.9), ("Perhaps", 0.1)]))]}
-    lp, text, none = judge(server, mode="yes_no")([_rollout("LP"), _rollout("TEXT"), _rollout("NONE")])
+    lp, text, none = judge(server, mode="yes_no")([make_rollout(c, QA) for c in ("LP", "TEXT", "NONE")])
     assert lp.score == pytest.approx(0.7 / 0.9)  # (0.6 + 0.1) / (0.6 + 0.1 + 0.2)
     assert lp.components == {"from_logprobs": 1.0}
     assert text.score == 0.0 and text.components == {"from_logprobs": 0.0}  # no log-probs returned: the text
@@ -244,8 +241,8 @@ def test_pairwise_reward_against_the_row_reference_and_text_verdicts(server):
                      "TXT-2": [(200, chat("Both are fine"))]}
     j = judge(server, mode="pairwise", swap=False, logprobs=False)
     row = {"prompt": "Q", "reference": "BAD reference"}
-    good, text, bad_text, no_ref = j([_rollout("GOOD", row), _rollout("TXT-1", row), _rollout("TXT-2", row),
-                                      _rollout("GOOD", {"prompt": "Q"})])
+    good, text, bad_text, no_ref = j([make_rollout("GOOD", row), make_rollout("TXT-1", row), make_rollout("TXT-2", row),
+                                      make_rollout("GOOD", {"prompt": "Q"})])
     assert good.score == pytest.approx(0.8)  # logprobs not requested, but the server sent them anyway
     assert text.score == 0.0 and text.components == {"from_logprobs": 0.0}  # [[B]]: the reference is better
     assert bad_text.error == "judge: cannot parse A or B from reply 'Both are fine'"
@@ -307,7 +304,7 @@ def test_registered_and_built_from_config(server):
     assert REWARDS["judge"] is Judge
     server.routes = {"CFG": [(200, chat("Score: 10"))]}
     built = build_reward([{"name": "judge", "base_url": server.url, "model": "m", "weight": 0.5, "backoff": 0}])
-    (out,) = built([_rollout("CFG")])
+    (out,) = built([make_rollout("CFG", QA)])
     assert out.score == 0.5 and out.components == {"judge": 1.0, "judge_raw": 10.0}  # 0.5 * (10 - 1) / 9
     with pytest.raises(ValueError, match=r"rewards\[0\]: unknown option 'modle' for reward 'judge'; valid: .*model, "):
         build_reward([{"name": "judge", "base_url": server.url, "modle": "m"}])
@@ -334,7 +331,7 @@ def test_local_yes_no_probability_from_next_token_distribution(local_judge):
     # the char tokenizer's first tokens: "Yes"/"yes" -> Y/y, "No"/"no" -> N/n; " Yes" and " No" share " ", dropped
     assert local_judge.local.token_ids["yes_no"] == (sorted(yes_ids), sorted(no_ids))
     rows = [{"prompt": "2+2?"}, {"prompt": "a much longer question here?"}]
-    outs = local_judge([_rollout("4", rows[0]), _rollout("5", rows[1])])
+    outs = local_judge([make_rollout("4", rows[0]), make_rollout("5", rows[1])])
     for out, row, comp in zip(outs, rows, ["4", "5"]):
         p = _next_token_probs(local_judge.local.policy, f"Q: {row['prompt']} A: {comp} ok?")
         expected = p[yes_ids].sum() / (p[yes_ids].sum() + p[no_ids].sum())
@@ -357,7 +354,7 @@ def test_local_pairwise_judge_pair(local_judge):
 
 def test_local_score_mode_parses_the_greedy_reply():
     j = Judge(model="tiny", model_options={"tiny_arch": TINY_ARCH, "seed": 0}, template="{completion}", max_tokens=6)
-    (out,) = j([_rollout("abc")])
+    (out,) = j([make_rollout("abc", QA)])
     reply = j.local.policy.generate(["abc"], greedy=True, max_new_tokens=6)[0].completion
     try:
         expected = (parse_score(reply, 1, 10) - 1) / 9

@@ -2,17 +2,14 @@
 
 import pytest
 
+from conftest import make_rollout
 from rewardlab.rewards import REWARDS, build_reward
 from rewardlab.rewards.format import FormatReward
-from rewardlab.types import Rollout
 
-
-def _rollout(completion):
-    return Rollout(prompt="p", prompt_ids=[1], completion=completion, completion_ids=[5], logprobs=[0.0])
 
 
 def _scores(reward, texts):
-    outs = reward([_rollout(t) for t in texts])
+    outs = reward([make_rollout(t) for t in texts])
     assert all(o.error is None for o in outs)
     return [o.score for o in outs]
 
@@ -91,7 +88,7 @@ def test_user_regex_must_match_the_whole_stripped_completion():
 def test_registered_and_built_from_config():
     assert REWARDS["format"] is FormatReward
     built = build_reward([{"name": "format", "pattern": "boxed", "weight": 0.2}])
-    ok, bad = built([_rollout(r"\boxed{1}"), _rollout("1")])
+    ok, bad = built([make_rollout(r"\boxed{1}"), make_rollout("1")])
     assert ok.score == pytest.approx(0.2) and bad.score == 0.0  # 0.2 * 1, 0.2 * 0
     assert ok.components == {"format": 1.0}
 

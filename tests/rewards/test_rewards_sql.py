@@ -5,6 +5,7 @@ import sqlite3
 
 import pytest
 
+from conftest import make_rollout
 from rewardlab.rewards import REWARDS, build_reward
 from rewardlab.rewards.sql import SQLReward, extract_sql, has_top_level_order_by, open_read_only
 from rewardlab.types import Rollout
@@ -25,15 +26,8 @@ def db(tmp_path):
     return path
 
 
-def _rollout(completion, reference, db_path=None):
-    row = {"answer": reference}
-    if db_path is not None:
-        row["db_path"] = str(db_path)
-    return Rollout(prompt="p", prompt_ids=[1], completion=completion, completion_ids=[5], logprobs=[0.0], row=row)
-
-
 def _score(db, completion, reference, **options):
-    (out,) = SQLReward(db_path=str(db), **options)([_rollout(completion, reference)])
+    (out,) = SQLReward(db_path=str(db), **options)([make_rollout(completion, {"answer": reference})])
     assert out.error is None, out.error
     return out
 
@@ -101,7 +95,8 @@ WRITES = [
 def test_writes_are_denied_and_the_database_is_unchanged(db, tmp_path):
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     attach = f"ATTACH DATABASE '{tmp_path / 'new.sqlite'}' AS other"
-    outs = SQLReward(db_path=str(db))([_rollout(q, "SELECT count(*) FROM employees") for q in WRITES + [attach]])
+    count = {"answer": "SELECT count(*) FROM employees"}
+    outs = SQLReward(db_path=str(db))([make_rollout(q, count) for q in WRITES + [attach]])
     for query, out in zip(WRITES + [attach], outs):
         assert out.error is None and out.score == 0.0, query
         assert _flags(out) == {"parses", "denied"}, query
@@ -155,19 +150,21 @@ def test_has_top_level_order_by(sql, ordered):
 
 def test_db_path_from_the_row_and_db_dir(db):
     reward = REWARDS["sql"]()
-    (out,) = reward([_rollout("```sql\nSELECT count(*) FROM employees\n```", "SELECT 5", db_path=db)])
+    fenced = "```sql\nSELECT count(*) FROM employees\n```"
+    (out,) = reward([make_rollout(fenced, {"answer": "SELECT 5", "db_path": str(db)})])
     assert out.score == 1.0
-    (out,) = REWARDS["sql"](db_dir=str(db.parent))([_rollout("SELECT 5", "SELECT 5", db_path=db.name)])
+    row = {"answer": "SELECT 5", "db_path": db.name}
+    (out,) = REWARDS["sql"](db_dir=str(db.parent))([make_rollout("SELECT 5", row)])
     assert out.score == 1.0
 
 
 def test_errors_are_for_the_setup_not_the_prediction(db, tmp_path):
     reward = SQLReward()
-    (no_db,) = reward([_rollout("SELECT 1", "SELECT 1")])
+    (no_db,) = reward([make_rollout("SELECT 1", {"answer": "SELECT 1"})])
     assert no_db.error == "sql: no database: give the db_path option or a 'db_path' row field"
-    (missing,) = reward([_rollout("SELECT 1", "SELECT 1", db_path=tmp_path / "nope.sqlite")])
+    (missing,) = reward([make_rollout("SELECT 1", {"answer": "SELECT 1", "db_path": str(tmp_path / "nope.sqlite")})])
     assert missing.error.startswith(f"sql: cannot open database '{tmp_path / 'nope.sqlite'}'")
-    (bad_ref,) = reward([_rollout("SELECT 1", "SELECT * FROM nope", db_path=db)])
+    (bad_ref,) = reward([make_rollout("SELECT 1", {"answer": "SELECT * FROM nope", "db_path": str(db)})])
     assert bad_ref.error == "sql: reference query failed: no such table: nope" and bad_ref.score == 0.0
     (no_answer,) = SQLReward(db_path=str(db))([Rollout("p", [1], "SELECT 1", [5], [0.0])])
     assert no_answer.error == "sql: row has no 'answer'"
@@ -175,7 +172,7 @@ def test_errors_are_for_the_setup_not_the_prediction(db, tmp_path):
 
 def test_built_from_config(db):
     built = build_reward([{"name": "sql", "db_path": str(db), "timeout": 2.0, "weight": 1.0}])
-    (out,) = built([_rollout("SELECT max(salary) FROM employees", "SELECT 120")])
+    (out,) = built([make_rollout("SELECT max(salary) FROM employees", {"answer": "SELECT 120"})])
     assert out.score == 1.0 and out.components["parses"] == 1.0
     with pytest.raises(ValueError, match=r"rewards\[0\] \(sql\): timeout"):
         build_reward([{"name": "sql", "timeout": 0}])
