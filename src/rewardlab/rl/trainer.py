@@ -79,9 +79,9 @@ def check_names(cfg: TrainConfig) -> None:
     ]
     if rl.group_filter is not None:
         checks.append(("rl.group_filter", rl.group_filter, GROUP_FILTERS))
-    for field, name, registry in checks:
+    for key, name, registry in checks:
         if name not in registry:
-            raise ValueError(f"{field}: unknown name {name!r}; valid: {', '.join(sorted(registry))}")
+            raise ValueError(f"{key}: unknown name {name!r}; valid: {', '.join(sorted(registry))}")
     needs = [k for k in estimator_needs(rl.estimator) if k not in rl.estimator_options]
     missing = [k for k in needs if k not in INPUT_PROVIDERS]
     if missing:
