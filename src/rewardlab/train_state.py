@@ -1,9 +1,12 @@
 """What a resumable loop saves beside its weights, in checkpoints/step-K/trainer_state.pt: optimizer, schedule,
-data order and RNG states, so that step k+1 after a resume computes what the uninterrupted run computes."""
+data order and RNG states, so that step k+1 after a resume computes what the uninterrupted run computes; and the
+JSON-able record of torch's RNG state that `evaluate` and `search` log after each finished batch or unit."""
 
 from __future__ import annotations
 
+import base64
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +31,37 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
+def rng_state_record() -> dict[str, Any]:
+    """torch's global RNG state (CPU, and every CUDA device once CUDA is in use) as JSON-able base64 strings.
+
+    Reading the state consumes no random numbers, so recording it leaves a run's sampling unchanged.
+    """
+    rec: dict[str, Any] = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rec["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode("ascii") for s in torch.cuda.get_rng_state_all()]
+    return rec
+
+
+def restore_rng_state(rec: Mapping[str, Any]) -> None:
+    """Set torch's global RNG state from a `rng_state_record` (the inverse of it)."""
+
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(rec["torch"]))
+    if "cuda" in rec:
+        torch.cuda.set_rng_state_all([tensor(t) for t in rec["cuda"]])
+
+
 def save_state(directory: Path, state: dict[str, Any]) -> None:
-    """Write `state` (state dicts, RNG states, counters) to `directory`/trainer_state.pt."""
-    torch.save(state, Path(directory) / STATE_FILE)
+    """Write `state` (state dicts, RNG states, counters) to `directory`/trainer_state.pt.
+
+    Raises:
+        OSError: the write failed (e.g. no space left); written through a Python file so that the error is an
+            OSError, which `RunDir.save_checkpoint` reports as one line.
+    """
+    with (Path(directory) / STATE_FILE).open("wb") as fh:
+        torch.save(state, fh)
 
 
 def load_state(directory: Path) -> dict[str, Any]:

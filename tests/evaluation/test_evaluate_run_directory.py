@@ -9,7 +9,8 @@ import torch
 
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.config import EvaluateConfig, load_config
-from rewardlab.evaluation.policy import restore_rng_state, rng_state_record, run_evaluate
+from rewardlab.evaluation.policy import run_evaluate
+from rewardlab.train_state import restore_rng_state, rng_state_record
 from rewardlab.runs import RunDirError
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,32 +16,11 @@ from rewardlab.rewards import build_reward
 from rewardlab.rewards.base import Reward
 from rewardlab.runs import RunDir
 from rewardlab.tasks import load as load_task
+from rewardlab.train_state import restore_rng_state, rng_state_record
 from rewardlab.types import RewardOutput
 
 #: The log of finished evaluation batches in an `evaluate` run directory (one JSON line per batch).
 BATCH_LOG = "batches.jsonl"
-
-
-def rng_state_record() -> dict[str, Any]:
-    """torch's global RNG state (CPU, and every CUDA device once CUDA is in use) as JSON-able base64 strings.
-
-    Reading the state consumes no random numbers, so recording it leaves a run's sampling unchanged.
-    """
-    rec: dict[str, Any] = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        rec["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode("ascii") for s in torch.cuda.get_rng_state_all()]
-    return rec
-
-
-def restore_rng_state(rec: Mapping[str, Any]) -> None:
-    """Set torch's global RNG state from a `rng_state_record` (the inverse of it)."""
-
-    def tensor(text: str) -> torch.Tensor:
-        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-    torch.set_rng_state(tensor(rec["torch"]))
-    if "cuda" in rec:
-        torch.cuda.set_rng_state_all([tensor(t) for t in rec["cuda"]])
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -41,10 +41,10 @@ from rewardlab.rl.filters import GROUP_FILTERS, filter_groups
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
                                  kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir
+from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 from rewardlab.tasks import Task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
-STATE_FILE = "trainer_state.pt"
 #: Settings a resumed run may change (train longer, checkpoint differently); any other change is refused.
 RESUME_MAY_CHANGE = ("rl.steps", "save_every", "keep_checkpoints")
 
@@ -393,15 +393,6 @@ def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_siz
     return m
 
 
-def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate()}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-
-
 def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> TrainState:
     """Check `cfg`, load the task, reward and models, open the run directory and, with `resume`, restore the newest
     valid checkpoint (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
@@ -444,11 +435,11 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
         random.seed(cfg.seed)
         start_step = 0
         if latest is not None:
-            saved = torch.load(latest[1] / STATE_FILE, weights_only=False)
+            saved = load_state(latest[1])
             optimizer.load_state_dict(saved["optimizer"])
             scheduler.load_state_dict(saved["scheduler"])
             sampler.load_state_dict(saved["sampler"])
-            _set_rng_state(saved["rng"])
+            set_rng_state(saved["rng"])
             if critic is not None:
                 critic.optimizer.load_state_dict(saved["critic_optimizer"])
             if reference is not None and saved.get("reference") is not None:
@@ -636,11 +627,10 @@ def save_checkpoint(state: TrainState) -> Path:
     def write(tmp: Path) -> None:
         state.policy.save(tmp)
         refreshed = state.reference is not None and rl.ref_refresh_every is not None
-        with (tmp / STATE_FILE).open("wb") as fh:  # a Python file: a failed write surfaces as an OSError
-            torch.save({"step": state.step, "optimizer": state.optimizer.state_dict(),
-                        "scheduler": state.scheduler.state_dict(), "sampler": state.sampler.state_dict(),
-                        "rng": _rng_state(), "reference": state.reference.model.state_dict() if refreshed else None,
-                        "critic_optimizer": state.critic.optimizer.state_dict() if state.critic else None}, fh)
+        save_state(tmp, {"step": state.step, "optimizer": state.optimizer.state_dict(),
+                         "scheduler": state.scheduler.state_dict(), "sampler": state.sampler.state_dict(),
+                         "rng": rng_state(), "reference": state.reference.model.state_dict() if refreshed else None,
+                         "critic_optimizer": state.critic.optimizer.state_dict() if state.critic else None})
         if state.critic is not None:
             state.critic.save(tmp / CRITIC_DIR)
 

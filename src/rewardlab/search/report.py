@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rewardlab.config import SearchConfig, dump_config
-from rewardlab.evaluation.policy import is_correct, restore_rng_state, rng_state_record
+from rewardlab.evaluation.policy import is_correct
+from rewardlab.train_state import restore_rng_state, rng_state_record
 from rewardlab.policy import load_policy
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
