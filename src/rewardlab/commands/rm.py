@@ -90,6 +90,14 @@ def _plots(run: RunDir, report: dict[str, Any]) -> list[str]:
 
     made = []
     (run.path / "plots").mkdir(exist_ok=True)
+
+    def save(fig, name: str) -> str:
+        fig.tight_layout()
+        out = run.path / "plots" / name
+        fig.savefig(out, dpi=100)
+        plt.close(fig)
+        return str(out)
+
     pairs = report.get("pairs")
     if pairs:
         cs = [x for x in pairs["chosen_scores"] if math.isfinite(x)]
@@ -101,11 +109,7 @@ def _plots(run: RunDir, report: dict[str, Any]) -> list[str]:
         ax.set_ylabel("responses")
         ax.set_title(f"pairwise accuracy {pairs['accuracy']:.1%} (n={pairs['n']})")
         ax.legend()
-        fig.tight_layout()
-        out = run.path / "plots" / "score_hist.png"
-        fig.savefig(out, dpi=100)
-        plt.close(fig)
-        made.append(str(out))
+        made.append(save(fig, "score_hist.png"))
     bars = []
     for section, key in (("pairs", "pairwise"), ("best_of_k", "best-of-k")):
         if report.get(section):
@@ -118,11 +122,7 @@ def _plots(run: RunDir, report: dict[str, Any]) -> list[str]:
         ax.set_xlim(0, 1)
         ax.set_xlabel("accuracy / F1")
         ax.invert_yaxis()
-        fig.tight_layout()
-        out = run.path / "plots" / "subset_accuracy.png"
-        fig.savefig(out, dpi=100)
-        plt.close(fig)
-        made.append(str(out))
+        made.append(save(fig, "subset_accuracy.png"))
     return made
 
 
