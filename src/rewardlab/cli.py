@@ -66,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> tuple[str, argparse.Namespace, list[str]]:
+    """The verb ("rm train" for a grouped one), the parsed flags, and the config overrides the command line gives
+    (dotted `key=value`s, then the shortcut flags spelled out). Exits with status 2 on a malformed command line."""
     parser = _parser()
     # Overrides may come before, between or after the flags: argparse leaves those after a flag unparsed.
     args, extra = parser.parse_known_args(argv)
@@ -74,13 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     verb = f"{args.verb} {args.action}" if getattr(args, "action", None) else args.verb
-    command = COMMANDS[verb]
     overrides = list(args.overrides or []) + extra
     for key, value in (("out", args.out), ("seed", args.seed)):
         if value is not None:
             overrides.append(f"{key}={value}")
-    overrides += [flag.override(getattr(args, flag.name)) for flag in command.flags
+    overrides += [flag.override(getattr(args, flag.name)) for flag in COMMANDS[verb].flags
                   if getattr(args, flag.name) is not None]
+    return verb, args, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    verb, args, overrides = parse(argv)
+    command = COMMANDS[verb]
     if args.resume and args.overwrite:
         print(f"rewardlab {verb}: error: --resume and --overwrite exclude each other", file=sys.stderr)
         return 2

@@ -118,3 +118,16 @@ def test_search_labels_an_answer_reading_scorer_an_oracle(tmp_path, scripted, ca
                                            "search.methods=[best_of_n]", "scorer=[{name: test_length_only}]"])
     report = search_command.run(cfg, show_progress=False)
     assert report["scorer_reads_answer"] is False and "oracle" not in report["scorer"]
+
+
+@pytest.mark.parametrize("cls", [SearchConfig, "rm eval"])
+def test_a_scorer_may_be_one_mapping(cls):
+    from rewardlab.commands import COMMANDS
+
+    cls = COMMANDS[cls].config if isinstance(cls, str) else cls
+    extra = ["data=x.jsonl"] if "data" in cls.model_fields else []
+    cfg = load_config(cls, None, ["scorer={name: exact_match}", *extra])
+    assert cfg.scorer == {"name": "exact_match"}
+    outs = build_reward(cfg.scorer)([Rollout(prompt="q", prompt_ids=[], completion="5", completion_ids=[], logprobs=[],
+                                             row={"answer": "5"})])
+    assert outs[0].score == 1.0
