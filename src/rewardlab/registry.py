@@ -21,6 +21,7 @@ error); a parameter annotated `Any`, or not at all, takes any value.
 from __future__ import annotations
 
 import inspect
+import os
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -272,8 +273,8 @@ def _type_text(hint: Any) -> str:
 
 
 def read_value(hint: Any, value: Any, where: str) -> Any:
-    """`value` read as type `hint` (pydantic, lax; a bool is never a number), or `value` unchanged when pydantic
-    cannot check `hint`.
+    """`value` read as type `hint` (pydantic, lax; a bool is never a number; a `pathlib.Path` is a str), or `value`
+    unchanged when pydantic cannot check `hint`.
 
     Raises:
         ValueError: "WHERE: expected TYPE, got VALUE" (plus the reason for a bound), one line.
@@ -283,7 +284,12 @@ def read_value(hint: Any, value: Any, where: str) -> Any:
     except Exception:  # noqa: BLE001 - an annotation pydantic has no schema for: not checked
         return value
     try:
-        out = adapter.validate_python(value)
+        try:
+            out = adapter.validate_python(value)
+        except ValidationError:
+            if not isinstance(value, os.PathLike):
+                raise
+            out = adapter.validate_python(os.fspath(value))  # a pathlib.Path where a str path is annotated
     except ValidationError as exc:
         err = exc.errors()[0]
         reason = f" ({err['msg'][0].lower()}{err['msg'][1:]})" if err["type"] in _BOUNDS else ""

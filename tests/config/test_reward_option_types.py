@@ -1,6 +1,7 @@
 """Every reward option's value is checked against its annotation when the config is checked, before a run starts."""
 
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,8 @@ def test_values_are_read_as_their_annotation_says():
     built = build_reward([{"name": "numeric", "rel_tol": "1e-3", "abs_tol": 0}])
     numeric = built.members[0][0]
     assert numeric.options["rel_tol"] == 0.001 and isinstance(numeric.options["abs_tol"], float)
+    # from Python, a pathlib.Path is accepted where a str path is annotated, and passed on as that str
+    assert REWARDS.validate("reward_model", {"path": Path("runs/rm")}) == {"path": "runs/rm"}
 
 
 def test_a_bad_option_type_fails_in_setup_before_the_run_directory_exists(tmp_path):

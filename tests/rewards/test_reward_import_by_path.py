@@ -136,3 +136,14 @@ def test_the_file_is_executed_once_per_process(tmp_path, monkeypatch):
     build_reward(["./counted.py:f"])
     build_reward([{"name": str(tmp_path / "counted.py") + ":f"}])  # the same file by its absolute path
     assert builtins.h20_imports == 1
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("my_pkg.rewards.units_match", "write MODULE:FUNCTION, e.g. my_pkg.rewards:units_match"),  # TRL's dotted form
+    ("./my_rewards.py", "write PATH.py:FUNCTION, e.g. ./my_rewards.py:my_reward"),
+])
+def test_an_unknown_name_that_looks_like_a_path_says_how_to_write_it(name, hint):
+    with pytest.raises(ValueError) as err:
+        check_specs([name])
+    assert str(err.value).startswith(f"rewards[0].name: unknown reward {name!r}; valid: ")
+    assert str(err.value).endswith(f"; to import your own reward {hint}")

@@ -536,7 +536,7 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
     try:
         factory = REWARDS.get(name)
     except ValueError as exc:
-        raise ValueError(f"{path}.name: {exc}") from None
+        raise ValueError(f"{path}.name: {exc}{_import_hint(name)}") from None
     spec = REWARDS.validate(name, spec, field=path, complete=True)
     if _CHECKING.get():
         return _Unbuilt(name), label or _leaf_label(name, factory)
@@ -545,6 +545,16 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
     except (TypeError, ValueError, OSError) as exc:  # OSError: a model path that does not load
         raise ValueError(f"{path} ({name}): {exc}".splitlines()[0]) from None
     return reward, label or reward.name
+
+
+def _import_hint(name: Any) -> str:
+    """For an unknown name that looks like a path to one's own reward, how to write it (TRL's CLI takes the
+    dotted `my_lib.rewards.fn`; here the function follows a colon)."""
+    if not isinstance(name, str) or "." not in name.strip("."):
+        return ""
+    if name.endswith(".py") or "/" in name:
+        return f"; to import your own reward write PATH.py:FUNCTION, e.g. {name}:my_reward"
+    return f"; to import your own reward write MODULE:FUNCTION, e.g. {':'.join(name.rsplit('.', 1))}"
 
 
 def _leaf_label(name: str, factory: Any) -> str:
@@ -573,7 +583,8 @@ def _shaped_member(item: Any, path: str) -> tuple[Reward, str]:
 
 def check_specs(specs: Sequence[Any] | Mapping[str, Any] | str, *, on_error: str = "zero") -> None:
     """Check a `rewards:` spec tree without constructing any leaf reward (nothing loads a model or opens a
-    connection): every reward name, composition and shaping kind, key and option, and the nodes' own values.
+    connection): every reward name (importing MODULE:FUNCTION names), composition and shaping kind, key and option,
+    each option's value against its parameter's type annotation (`Registry.validate`), and the nodes' own values.
 
     Raises:
         ValueError: the first problem, in one line naming its path (as `build_reward` would raise it).
@@ -601,7 +612,8 @@ def build_reward(specs: Sequence[Mapping[str, Any] | str] | Mapping[str, Any] | 
     Raises:
         ValueError: a bad spec, in one line naming its path (e.g. "rewards[1].tiers[0]: missing 'name'"): an unknown
             reward name or node kind (the message lists valid ones), a missing or unknown key, an option the reward
-            does not take.
+            does not take, an option value its annotation refuses ("rewards[0].rel_tol: expected a number, got
+            'abc'"), a MODULE:FUNCTION that does not import (`rewards.importing.resolve_reward`).
     """
     check_specs(specs, on_error=on_error)
     return _build_sum(specs, on_error)

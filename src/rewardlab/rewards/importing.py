@@ -94,7 +94,7 @@ def _load_module(name: str, module_name: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise _error(name, f"no module named {exc.name!r} (searched the module path and the current "
                          f"directory, {Path.cwd()}; for a file give its path, e.g. ./my_rewards.py:FUNCTION)") from None
         raise _error(name, f"importing {module_name} raised {_cause(exc)}") from None
