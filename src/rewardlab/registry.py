@@ -7,22 +7,30 @@
 
     ESTIMATORS.get("grpo")                    # the function; an unknown name is a ValueError listing the valid ones
     ESTIMATORS.check("grpo", {"eps": 1e-8})   # the options it accepts; an undeclared option is a ValueError
+    ESTIMATORS.validate("grpo", {"eps": "1e-8"})   # check, then each value against its annotation: {"eps": 1e-08}
     "grpo" in ESTIMATORS, ESTIMATORS["grpo"], sorted(ESTIMATORS), len(ESTIMATORS)   # a read-only Mapping
 
 A registered callable declares its options by name in its signature (keyword parameters, or the parameters of a
 class's `__init__`). The options of an entry are its parameters minus the registry's `reserved` inputs (the tensors
 or rows every caller passes, e.g. `token_rewards`, `mask`, `group`) and minus positional-only parameters. A callable
-with `**kwargs` declares that it checks its options itself, and `check` accepts anything for it.
+with `**kwargs` declares that it checks its options itself, and `check` accepts anything for it. `validate` also
+checks each value against the parameter's type annotation (pydantic's lax mode: "1e-3" reads as a float, "abc" is an
+error); a parameter annotated `Any`, or not at all, takes any value.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+import types
+import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry", "unknown_options"]
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+__all__ = ["Registry", "option_annotations", "read_value", "unknown_options"]
 
 T = TypeVar("T")
 _MISSING: Any = object()
@@ -173,6 +181,34 @@ class Registry(Mapping[str, T], Generic[T]):
                                  f"{', '.join(repr(k) for k in missing)} for {self.kind} {name!r}")
         return declared
 
+    def validate(self, name: str, options: Mapping[str, Any], *, reserved: Iterable[str] = (),
+                 field: str | None = None, complete: bool = False) -> dict[str, Any]:
+        """`check` the option names, then each value against its parameter's type annotation; return the options
+        with their values as the annotations read them (`{"rel_tol": "1e-3"}` -> `{"rel_tol": 0.001}`: YAML reads
+        1e-3 as a string).
+
+        Values are read as pydantic does in lax mode (an int for a float, "1e-3" for a float, "true" for a bool), except
+        that a bool is never a number. A parameter annotated `Any`, unannotated, or with an annotation that does not
+        resolve or that pydantic cannot check takes any value; so does every option of an entry with `**kwargs` that
+        is not a named parameter.
+
+        Args:
+            as for `check`; `field` also starts the path of a bad value ("rewards[0]" -> "rewards[0].rel_tol").
+        Returns:
+            a new dict: the options, each value as its annotation reads it.
+        Raises:
+            ValueError: what `check` raises, or one line for a value of the wrong type: "rewards[0].rel_tol: expected
+                a number, got 'abc'" (with pydantic's reason when it is a bound: "... (input should be greater than or
+                equal to 1)").
+        """
+        self.check(name, options, reserved=reserved, field=field, complete=complete)
+        annotations = option_annotations(self._entries[name])
+        out = dict(options)
+        for key, value in options.items():
+            if key in annotations:
+                out[key] = read_value(annotations[key], value, f"{field}.{key}" if field else key)
+        return out
+
     def _unknown(self, name: object) -> str:
         return f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries)) or '(none)'}"
 
@@ -185,3 +221,81 @@ def unknown_options(unknown: Iterable[str], owner: str, valid: Iterable[str], fi
     names = ", ".join(repr(k) for k in unknown)
     return (f"{head}unknown option{'s' if len(unknown) > 1 else ''} {names} for {owner}; "
             f"valid: {', '.join(sorted(set(valid))) or '(none)'}")
+
+
+_LAX = ConfigDict(arbitrary_types_allowed=True)
+#: pydantic error types that are about a bound rather than a type; their text is added to the message.
+_BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number", "too_short",
+           "too_long", "literal_error", "enum")
+
+
+def option_annotations(obj: Callable[..., Any]) -> dict[str, Any]:
+    """The resolved type annotation of each keyword parameter of `obj` (a function, or a class: its `__init__`) that
+    has one other than `Any`. String annotations (`from __future__ import annotations`) are resolved in the
+    defining module; one that does not resolve is left out."""
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    target = obj.__init__ if inspect.isclass(obj) else obj  # type: ignore[misc]
+    try:
+        hints = typing.get_type_hints(target, include_extras=True)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation elsewhere in the signature
+        hints = {}
+    out = {}
+    for p in params:
+        hint = p.annotation
+        if hint is inspect.Parameter.empty:
+            continue
+        if isinstance(hint, str):
+            if p.name not in hints:
+                continue
+            hint = hints[p.name]
+        if hint is not Any:
+            out[p.name] = hint
+    return out
+
+
+_WORDS = {float: "a number", int: "an integer", bool: "true or false", str: "a string", type(None): "null"}
+
+
+def _type_text(hint: Any) -> str:
+    """A type as a message says it: float -> "a number", `str | None` -> "a string or null", `Sequence[str]` as is."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return _type_text(typing.get_args(hint)[0])
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_type_text(arg) for arg in typing.get_args(hint)))
+    if hint in _WORDS:
+        return _WORDS[hint]
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__name__
+    return str(hint).replace("typing.", "").replace("collections.abc.", "").replace("NoneType", "None")
+
+
+def read_value(hint: Any, value: Any, where: str) -> Any:
+    """`value` read as type `hint` (pydantic, lax; a bool is never a number; a `pathlib.Path` is a str), or `value`
+    unchanged when pydantic cannot check `hint`.
+
+    Raises:
+        ValueError: "WHERE: expected TYPE, got VALUE" (plus the reason for a bound), one line.
+    """
+    try:
+        adapter = TypeAdapter(hint, config=_LAX)
+    except Exception:  # noqa: BLE001 - an annotation pydantic has no schema for: not checked
+        return value
+    try:
+        try:
+            out = adapter.validate_python(value)
+        except ValidationError:
+            if not isinstance(value, os.PathLike):
+                raise
+            out = adapter.validate_python(os.fspath(value))  # a pathlib.Path where a str path is annotated
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        reason = f" ({err['msg'][0].lower()}{err['msg'][1:]})" if err["type"] in _BOUNDS else ""
+        raise ValueError(f"{where}: expected {_type_text(hint)}, got {value!r}{reason}".splitlines()[0]) from None
+    except Exception:  # noqa: BLE001 - e.g. isinstance against a protocol that is not runtime-checkable
+        return value
+    if isinstance(value, bool) and not isinstance(out, bool):
+        raise ValueError(f"{where}: expected {_type_text(hint)}, got {value!r}")
+    return out

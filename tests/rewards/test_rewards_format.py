@@ -94,7 +94,8 @@ def test_registered_and_built_from_config():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"pattern": "xml"}, "pattern: unknown format pattern 'xml'; valid: answer, boxed, think_answer"),
+    ({"pattern": "xml"}, "pattern: unknown format pattern 'xml'; valid: answer, boxed, think_answer; for your own "
+     "regular expression give regex: instead of pattern:"),
     ({"pattern": "boxed", "regex": "x"}, "pattern, regex: give one of them, not both"),
     ({"regex": "(unclosed"}, "regex: does not compile"),
     # tag options a pattern does not have were swallowed by its **_ (answer, boxed) or ignored (regex)

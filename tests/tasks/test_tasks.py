@@ -240,3 +240,12 @@ def _as_tuple(x):
 def test_sampler_rejects_empty_rows():
     with pytest.raises(ValueError, match="no training rows"):
         RowSampler([], seed=0)
+
+
+def test_jsonl_control_character_message_says_at_column_once(tmp_path):
+    # json's message for a raw tab inside a string ends in "at"; the column must not read "at at column".
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "a\tb", "answer": "1"}\n')
+    with pytest.raises(ValueError) as info:
+        load(f"jsonl:{path}")
+    assert str(info.value) == f"{path}:1: malformed JSON (Invalid control character at column 14)"

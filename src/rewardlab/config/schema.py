@@ -207,8 +207,9 @@ class TrainConfig(_Checkpoints, _Verb):
 
     out: str = _out("runs/train")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL settings")
-    rewards: list[dict[str, Any]] | None = Field(
-        None, description="reward specs [{name, weight, ...options}]; default: the task's own verifier"
+    rewards: list[dict[str, Any] | str] | None = Field(
+        None, description="reward specs [{name, weight, ...options}] or bare names; a name MODULE:FUNCTION or "
+        "PATH.py:FUNCTION imports your own reward; default: the task's own verifier"
     )
     on_error: Literal["zero", "skip", "raise"] = Field(
         "zero", description="a rollout whose reward fails (an exception, NaN or inf): zero scores it 0, skip also "

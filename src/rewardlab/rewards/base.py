@@ -11,9 +11,11 @@ import concurrent.futures
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Annotated, Any, Protocol, TypeVar, runtime_checkable
 
-from rewardlab.registry import Registry
+from pydantic import Field
+
+from rewardlab.registry import Registry, option_annotations
 from rewardlab.types import Rollout, RewardOutput
 
 #: name -> factory(<options>) -> Reward. Filled by `@reward(name=...)` and `register_reward`.
@@ -228,9 +230,12 @@ def reward(
 
         factory.__doc__ = fn.__doc__
         factory.__name__ = fn.__name__
+        factory.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
+        factory.__module__ = getattr(fn, "__module__", __name__)
         factory.__signature__ = _factory_signature(fn)  # type: ignore[attr-defined]
         factory.default_weight = weight  # type: ignore[attr-defined]
         factory.fn = fn  # type: ignore[attr-defined]
+        factory.reward_name = reward_name  # type: ignore[attr-defined]
         if register:
             register_reward(reward_name)(factory)
         return factory
@@ -238,16 +243,28 @@ def reward(
     return wrap
 
 
+#: The types of the execution options (what `REWARDS.validate` checks them against when the function does not take
+#: an option of that name itself); `FunctionReward` checks the same bounds when it is built.
+EXECUTION_OPTION_TYPES: dict[str, Any] = {
+    "max_concurrency": Annotated[int, Field(ge=1)],
+    "workers": Annotated[int, Field(ge=1)],
+    "item_timeout": Annotated[float, Field(gt=0)] | None,
+}
+
+
 def _factory_signature(fn: Callable[..., Any]) -> inspect.Signature:
-    """The options a `@reward` factory takes, as a signature (what `REWARDS.check` reads): every parameter of the
-    function (any may be given as an option; those not given are filled from each rollout) and the execution
-    options it does not take itself, all optional keywords; `**options` when the function has `**kwargs` (it then
-    receives any option)."""
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return inspect.Signature([inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD)])
-    named = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    """The options a `@reward` factory takes, as a signature (what `REWARDS.check` and `REWARDS.validate` read):
+    every parameter of the function, with its type annotation (any may be given as an option; those not given are
+    filled from each rollout), and the execution options it does not take itself, all optional keywords; plus
+    `**options` when the function has `**kwargs` (it then receives any option)."""
+    params = list(inspect.signature(fn).parameters.values())
+    annotations = option_annotations(fn)
+    named = [p.name for p in params if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     keyword = inspect.Parameter.KEYWORD_ONLY
-    return inspect.Signature([inspect.Parameter(n, keyword, default=None) for n in named]
-                             + [inspect.Parameter(k, keyword, default=None) for k in EXECUTION_OPTIONS
-                                if k not in named])
+    out = [inspect.Parameter(n, keyword, default=None, annotation=annotations.get(n, inspect.Parameter.empty))
+           for n in named]
+    out += [inspect.Parameter(k, keyword, default=None, annotation=EXECUTION_OPTION_TYPES[k])
+            for k in EXECUTION_OPTIONS if k not in named]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        out.append(inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(out)

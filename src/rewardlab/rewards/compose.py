@@ -8,7 +8,8 @@ joined with "; "); the top-level `WeightedSum` then applies `on_error`.
 
 Config (the `rewards:` list of a `rewardlab train` config; docs/rewards-compose.md has worked examples):
 
-    leaf:     {name: REWARD, weight: W, label: L, ...options of the reward}
+    leaf:     {name: REWARD, weight: W, label: L, ...options of the reward}    REWARD: a registered name, or
+              MODULE:FUNCTION / PATH.py:FUNCTION to import one (`rewards.importing`)
     sum:      {compose: sum, rewards: [SPEC, ...]}                               members take `weight`
     gated:    {compose: gated, gate: SPEC, reward: SPEC, threshold: 1.0, gate_weight: 0.0}
     tiered:   {compose: tiered, tiers: [SPEC + {threshold: T}, ..., SPEC]}
@@ -16,8 +17,11 @@ Config (the `rewards:` list of a `rewardlab train` config; docs/rewards-compose.
     shaping:  {shape: length | overlong | par | clip | delta, reward: SPEC, ...}   (see `rewards.shaping`)
 
 `label` (any node) names its components; default: the reward name, the composition kind, or for a shaping node the
-label of the reward it shapes. `weight` belongs to members of a sum, `threshold` to tiers; anywhere else these keys
-are the reward's own options (`weight` is never one).
+label of the reward it shapes. `weight` belongs to members of a sum and to the reward a shaping wraps (it scales that
+reward before the shaping adds its term: `{shape: overlong, reward: {name: r, weight: 0}, ...}` is the overlong
+penalty alone, with r logged); `threshold` belongs to tiers; anywhere else these keys are the reward's own options
+(`weight` is never one). Every option's value is checked against the annotation of the parameter it goes to
+(`Registry.validate`) before anything is built.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 from rewardlab.registry import Registry
 from rewardlab.rewards.base import ON_ERROR, REWARDS, Reward, RewardError
+from rewardlab.rewards.importing import is_import_name, resolve_reward
 from rewardlab.rewards.shaping import SHAPINGS, build_shaped
 from rewardlab.types import Rollout, RewardOutput, parse_errors
 
@@ -385,7 +390,7 @@ def _members(items: Sequence[Any], path: str) -> tuple[list[tuple[Reward, float]
     for i, item in enumerate(items):
         item_path = f"{path}[{i}]"
         spec = _as_spec(item, item_path)
-        weight = spec.pop("weight") if "weight" in spec else _default_weight(spec)
+        weight = spec.pop("weight") if "weight" in spec else _default_weight(spec, item_path)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ValueError(f"{item_path}.weight: expected a number, got {weight!r}")
         reward, label = build_node(spec, item_path)
@@ -394,10 +399,23 @@ def _members(items: Sequence[Any], path: str) -> tuple[list[tuple[Reward, float]
     return members, labels
 
 
-def _default_weight(spec: Mapping[str, Any]) -> float:
+def _default_weight(spec: Mapping[str, Any], path: str) -> float:
     """A leaf's default weight is its factory's `default_weight` (from `@reward(weight=...)`); a node's is 1."""
-    factory = REWARDS.get(spec["name"], None) if isinstance(spec.get("name"), str) else None
+    name = spec.get("name")
+    if is_import_name(name) and not any(k in spec for k in ("compose", "shape")):
+        name = _resolve(name, path)
+    factory = REWARDS.get(name, None) if isinstance(name, str) else None
     return getattr(factory, "default_weight", 1.0)
+
+
+def _resolve(name: Any, path: str) -> str:
+    """The `REWARDS` name of a leaf's `name`: itself, or for MODULE:FUNCTION the imported reward's name."""
+    if not is_import_name(name):
+        return name
+    try:
+        return resolve_reward(name)
+    except ValueError as exc:
+        raise ValueError(f"{path}.name: {exc}") from None
 
 
 @COMPOSITIONS.register("sum")
@@ -490,7 +508,7 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
             builder = COMPOSITIONS.get(kind)
         except ValueError as exc:
             raise ValueError(f"{path}.compose: {exc}") from None
-        COMPOSITIONS.check(kind, spec, field=path, complete=True)
+        spec = COMPOSITIONS.validate(kind, spec, field=path, complete=True)
         try:
             return builder(path, label, **spec), label or kind
         except ValueError as exc:
@@ -505,7 +523,7 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
             raise ValueError(f"{path}.shape: {exc}") from None
         if "reward" not in spec:
             raise ValueError(f"{path}: missing 'reward' (shape: {kind})")
-        inner, inner_label = build_node(spec.pop("reward"), f"{path}.reward")
+        inner, inner_label = _shaped_member(spec.pop("reward"), f"{path}.reward")
         try:
             shaped = build_shaped(kind, inner, spec, path, build_node)
             shaped.name = label or inner_label
@@ -514,14 +532,14 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
             if str(exc).startswith(path):
                 raise
             raise ValueError(f"{path} (shape: {kind}): {exc}") from None
-    name = spec.pop("name")
+    name = _resolve(spec.pop("name"), path)
     try:
         factory = REWARDS.get(name)
     except ValueError as exc:
-        raise ValueError(f"{path}.name: {exc}") from None
-    REWARDS.check(name, spec, field=path, complete=True)
+        raise ValueError(f"{path}.name: {exc}{_import_hint(name)}") from None
+    spec = REWARDS.validate(name, spec, field=path, complete=True)
     if _CHECKING.get():
-        return _Unbuilt(name), label or name
+        return _Unbuilt(name), label or _leaf_label(name, factory)
     try:
         reward = factory(**spec)
     except (TypeError, ValueError, OSError) as exc:  # OSError: a model path that does not load
@@ -529,9 +547,44 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
     return reward, label or reward.name
 
 
+def _import_hint(name: Any) -> str:
+    """For an unknown name that looks like a path to one's own reward, how to write it (TRL's CLI takes the
+    dotted `my_lib.rewards.fn`; here the function follows a colon)."""
+    if not isinstance(name, str) or "." not in name.strip("."):
+        return ""
+    if name.endswith(".py") or "/" in name:
+        return f"; to import your own reward write PATH.py:FUNCTION, e.g. {name}:my_reward"
+    return f"; to import your own reward write MODULE:FUNCTION, e.g. {':'.join(name.rsplit('.', 1))}"
+
+
+def _leaf_label(name: str, factory: Any) -> str:
+    """A leaf's default label before it is built: its registered name, or for an imported reward the name the
+    built reward will have (a `@reward`'s own name, else the function's)."""
+    if not is_import_name(name):
+        return name
+    for candidate in (getattr(factory, "reward_name", None), getattr(factory, "name", None)):
+        if isinstance(candidate, str) and candidate:
+            return candidate
+    return name.rpartition(":")[2]
+
+
+def _shaped_member(item: Any, path: str) -> tuple[Reward, str]:
+    """The reward a shaping node wraps. With a `weight`, it is a one-member weighted sum (weight * score, its
+    components logged bare): weight 0 keeps the reward as a logged metric and leaves the shaping's term alone."""
+    if not isinstance(item, Mapping) or "weight" not in item:
+        return build_node(item, path)
+    spec = dict(item)
+    weight = spec.pop("weight")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise ValueError(f"{path}.weight: expected a number, got {weight!r}")
+    inner, label = build_node(spec, path)
+    return WeightedSum([(inner, float(weight))], name=label, labels=[label]), label
+
+
 def check_specs(specs: Sequence[Any] | Mapping[str, Any] | str, *, on_error: str = "zero") -> None:
     """Check a `rewards:` spec tree without constructing any leaf reward (nothing loads a model or opens a
-    connection): every reward name, composition and shaping kind, key and option, and the nodes' own values.
+    connection): every reward name (importing MODULE:FUNCTION names), composition and shaping kind, key and option,
+    each option's value against its parameter's type annotation (`Registry.validate`), and the nodes' own values.
 
     Raises:
         ValueError: the first problem, in one line naming its path (as `build_reward` would raise it).
@@ -559,7 +612,8 @@ def build_reward(specs: Sequence[Mapping[str, Any] | str] | Mapping[str, Any] | 
     Raises:
         ValueError: a bad spec, in one line naming its path (e.g. "rewards[1].tiers[0]: missing 'name'"): an unknown
             reward name or node kind (the message lists valid ones), a missing or unknown key, an option the reward
-            does not take.
+            does not take, an option value its annotation refuses ("rewards[0].rel_tol: expected a number, got
+            'abc'"), a MODULE:FUNCTION that does not import (`rewards.importing.resolve_reward`).
     """
     check_specs(specs, on_error=on_error)
     return _build_sum(specs, on_error)

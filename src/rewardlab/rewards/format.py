@@ -88,7 +88,7 @@ class FormatReward:
             (think_answer: both; answer: answer_tag; boxed: none).
         allow_empty: accept blank tag/box contents (default False).
     Raises:
-        ValueError: an unknown pattern name (the message lists them), both `pattern` and `regex`, a tag option the
+        ValueError: an unknown pattern name (the message lists them and points to `regex`), both `pattern` and `regex`, a tag option the
             pattern does not have or given with `regex` (the message lists the pattern's options), or a regex that
             does not compile.
     """
@@ -111,6 +111,9 @@ class FormatReward:
             self.pattern = None
         else:
             pattern = pattern or "think_answer"
+            if pattern not in PATTERNS:
+                raise ValueError(f"pattern: unknown format pattern {pattern!r}; valid: {', '.join(sorted(PATTERNS))}; "
+                                 "for your own regular expression give regex: instead of pattern:")
             try:
                 factory = PATTERNS.get(pattern)
                 PATTERNS.check(pattern, tags)

@@ -315,8 +315,9 @@ Build = Callable[[Any, str], tuple[Any, str]]
 def build_shaped(kind: str, inner: Any, spec: Mapping[str, Any], path: str, build: Build) -> Any:
     """The shaping node `{shape: kind, ...spec}` found at `path`, wrapping the built reward `inner`.
 
-    Every key of `spec` must be an option of `SHAPINGS[kind]` (and its required options present); a number option
-    must be a finite number, a `fields` option a string; a `specs` option is built with `build(spec, path)`.
+    Every key of `spec` must be an option of `SHAPINGS[kind]` (and its required options present) whose value its
+    annotation accepts (`Registry.validate`); a number option must be a finite number, a `fields` option a string; a
+    `specs` option is built with `build(spec, path)`.
 
     Raises:
         ValueError: one line naming `path`: an unknown kind (listing the valid ones), an unknown or missing option
@@ -326,10 +327,9 @@ def build_shaped(kind: str, inner: Any, spec: Mapping[str, Any], path: str, buil
         cls = SHAPINGS.get(kind)
     except ValueError as exc:
         raise ValueError(f"{path}.shape: {exc}") from None
-    SHAPINGS.check(kind, spec, field=path, complete=True)
+    options = SHAPINGS.validate(kind, spec, field=path, complete=True)
     meta = SHAPINGS.meta(kind)
-    options = dict(spec)
-    for key, value in spec.items():
+    for key, value in options.items():
         if key in meta.get("specs", ()):
             options[key] = build(value, f"{path}.{key}")[0]
         elif key in meta.get("fields", ()):

@@ -103,7 +103,7 @@ def check_options(cfg: TrainConfig) -> None:
     `max_len`, see `resolve_loss_options`) by the policy loss or the aggregation, `rl.curriculum_options` by the
     curriculum, `rl.group_filter_options` by the group filter. The loss options' values are checked too, by
     evaluating the loss once on a one-token batch; and `cfg.rewards`, when given, by `rewards.compose.check_specs`
-    (names, keys and options of the whole tree, before the task loads; nothing is constructed).
+    (names, keys, options and their values' types, of the whole tree, before the task loads; nothing is constructed).
 
     Raises:
         ValueError: one line naming the config key and the option and listing the valid ones, e.g.

@@ -42,7 +42,8 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any]]:
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+                cause = exc.msg.removesuffix(" at")  # json's "Invalid control character ... at": the column follows
+                raise ValueError(f"{path}:{lineno}: malformed JSON ({cause} at column {exc.colno})") from None
             except RecursionError:
                 raise ValueError(f"{path}:{lineno}: malformed JSON (nested too deeply)") from None
             except ValueError as exc:  # e.g. an integer longer than Python's int() reads
