@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
 
     from rewardlab.config import VERB_CONFIGS, load_config
+    from rewardlab.interrupt import EXIT_INTERRUPTED, Interrupted, resume_command
     from rewardlab.rewards import RewardError
 
     overrides = list(args.overrides)
@@ -214,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
             from rewardlab.search.report import run_search
 
             run_search(cfg, **run_kw)
+    except Interrupted as exc:  # a first Ctrl-C: the run stopped after a step, with a checkpoint
+        print(f"rewardlab: {exc.message(resume_command(sys.argv[1:] if argv is None else argv))}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ValueError, OSError, RewardError) as exc:
         text = str(exc)
         if isinstance(exc, OSError) and exc.strerror and exc.filename is None:

@@ -72,7 +72,9 @@ def evaluate_policy(
     question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per question), "examples", "rng"
     (torch's RNG state after the batch, `rng_state_record`)}. Given the records of the first batches of an
     interrupted run (`done`), those batches are not generated again: their figures are taken from the records and
-    the RNG state of the last one is restored, so the result equals an uninterrupted run's.
+    the RNG state of the last one is restored, so the result equals an uninterrupted run's. With `n=0` (and no `ks`)
+    only the greedy completions are generated: no sampling, so no random numbers are drawn (held-out evaluation
+    during training, `rewardlab.evaluation.heldout`).
 
     Returns:
         {"accuracy": greedy exact-match fraction, "score_mean": mean greedy reward, "pass@k": ... for each k,
@@ -114,11 +116,12 @@ def evaluate_policy(
                 if len(examples) + len(rec["examples"]) < 20:
                     rec["examples"].append({"prompt": r.row.get("prompt"), "completion": r.completion,
                                             "answer": r.row.get("answer"), "correct": ok})
-            sampled = policy.generate(
-                chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
-            )
-            for r, o in zip(sampled, reward(sampled)):
-                rec["pass_counts"][r.group] += is_correct(o)
+            if n > 0:
+                sampled = policy.generate(
+                    chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
+                )
+                for r, o in zip(sampled, reward(sampled)):
+                    rec["pass_counts"][r.group] += is_correct(o)
             if on_batch is not None:
                 on_batch({**rec, "rng": rng_state_record()})
         correct += rec["correct"]
