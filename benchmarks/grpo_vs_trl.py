@@ -301,7 +301,7 @@ def child_main(role: str, cfg_path: str, out_path: str) -> None:
 def make_sft(out: Path, steps: int, seed: int) -> str:
     """The quickstart's SFT (task, batch, lr) for `steps` steps, cached under `out`."""
     from rewardlab.config import SFTConfig
-    from rewardlab.sft import run_sft
+    from rewardlab.commands.sft import run as run_sft
 
     q = _quickstart()
     final = out / "checkpoints" / f"step-{steps}"

@@ -61,12 +61,12 @@ def test_failed_log_and_file_writes_name_the_file(tmp_path):
 
 
 def test_the_cli_prints_an_io_error_without_the_errno_prefix(tmp_path, capsys, monkeypatch):
-    import rewardlab.evaluation.policy as policy_module
+    import rewardlab.commands.evaluate as evaluate_command
 
     def full_disk(*a, **k):
         raise OSError(errno.ENOSPC, f"could not write {tmp_path}/summary.json (No space left on device)")
 
-    monkeypatch.setattr(policy_module, "run_evaluate", full_disk)
+    monkeypatch.setattr(evaluate_command, "run", full_disk)
     assert main(["evaluate", "--out", str(tmp_path / "e")]) == 2
     assert capsys.readouterr().err.strip() == (f"rewardlab evaluate: error: could not write {tmp_path}/summary.json "
                                                "(No space left on device)")

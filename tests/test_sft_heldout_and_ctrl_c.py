@@ -10,6 +10,7 @@ import pytest
 
 import rewardlab.sft as sft
 from conftest import TINY_OVERRIDES, write_jsonl
+from rewardlab.commands.sft import run as run_sft
 from rewardlab.config import SFTConfig, load_config
 from rewardlab.evaluation.policy import evaluate_policy
 from rewardlab.interrupt import Interrupted
@@ -46,8 +47,8 @@ def _without(records, *prefixes):
 
 
 def test_sft_eval_every_logs_heldout_greedy_accuracy_and_leaves_training_unchanged(tmp_path):
-    sft.run_sft(_config(tmp_path, "A", "sft.steps=12"), show_progress=False)
-    sft.run_sft(_config(tmp_path, "B", "sft.steps=12", "sft.eval_every=5", "sft.eval_n=3"), show_progress=False)
+    run_sft(_config(tmp_path, "A", "sft.steps=12"), show_progress=False)
+    run_sft(_config(tmp_path, "B", "sft.steps=12", "sft.eval_every=5", "sft.eval_n=3"), show_progress=False)
     a, b = _lines(tmp_path / "A" / "metrics.jsonl"), _lines(tmp_path / "B" / "metrics.jsonl")
     assert [r["step"] for r in b if "eval/accuracy" in r] == [5, 10, 12]
     assert _without(b, "eval/", "time/") == _without(a, "eval/", "time/")  # the same losses and lr, bit for bit
@@ -66,13 +67,13 @@ def test_sft_eval_every_logs_heldout_greedy_accuracy_and_leaves_training_unchang
 def test_sft_eval_every_without_heldout_rows_is_refused(tmp_path):
     cfg = _config(tmp_path, "R", "sft.steps=1", "sft.eval_every=1", "task.options={test_size: 0}")
     with pytest.raises(ValueError, match=r"^sft.eval_every: task jsonl:.* has no held-out test rows to evaluate on"):
-        sft.run_sft(cfg, show_progress=False)
-    assert not (tmp_path / "R" / "config.yaml").exists() and not (tmp_path / "R" / "metrics.jsonl").exists()
+        run_sft(cfg, show_progress=False)
+    assert not (tmp_path / "R").exists()  # refused before the run directory is created
 
 
 def test_ctrl_c_in_sft_checkpoints_the_step_and_resume_reaches_the_same_weights(tmp_path, monkeypatch):
     common = ["sft.steps=6", "save_every=4"]
-    full = sft.run_sft(_config(tmp_path, "A", *common), show_progress=False)
+    full = run_sft(_config(tmp_path, "A", *common), show_progress=False)
 
     loss, calls = sft.sft_loss, []
 
@@ -87,7 +88,7 @@ def test_ctrl_c_in_sft_checkpoints_the_step_and_resume_reaches_the_same_weights(
     b = tmp_path / "B"
     with pytest.raises(Interrupted, match=rf"^interrupted at step 3; checkpoint step-3 written; continue with: "
                                           rf"rewardlab sft --out {b} --resume$"):
-        sft.run_sft(_config(tmp_path, "B", *common), show_progress=False)
+        run_sft(_config(tmp_path, "B", *common), show_progress=False)
     assert signal.getsignal(signal.SIGINT) is handler
     assert [m["step"] for m in _lines(b / "metrics.jsonl")] == [1, 2, 3]
     assert verify_checkpoint(b / "checkpoints" / "step-3") is None
@@ -95,7 +96,7 @@ def test_ctrl_c_in_sft_checkpoints_the_step_and_resume_reaches_the_same_weights(
     assert summary["interrupted"] is True and summary["steps_done"] == 3
 
     monkeypatch.undo()
-    resumed = sft.run_sft(_config(tmp_path, "B", *common), resume=True, show_progress=False)
+    resumed = run_sft(_config(tmp_path, "B", *common), resume=True, show_progress=False)
     assert resumed["resumed_from"] == 3 and resumed["interrupted"] is False
     assert resumed["final_loss"] == full["final_loss"]
     weights = "checkpoints/step-6/model.safetensors"

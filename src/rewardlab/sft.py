@@ -22,10 +22,10 @@ from rewardlab.config import SFTConfig, dump_config
 from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
 from rewardlab.interrupt import Interrupted, StopRequest
 from rewardlab.optim import make_optimizer, make_scheduler
-from rewardlab.policy import Policy, load_policy
+from rewardlab.policy import Policy
 from rewardlab.progress import stage
 from rewardlab.runs import RunDir
-from rewardlab.tasks import load as load_task
+from rewardlab.tasks import Task
 from rewardlab.tasks.sampler import RowSampler
 from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
 
@@ -41,43 +41,41 @@ def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[
     return -(logprobs * batch.mask).sum() / n_tokens.clamp(min=1), int(n_tokens.item())
 
 
-def run_sft(cfg: SFTConfig, *, resume: bool = False, overwrite: bool = False,
-            show_progress: bool = True) -> dict[str, Any]:
-    """Train `cfg.model` on `cfg.task`'s training rows (prompt -> row[`cfg.sft.target`] + EOS, the target field
-    defaulting to `answer`) for `cfg.sft.steps` steps.
+def check_target(task: Task, target: str, spec: str) -> None:
+    """Every training row of `task` (loaded from `spec`) must have the field `target`.
 
-    Writes the run directory `cfg.out` (see `rewardlab.runs`): config.yaml, metrics.jsonl (`sft/loss`, `lr`,
-    `time/step_s`, `time/tokens_per_s`), checkpoints/step-K every `cfg.save_every` steps and at the end (HF format
-    plus trainer_state.pt: optimizer, schedule, row sampler and RNG state; the `cfg.keep_checkpoints` most recent
-    kept), plots/sft_loss.png and summary.json. The directory is opened with `RunDir.start` once the task and model
-    load: a new run needs an empty or missing directory; `overwrite` replaces the run there; `resume` continues it
-    from its newest valid checkpoint, so step k+1 logs exactly (bit for bit) what the uninterrupted run logs.
-
-    Returns:
-        the summary: final loss, steps, wall seconds, `final_checkpoint` path, `resumed_from` (step, or None).
     Raises:
-        ValueError: a training row without the target field; `RunDirError` (a ValueError): the directory holds a
-            run and neither `resume` nor `overwrite` is given, is in use, or has no valid checkpoint to resume.
+        ValueError: "sft.target: training row I of SPEC has no field 'T'".
     """
-    torch.manual_seed(cfg.seed)
-    task = load_task(cfg.task.spec, **cfg.task.options)
-    policy = load_policy(
-        cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
-        tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed,
-    )
-    p = cfg.sft
-    missing = next((i for i, r in enumerate(task.train) if p.target not in r), None)
+    missing = next((i for i, r in enumerate(task.train) if target not in r), None)
     if missing is not None:
-        raise ValueError(f"sft.target: training row {missing} of {cfg.task.spec} has no field {p.target!r}")
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once the task and model load
-        return _train(cfg, task, policy, run, resume, show_progress)
+        raise ValueError(f"sft.target: training row {missing} of {spec} has no field {target!r}")
+
 
 #: Settings a resumed run may change (train longer, checkpoint differently); any other change is refused.
 RESUME_MAY_CHANGE = ("sft.steps", "save_every", "keep_checkpoints")
 
 
-def _train(cfg: SFTConfig, task, policy: Policy, run: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
+def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume: bool = False,
+              show_progress: bool = True) -> dict[str, Any]:
+    """Train `policy` on `task`'s training rows (prompt -> row[`cfg.sft.target`] + EOS, the target field defaulting
+    to `answer`) for `cfg.sft.steps` steps, in the run directory `run` (opened by the caller with `RunDir.start`).
+
+    Records the config (a resume checks it: only RESUME_MAY_CHANGE may differ) and writes metrics.jsonl (`sft/loss`,
+    `lr`, `time/step_s`, `time/tokens_per_s`), checkpoints/step-K every `cfg.save_every` steps and at the end (HF
+    format plus trainer_state.pt: optimizer, schedule, row sampler and RNG state; the `cfg.keep_checkpoints` most
+    recent kept), plots/sft_loss.png and summary.json. With `resume`, training continues from the newest valid
+    checkpoint, so step k+1 logs exactly (bit for bit) what the uninterrupted run logs.
+
+    Returns:
+        the summary: final loss, steps, wall seconds, `final_checkpoint` path, `resumed_from` (step, or None).
+    Raises:
+        ValueError: a training row without the target field; sft.eval_every > 0 with no held-out rows
+            (`heldout_rows`); `RunDirError` (a ValueError): a resume with other settings or no valid checkpoint.
+        Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step (see the module docstring).
+    """
     p = cfg.sft
+    check_target(task, p.target, cfg.task.spec)
     rows = heldout_rows(task, p.eval_every, p.eval_n, field="sft.eval_every")
     run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
     start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)

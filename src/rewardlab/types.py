@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass
@@ -125,3 +125,10 @@ def split_steps(text: str, separator: str = "\n") -> list[tuple[int, int]]:
             spans.append((start, end))
         start = end
     return spans
+
+
+class ProgressBar(Protocol):
+    """What a library loop reports its progress to (the CLI passes a rich bar, `rewardlab.progress.stage`)."""
+
+    def advance(self, n: int = 1, **fields: float) -> None:
+        """`n` more units done; `fields` (e.g. acc=0.5) are shown next to the bar."""

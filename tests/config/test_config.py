@@ -2,8 +2,8 @@
 
 import pytest
 
+from rewardlab.commands import config_classes
 from rewardlab.config import (
-    VERB_CONFIGS,
     ConfigError,
     EvaluateConfig,
     QuickstartConfig,
@@ -13,6 +13,8 @@ from rewardlab.config import (
     dump_config,
     load_config,
 )
+
+VERB_CONFIGS = config_classes()
 
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:

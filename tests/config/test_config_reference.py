@@ -6,7 +6,10 @@ import pytest
 from pydantic import BaseModel, Field
 
 from rewardlab.cli import main
-from rewardlab.config import VERB_CONFIGS, config_keys, describe, reference_markdown, undescribed
+from rewardlab.commands import config_classes
+from rewardlab.config import config_keys, describe, reference_markdown, undescribed
+
+VERB_CONFIGS = config_classes()
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
@@ -53,8 +56,8 @@ def test_describe_writes_a_markdown_table_that_escapes_pipes_and_tags():
 
 
 def test_docs_config_md_is_the_generated_reference():
-    assert DOCS.read_text(encoding="utf-8") == reference_markdown(), (
-        "docs/config.md is stale: regenerate it with PYTHONPATH=src python -m rewardlab.config docs/config.md")
+    assert DOCS.read_text(encoding="utf-8") == reference_markdown(VERB_CONFIGS), (
+        "docs/config.md is stale: regenerate it with PYTHONPATH=src python -m rewardlab.commands docs/config.md")
     text = DOCS.read_text(encoding="utf-8")
     for verb in VERB_CONFIGS:
         assert f"## `rewardlab {verb}`" in text

@@ -9,7 +9,7 @@ import torch
 
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.config import EvaluateConfig, load_config
-from rewardlab.evaluation.policy import run_evaluate
+from rewardlab.commands.evaluate import run as run_evaluate
 from rewardlab.train_state import restore_rng_state, rng_state_record
 from rewardlab.runs import RunDirError
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardlab.evaluation.policy import evaluate_policy, is_correct, pass_at_k
+from rewardlab.evaluation.policy import evaluate_policy, pass_at_k
 from rewardlab.rewards import reward
 from rewardlab.types import RewardOutput
 
@@ -46,13 +46,13 @@ def test_pass_at_k_matches_binomial_formula(data):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-9)
 
 
-# ---------------------------------------------------------------- is_correct
-def test_is_correct_uses_correct_component_then_score():
-    assert is_correct(RewardOutput(score=1.0))
-    assert not is_correct(RewardOutput(score=0.5))
-    assert not is_correct(RewardOutput(score=1.0, components={"correct": 0.0}))
-    assert is_correct(RewardOutput(score=0.2, components={"correct": 1.0}))
-    assert not is_correct(RewardOutput(score=1.0, error="r: boom"))
+# ---------------------------------------------------------------- RewardOutput.correct
+def test_correct_uses_correct_component_then_score():
+    assert RewardOutput(score=1.0).correct
+    assert not RewardOutput(score=0.5).correct
+    assert not RewardOutput(score=1.0, components={"correct": 0.0}).correct
+    assert RewardOutput(score=0.2, components={"correct": 1.0}).correct
+    assert not RewardOutput(score=1.0, error="r: boom").correct
 
 
 # ---------------------------------------------------------------- evaluate_policy

@@ -5,7 +5,7 @@ import random
 
 from conftest import TINY_OVERRIDES
 from rewardlab.config import PrmLabelConfig, load_config
-from rewardlab.rm.labels import run_prm_label
+from rewardlab.commands.prm import label as run_prm_label
 from sigkill_resume import check_resumed_like_uninterrupted, kill_midway, lines, read_strict
 
 # 24 questions in batches of 3 (8 batches), 3 solutions each, Monte Carlo labels with k = 2 continuations per step
@@ -27,7 +27,7 @@ def test_prm_label_killed_and_resumed_writes_what_the_uninterrupted_run_writes(t
     assert full["stopped_by_budget"] and len(batches) == 7 and full["rollouts"] <= 17
     assert [m["label/rollouts"] for m in batches][5:] == [16, 16]  # the budget binds after the kill window below
 
-    kill_midway("PrmLabelConfig", [f"out={b}", *COMMON], "rewardlab.rm.labels.run_prm_label", b,
+    kill_midway("PrmLabelConfig", [f"out={b}", *COMMON], "rewardlab.commands.prm.label", b,
                 rng=random.Random(2), after=(3, 5), pause=0.1)
     assert not (b / "summary.json").exists() and lines(b / "metrics.jsonl") < 7
     resumed = run_prm_label(load_config(PrmLabelConfig, overrides=[f"out={b}", *COMMON]), resume=True,

@@ -5,8 +5,8 @@ import random
 
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.config import PrmTrainConfig, RmTrainConfig, load_config
-from rewardlab.rm.bradley_terry import run_rm_train
-from rewardlab.rm.prm import run_prm_train
+from rewardlab.commands.rm import train as run_rm_train
+from rewardlab.commands.prm import train as run_prm_train
 from sigkill_resume import check_resumed_like_uninterrupted, kill_midway, lines
 
 
@@ -50,7 +50,7 @@ def test_rm_train_killed_and_resumed_logs_what_the_uninterrupted_run_logs(tmp_pa
     # checkpoints every 5 steps fall inside epochs, so the resumed run must restore the epoch's order and its RNG.
     common = [f"data={train}", f"eval_data={held}", "model.path=tiny", "train.epochs=4", "train.batch_size=4",
               "train.lr=1e-2", "train.warmup_steps=2", "train.eval_every=4", "save_every=5", *TINY_OVERRIDES]
-    metrics = _kill_resume_compare(tmp_path, RmTrainConfig, "rewardlab.rm.bradley_terry.run_rm_train", run_rm_train,
+    metrics = _kill_resume_compare(tmp_path, RmTrainConfig, "rewardlab.commands.rm.train", run_rm_train,
                                    common, steps=24, save_every=5, seed=0)
     assert [m["step"] for m in metrics if "eval/accuracy" in m] == [4, 8, 12, 16, 20, 24]
 
@@ -61,6 +61,6 @@ def test_prm_train_killed_and_resumed_logs_what_the_uninterrupted_run_logs(tmp_p
     # 10 rows in batches of 3: 4 steps per epoch, 5 epochs; checkpoints every 3 steps
     common = [f"data={train}", f"eval_data={held}", "model.path=tiny", "train.epochs=5", "train.batch_size=3",
               "train.lr=1e-2", "save_every=3", "keep_checkpoints=1", *TINY_OVERRIDES]
-    _kill_resume_compare(tmp_path, PrmTrainConfig, "rewardlab.rm.prm.run_prm_train", run_prm_train, common,
+    _kill_resume_compare(tmp_path, PrmTrainConfig, "rewardlab.commands.prm.train", run_prm_train, common,
                          steps=20, save_every=3, seed=1)
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["step-20"]  # keep_checkpoints=1

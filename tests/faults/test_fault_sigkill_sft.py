@@ -9,7 +9,7 @@ import pytest
 from conftest import CHAIN_SUM, TINY_OVERRIDES
 from rewardlab.config import SFTConfig, load_config
 from rewardlab.runs import RunDirError
-from rewardlab.sft import run_sft
+from rewardlab.commands.sft import run as run_sft
 from sigkill_resume import check_resumed_like_uninterrupted, kill_midway, lines
 
 STEPS, SAVE_EVERY = 24, 4
@@ -29,7 +29,7 @@ def test_sft_killed_and_resumed_logs_what_the_uninterrupted_run_logs(tmp_path):
     full = run_sft(load_config(SFTConfig, overrides=[f"out={a}", *COMMON]), show_progress=False)
 
     # 60 rows in batches of 8: the row sampler reshuffles in the middle of steps 8, 15 and 23.
-    k, _ = kill_midway("SFTConfig", [f"out={b}", *COMMON], "rewardlab.sft.run_sft", b, rng=random.Random(0),
+    k, _ = kill_midway("SFTConfig", [f"out={b}", *COMMON], "rewardlab.commands.sft.run", b, rng=random.Random(0),
                        after=(SAVE_EVERY + 1, STEPS - 8))
     assert not (b / "summary.json").exists() and k <= lines(b / "metrics.jsonl") < STEPS
     resumed = run_sft(load_config(SFTConfig, overrides=[f"out={b}", *COMMON]), resume=True, show_progress=False)

@@ -17,7 +17,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from rewardlab.config import VERB_CONFIGS, ConfigError, dump_config, load_config
+from rewardlab.commands import config_classes
+from rewardlab.config import ConfigError, dump_config, load_config
+
+VERB_CONFIGS = config_classes()
 
 # FUZZ_EXAMPLES=5000 for a longer hunt; the suite's budget is 100.
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 100)), deadline=None, database=None,

@@ -122,7 +122,7 @@ def test_arithmetic_steps_without_an_expression_is_an_error():
 
 # ---------------------------------------------------------------- SFT on the worked target
 def test_sft_target_field_must_exist(tmp_path):
-    from rewardlab.sft import run_sft
+    from rewardlab.commands.sft import run as run_sft
 
     cfg = load_config(SFTConfig, overrides=[f"out={tmp_path / 'sft'}", "sft.target=target", "sft.steps=1",
                                             "task.options={size: 40, test_size: 4}", *TINY_OVERRIDES])
@@ -132,7 +132,7 @@ def test_sft_target_field_must_exist(tmp_path):
 
 
 def test_sft_trains_on_the_worked_target(tmp_path):
-    from rewardlab.sft import run_sft
+    from rewardlab.commands.sft import run as run_sft
 
     cfg = load_config(SFTConfig, overrides=[
         f"out={tmp_path / 'sft'}", "sft.target=target", "sft.steps=2", "sft.batch_size=4",

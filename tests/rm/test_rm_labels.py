@@ -184,7 +184,7 @@ def test_unknown_method():
 def test_reference_on_rows_without_a_chain_is_refused_before_the_run_directory_opens(tmp_path):
     from conftest import TINY_OVERRIDES, write_jsonl
     from rewardlab.config import PrmLabelConfig, load_config
-    from rewardlab.rm.labels import run_prm_label
+    from rewardlab.commands.prm import label as run_prm_label
 
     task = write_jsonl(tmp_path / "task.jsonl", [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)])
     cfg = load_config(PrmLabelConfig, overrides=[f"out={tmp_path / 'run'}", f"task.spec=jsonl:{task}",

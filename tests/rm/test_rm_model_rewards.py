@@ -12,9 +12,9 @@ from rewardlab.policy.tiny import build_tokenizer
 from rewardlab.rewards import build_reward
 from rewardlab.rewards.model import encode_outcome, encode_process
 from rewardlab.rewards.steps import aggregate_steps
-from rewardlab.rm.bradley_terry import run_rm_train
+from rewardlab.commands.rm import train as run_rm_train
 from rewardlab.rm.data import make_rollout
-from rewardlab.rm.prm import run_prm_train
+from rewardlab.commands.prm import train as run_prm_train
 
 
 # ---------------------------------------------------------------- formats

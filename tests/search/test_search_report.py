@@ -8,7 +8,7 @@ from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.cli import main
 from rewardlab.config import SearchConfig, load_config
 from rewardlab.rewards import REWARDS, reward
-from rewardlab.search import report as report_module
+from rewardlab.commands import search as search_command
 
 from scripted_policy import ScriptedPolicy
 
@@ -28,11 +28,11 @@ def _run(tmp_path, monkeypatch, *overrides):
     train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"t{i}", "answer": "0"} for i in range(3)])
     test = write_jsonl(tmp_path / "test.jsonl", [{"prompt": q, "answer": "5"} for q in SAMPLES])
     policy = ScriptedPolicy(solutions=SAMPLES)
-    monkeypatch.setattr(report_module, "load_policy", lambda *a, **k: policy)
+    monkeypatch.setattr(search_command, "load_model", lambda *a, **k: policy)
     cfg = load_config(SearchConfig, overrides=[
         f"out={tmp_path / 'search'}", f"task.spec=jsonl:{train}", f"task.options={{test_path: {test}}}",
         "search.n=[1, 2, 4]", "search.methods=[best_of_n, majority, weighted_majority]", *overrides])
-    return report_module.run_search(cfg, show_progress=False)
+    return search_command.run(cfg, show_progress=False)
 
 
 def test_report_with_the_verifier_as_scorer(tmp_path, monkeypatch, capsys):

@@ -8,6 +8,7 @@ from conftest import write_jsonl
 from rewardlab.config import SearchConfig, load_config
 from rewardlab.rewards import REWARDS, build_reward, reward
 from rewardlab.search import best_of_n, majority, weighted_majority
+from rewardlab.commands import search as search_command
 from rewardlab.search import report as report_module
 from rewardlab.search.base import pool_groups, pool_scores
 
@@ -29,11 +30,11 @@ POOL = ("best_of_n", "majority", "weighted_majority")
 def _run(tmp_path, monkeypatch, *overrides):
     train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"t{i}", "answer": "0"} for i in range(3)])
     test = write_jsonl(tmp_path / "test.jsonl", [{"prompt": q, "answer": "5"} for q in SAMPLES])
-    monkeypatch.setattr(report_module, "load_policy", lambda *a, **k: ScriptedPolicy(solutions=SAMPLES))
+    monkeypatch.setattr(search_command, "load_model", lambda *a, **k: ScriptedPolicy(solutions=SAMPLES))
     cfg = load_config(SearchConfig, overrides=[
         f"out={tmp_path / 'search'}", f"task.spec=jsonl:{train}", f"task.options={{test_path: {test}}}",
         "search.n=[1, 2, 4]", f"search.methods=[{', '.join(POOL)}]", *overrides])
-    return report_module.run_search(cfg, show_progress=False)
+    return search_command.run(cfg, show_progress=False)
 
 
 def _accuracy(rep, method):

@@ -9,7 +9,7 @@ import pytest
 from conftest import TINY_OVERRIDES
 from rewardlab.config import SearchConfig, load_config
 from rewardlab.runs import RunDirError
-from rewardlab.search.report import run_search
+from rewardlab.commands.search import run as run_search
 
 TIMING = ("timing_s", "select_s", "wall_s")  # wall-clock fields
 

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import write_jsonl
 from rewardlab.config import SearchConfig, load_config
-from rewardlab.search import report as report_module
+from rewardlab.commands import search as search_command
 from rewardlab.tasks import load
 
 from scripted_policy import ScriptedPolicy
@@ -15,10 +15,10 @@ SAMPLES = {"q1": ["5"], "q2": ["7"], "q3": ["6"]}
 
 def _run(tmp_path, monkeypatch, *overrides):
     data = write_jsonl(tmp_path / "qs.jsonl", [{"prompt": q, "answer": "5"} for q in SAMPLES])
-    monkeypatch.setattr(report_module, "load_policy", lambda *a, **k: ScriptedPolicy(solutions=SAMPLES))
+    monkeypatch.setattr(search_command, "load_model", lambda *a, **k: ScriptedPolicy(solutions=SAMPLES))
     cfg = load_config(SearchConfig, overrides=[f"out={tmp_path / 'search'}", f"task.spec=jsonl:{data}",
                                                "search.n=[1]", "search.methods=[best_of_n]", *overrides])
-    return report_module.run_search(cfg, show_progress=False), data
+    return search_command.run(cfg, show_progress=False), data
 
 
 def test_search_on_a_users_file_uses_every_row(tmp_path, monkeypatch, capsys):

@@ -3,10 +3,11 @@
 Every field states its default, unit and (where it has one) source. An unknown key or a bad value raises
 `ConfigError` with one line naming the key and what was expected.
 
-- `rewardlab.config.schema`: the pydantic models and `VERB_CONFIGS`, the one table of verb -> config class;
+- `rewardlab.config.schema`: the pydantic models, one config class per verb (`rewardlab.commands.COMMANDS` maps
+  verbs to them);
 - `rewardlab.config.loader`: YAML files, dotted overrides, section defaults, `validate`, `load_config`, `dump_config`;
 - `rewardlab.config.reference`: the reference generated from the field descriptions (`describe(cls)`, a markdown
-  table; `help_text(cls)`, the `--help` listing; docs/config.md via `python -m rewardlab.config docs/config.md`).
+  table; `help_text(cls)`, the `--help` listing; docs/config.md via `python -m rewardlab.commands docs/config.md`).
 
 Everything is re-exported here: `from rewardlab.config import TrainConfig, load_config`.
 """
@@ -14,14 +15,14 @@ Everything is re-exported here: `from rewardlab.config import TrainConfig, load_
 from rewardlab.config.loader import (ConfigError, apply_override, dump_config, load_config, validate,
                                      with_section_defaults)
 from rewardlab.config.reference import config_keys, describe, help_text, reference_markdown, undescribed
-from rewardlab.config.schema import (EVAL_SPLIT_DESCRIPTION, VERB_CONFIGS, BackboneConfig, EvalParams, EvaluateConfig,
+from rewardlab.config.schema import (EVAL_SPLIT_DESCRIPTION, BackboneConfig, EvalParams, EvaluateConfig,
                                      LabelParams, ModelConfig, PairsParams, PrmLabelConfig, PrmTrainConfig,
                                      PRMTrainParams, QuickstartConfig, RLConfig, RmEvalConfig, RMEvalParams,
                                      RmPairsConfig, RmTrainConfig, RMTrainParams, ScorerModel, SearchConfig,
                                      SearchParams, SFTConfig, SFTParams, TaskConfig, TinyArch, TrainConfig)
 
 __all__ = [
-    "EVAL_SPLIT_DESCRIPTION", "VERB_CONFIGS", "BackboneConfig", "ConfigError", "EvalParams", "EvaluateConfig",
+    "EVAL_SPLIT_DESCRIPTION", "BackboneConfig", "ConfigError", "EvalParams", "EvaluateConfig",
     "LabelParams", "ModelConfig", "PairsParams", "PrmLabelConfig", "PrmTrainConfig", "PRMTrainParams",
     "QuickstartConfig", "RLConfig", "RmEvalConfig", "RMEvalParams", "RmPairsConfig", "RmTrainConfig", "RMTrainParams",
     "ScorerModel", "SearchConfig", "SearchParams", "SFTConfig", "SFTParams", "TaskConfig", "TinyArch", "TrainConfig",

@@ -1,6 +1,6 @@
 """The config reference, generated from the schemas' field descriptions: `rewardlab VERB --help` lists a verb's keys
 (`help_text`) and docs/config.md holds one table per verb (`reference_markdown`; rewrite it with
-`python -m rewardlab.config docs/config.md`).
+`python -m rewardlab.commands docs/config.md`).
 
 A key's default is the verb's own: `quickstart`'s `rl.steps` is 450 (its `rl` section's default), not `RLConfig`'s
 300.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from rewardlab.config.schema import VERB_CONFIGS
 
 
 #: The first line of `help_text`.
@@ -106,18 +106,19 @@ def _summary(verb: str, cls: type[BaseModel]) -> str:
     return text[len(head):] if text.startswith(head) else text
 
 
-def reference_markdown() -> str:
-    """docs/config.md: one section per verb of `VERB_CONFIGS`, each with its keys' table."""
+def reference_markdown(configs: Mapping[str, type[BaseModel]]) -> str:
+    """docs/config.md: one section per verb of `configs` ({verb: config class}, in order), each with its keys'
+    table."""
     parts = [
         "# Config reference\n",
         "Generated from the config schemas (`src/rewardlab/config/schema.py`) by "
-        "`python -m rewardlab.config docs/config.md`; do not edit by hand (a test checks that this file matches the "
+        "`python -m rewardlab.commands docs/config.md`; do not edit by hand (a test checks that this file matches the "
         "schemas). `rewardlab VERB --help` prints the same keys.\n",
         "Every key can be set in a YAML file (`--config FILE`, sections as nested mappings) or on the command line "
         "as a dotted override (`rl.lr=1e-4`); the command line wins. A partly given section keeps the verb's other "
         "defaults. Defaults are shown as YAML/JSON values; `required` keys have none.\n",
     ]
-    for verb, cls in VERB_CONFIGS.items():
+    for verb, cls in configs.items():
         parts.append(f"## `rewardlab {verb}`\n")
         if _summary(verb, cls):
             parts.append(_summary(verb, cls) + "\n")

@@ -46,6 +46,12 @@ class ModelConfig(_Base):
     device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
     tiny: TinyArch = Field(default_factory=TinyArch, description='size of the embedded model (path "tiny" only)')
 
+    def policy_options(self) -> dict[str, Any]:
+        """The keyword arguments `rewardlab.policy.load_policy(self.path, seed=..., **options)` takes from this
+        section: prompt_format, dtype, device and tiny_arch (the embedded model's size, as a dict)."""
+        return {"prompt_format": self.prompt_format, "dtype": self.dtype, "device": self.device,
+                "tiny_arch": self.tiny.model_dump()}
+
 
 class TaskConfig(_Base):
     """Where the prompts and their verifier come from."""
@@ -474,18 +480,3 @@ class RmEvalConfig(_Run):
     data: str = Field(..., description="JSONL of pairs, best-of-k rows and/or step rows (kinds may be mixed)")
     dev_data: str | None = Field(None, description="step rows for choosing the first-error threshold")
     eval: RMEvalParams = Field(default_factory=RMEvalParams, description="evaluation settings")
-
-
-#: The config class of each CLI verb (grouped verbs as "rm train"), in the order docs/config.md lists them.
-VERB_CONFIGS: dict[str, type[_Base]] = {
-    "sft": SFTConfig,
-    "train": TrainConfig,
-    "evaluate": EvaluateConfig,
-    "quickstart": QuickstartConfig,
-    "search": SearchConfig,
-    "rm train": RmTrainConfig,
-    "rm eval": RmEvalConfig,
-    "rm pairs": RmPairsConfig,
-    "prm label": PrmLabelConfig,
-    "prm train": PrmTrainConfig,
-}

@@ -5,22 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import time
 
-import torch
 
-from rewardlab.config import EvaluateConfig, dump_config
-from rewardlab.policy import Policy, load_policy
-from rewardlab.progress import StageBar, console, stage
-from rewardlab.rewards import build_reward
+from rewardlab.policy import Policy
 from rewardlab.rewards.base import Reward
-from rewardlab.runs import RunDir
-from rewardlab.tasks import load as load_task
 from rewardlab.train_state import restore_rng_state, rng_state_record
-from rewardlab.types import RewardOutput
-
-#: The log of finished evaluation batches in an `evaluate` run directory (one JSON line per batch).
-BATCH_LOG = "batches.jsonl"
+from rewardlab.types import ProgressBar
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -45,12 +35,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prob_all_wrong
 
 
-def is_correct(output: RewardOutput) -> bool:
-    """Exact-match correctness: the `correct` component when the reward has one, else score >= 1
-    (`RewardOutput.correct`)."""
-    return output.correct
-
-
 def evaluate_policy(
     policy: Policy,
     rows: Sequence[dict[str, Any]],
@@ -62,7 +46,7 @@ def evaluate_policy(
     top_p: float = 1.0,
     max_new_tokens: int = 8,
     batch_size: int = 256,
-    bar: StageBar | None = None,
+    bar: ProgressBar | None = None,
     done: Sequence[Mapping[str, Any]] = (),
     on_batch: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
@@ -109,7 +93,7 @@ def evaluate_policy(
             greedy = policy.generate(chunk, greedy=True, max_new_tokens=max_new_tokens, rows=chunk_rows)
             outs = reward(greedy)
             for r, o in zip(greedy, outs):
-                ok = is_correct(o)
+                ok = o.correct
                 rec["correct"].append(ok)
                 rec["scores"].append(o.score)
                 rec["errors"] += o.error is not None
@@ -121,7 +105,7 @@ def evaluate_policy(
                     chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
                 )
                 for r, o in zip(sampled, reward(sampled)):
-                    rec["pass_counts"][r.group] += is_correct(o)
+                    rec["pass_counts"][r.group] += o.correct
             if on_batch is not None:
                 on_batch({**rec, "rng": rng_state_record()})
         correct += rec["correct"]
@@ -141,55 +125,6 @@ def evaluate_policy(
     for k in ks:
         result[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_q) / len(per_q)
     result["examples"] = examples
-    return result
-
-
-def run_evaluate(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
-                 show_progress: bool = True, announce: bool = True) -> dict[str, Any]:
-    """`rewardlab evaluate`: greedy accuracy and pass@k of `cfg.model` on `cfg.split` of `cfg.task`.
-
-    The split defaults to the task's `eval_split`: a `jsonl:PATH` file is evaluated whole, a generated task on its
-    held-out test split (see `EvaluateConfig.split`). Writes the run directory `cfg.out` (opened with
-    `RunDir.start`, so one that already holds a run is refused unless `resume` or `overwrite`): config.yaml,
-    batches.jsonl (each finished batch, see `evaluate_policy`) and summary.json (the result of `evaluate_policy` plus
-    model, task, `split` (the split used), `split_rows` (rows in it; `n_questions` of them evaluated, fewer with
-    `eval.limit`) and wall seconds). With `resume`, the batches logged by an interrupted run with the same settings
-    are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). With `announce`, one
-    line on stderr says how many rows of which split were evaluated.
-
-    Raises:
-        RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with other
-            settings; ValueError: the split has no rows; and what `tasks.load`, `load_policy` and `evaluate_policy`
-            raise.
-    """
-    torch.manual_seed(cfg.seed)
-    task = load_task(cfg.task.spec, **cfg.task.options)
-    split = cfg.split or task.eval_split
-    pool = task.split(split)
-    rows = pool[: cfg.eval.limit]
-    if not rows:
-        raise ValueError(f"split: the {split} split of {cfg.task.spec} has no rows")
-    policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
-                         device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    reward = build_reward(task.reward)
-    # Opened only once the task, model and reward load: bad inputs create or delete nothing.
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
-        done: list[dict[str, Any]] = []
-        run.record_config(dump_config(cfg), resume=resume)
-        if resume:
-            done = run.read_jsonl(BATCH_LOG)
-        e = cfg.eval
-        t0 = time.perf_counter()
-        with stage("evaluate", len(rows), enabled=show_progress) as bar:
-            result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature, top_p=e.top_p,
-                                     max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, bar=bar, done=done,
-                                     on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]))
-        result = {"model": cfg.model.path, "task": cfg.task.spec, "split": split, "split_rows": len(pool),
-                  "wall_s": time.perf_counter() - t0, **result}
-        run.write_summary(result)
-    if announce:
-        console.print(f"evaluated {describe_rows(len(rows), len(pool), split, cfg.task.spec)}", highlight=False,
-                      markup=False, soft_wrap=True)
     return result
 
 

@@ -418,8 +418,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     rl = cfg.rl
     task = load_task(cfg.task.spec, **cfg.task.options)
     reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
-    model_kw = dict(prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
-                    tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
+    model_kw = {"seed": cfg.seed, **cfg.model.policy_options()}
     if not resume:
         policy: Policy = load_policy(cfg.model.path, **model_kw)
     heldout_rows(task, rl.eval_every, rl.eval_n, field="rl.eval_every")  # no held-out rows: refused before the run

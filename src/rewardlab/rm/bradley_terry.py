@@ -6,17 +6,13 @@ preference pairs so that P(chosen > rejected) = sigmoid(r_chosen - r_rejected) (
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from rewardlab.rewards.model import encode_outcome
-from rewardlab.rm.backbone import load_backbone
-from rewardlab.rm.data import Pair, load_pairs
-from rewardlab.rm.fit import fit, open_fit_run
+from rewardlab.rm.data import Pair
 
 
 def bradley_terry_loss(
@@ -91,57 +87,3 @@ def model_pair_stats(model, tokenizer, pairs: Sequence[Pair], *, batch_size: int
         rj += r.tolist()
     model.train(was)
     return pair_stats(ch, rj)
-
-
-def run_rm_train(cfg, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
-    """`rewardlab rm train`: fit a Bradley–Terry reward model on `cfg.data` pairs; evaluate on `cfg.eval_data`.
-
-    Writes the run directory `cfg.out`: config.yaml, metrics.jsonl (`train/loss`, `train/accuracy`,
-    `train/margin_mean`, `train/reward_mean`, `train/reward_std`, `lr`, `time/step_s`, and `eval/*` every
-    `train.eval_every` steps and at the end), checkpoints/step-K every `cfg.save_every` steps and at the end (HF
-    format, loads with `reward_model`, plus trainer_state.pt; the `cfg.keep_checkpoints` most recent kept),
-    plots/rm_train.png and summary.json. The directory is opened with `RunDir.start` once the data and backbone
-    load; `resume` continues from its newest valid checkpoint and logs what the uninterrupted run logs (see
-    `rm.fit.fit`), `overwrite` replaces the run there.
-
-    Returns:
-        the summary: steps, pairs, wall seconds, final train and eval metrics, `final_checkpoint`, `resumed_from`.
-    Raises:
-        ValueError / FileNotFoundError: bad data files (naming FILE:LINE), an unknown backbone; `RunDirError`: the
-            directory holds a run and neither `resume` nor `overwrite` is given, is in use, or has nothing to resume.
-    """
-    t = cfg.train
-    train_pairs = load_pairs(cfg.data)
-    eval_pairs = load_pairs(cfg.eval_data) if cfg.eval_data else []
-    model, tokenizer = load_backbone(cfg.model.path, "sequence", device=cfg.model.device,
-                                     tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    # Opened only once the data and backbone load.
-    with open_fit_run(cfg, model, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
-
-        def evaluate() -> dict[str, float]:
-            res = model_pair_stats(model, tokenizer, eval_pairs, batch_size=t.batch_size, max_length=t.max_length)
-            return {f"eval/{k}": v for k, v in res.items()}
-
-        def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, dict[str, float]]:
-            batch = [train_pairs[i] for i in idx]
-            chosen, rejected = pair_rewards(model, tokenizer, batch, t.max_length)
-            margin = torch.tensor([p.margin for p in batch], device=chosen.device) if t.use_margin else None
-            stats = pair_stats(chosen.detach().tolist(), rejected.detach().tolist())
-            return (bradley_terry_loss(chosen, rejected, margin, t.center_coef),
-                    {f"train/{k}": v for k, v in stats.items()})
-
-        wall0 = time.perf_counter()
-        step, last, last_eval, final = fit(
-            model, t, len(train_pairs), batch_loss, rng=rng, run=run, name="RM train", progress_key="train/accuracy",
-            save_model=lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)),
-            save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, resume_from=checkpoint,
-            evaluate=evaluate if eval_pairs else None, show_progress=show_progress)
-        run.plot(["train/loss", "train/accuracy", "eval/accuracy"], "rm_train.png")
-        summary = {"stage": "rm_train", "loss": "bradley_terry", "backbone": cfg.model.path, "steps": step,
-                   "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs),
-                   "wall_s": time.perf_counter() - wall0,
-                   "final_train": {k: v for k, v in last.items() if not k.startswith("eval/")},
-                   "final_eval": last_eval, "final_checkpoint": str(final),
-                   "resumed_from": start_step if resume else None}
-        run.write_summary(summary)
-    return summary

@@ -14,25 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 
-from rewardlab.config import dump_config
-from rewardlab.evaluation.policy import is_correct
-from rewardlab.evaluation.reward_models import first_error_f1
-from rewardlab.policy import load_policy
-from rewardlab.progress import stage
-from rewardlab.rewards import build_reward
 from rewardlab.rewards.steps import answer_correct, check_steps, first_error, row_expression, row_final
-from rewardlab.rm.data import json_safe, make_rollout
-from rewardlab.runs import RunDir
+from rewardlab.rm.data import make_rollout
 from rewardlab.tasks.steps import parse_chain
-from rewardlab.tasks import load as load_task
-from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 from rewardlab.types import split_steps
 
 METHODS = ("mc", "binary", "reference")
@@ -70,7 +59,7 @@ class PrefixEstimator:
         policy: anything with `generate(prompts, n=, temperature=, top_p=, max_new_tokens=, rows=)` returning
             Rollouts prompt-major (`n` per prompt) whose `completion` continues the given text; the prompt passed
             is the task prompt followed by the prefix (so the policy must format prompts as raw text).
-        verifier: a Reward; a text is correct when `is_correct` holds for its output.
+        verifier: a Reward; a text is correct when its output is `correct`.
         k: continuations per prefix.
         separator: step separator; a prefix is `separator.join(steps[:i+1]) + separator`.
         batch_size: prefixes per `generate` call.
@@ -95,7 +84,7 @@ class PrefixEstimator:
         self.evaluations = 0
 
     def _correct(self, rollouts) -> list[bool]:
-        return [is_correct(o) for o in self.verifier(rollouts)]
+        return [o.correct for o in self.verifier(rollouts)]
 
     def values(self, items: Sequence[tuple[Solution, int]]) -> list[float]:
         """Values of prefixes (solution, step index), in order; also stored in `solution.values[i]`."""
@@ -283,135 +272,3 @@ def worst_case_rollouts(method: str, n_steps: int, k: int) -> int:
     if method == "binary":
         return k * search_cost(n_steps)
     return 0
-
-
-def run_prm_label(cfg, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
-    """`rewardlab prm label`: sample solutions of `cfg.task` questions from `cfg.model`, split them into steps and label
-    them with `cfg.label.method`; write the PRM-training JSONL.
-
-    The questions are labelled in batches of `label.question_batch`. Writes the run directory `cfg.out`: config.yaml,
-    labels.jsonl (one row per solution, see `label_solutions`; each batch's rows appended as the batch finishes),
-    metrics.jsonl (one line per batch: solutions and rollouts so far), checkpoints/step-B after every
-    `cfg.save_every` batches and the last one (trainer_state.pt: the next question, the RNG states, the rollouts and
-    prefix evaluations spent; the `cfg.keep_checkpoints` most recent kept), summary.json (solutions, rollouts spent,
-    per solution, prefix evaluations, budget, share of correct solutions, and, when the task rows have an integer
-    `+`/`-` chain, the agreement of the labels' first errors with the exact ones, `reference_first_error`).
-
-    The directory is opened with `RunDir.start` once the task, the policy and the method's needs are checked. With
-    `resume`, the rows written after the newest valid checkpoint are rolled back (kept in rolled_back/) and
-    labelling goes on from the next question with the saved RNG states and budget, so labels.jsonl ends up equal to
-    the uninterrupted run's; `overwrite` replaces the run there.
-
-    Raises:
-        ValueError: an unknown method, a chat-format policy, "reference" on a task without an integer +/- chain
-            expression (see `reference_first_error`); `RunDirError`: the directory holds a run and neither `resume`
-            nor `overwrite` is given, is in use, or has nothing to resume; a resume with another
-            `label.question_batch`.
-    """
-    p = cfg.label
-    if p.method not in METHODS:
-        raise ValueError(f"label.method: expected one of {METHODS}, got {p.method!r}")
-    torch.manual_seed(cfg.seed)
-    task = load_task(cfg.task.spec, **cfg.task.options)
-    rows = task.split(cfg.split)[: p.limit]
-    if p.method == "reference":
-        for i, row in enumerate(rows):
-            try:
-                reference_chain(row)
-            except ValueError as exc:
-                raise ValueError(f"{exc} (question {i} of the {cfg.split} split of {cfg.task.spec})") from None
-    verifier = build_reward(task.reward)
-    policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
-                         device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    estimator = PrefixEstimator(policy, verifier, k=p.k, temperature=p.temperature, top_p=p.top_p,
-                                max_new_tokens=p.max_new_tokens, separator=p.separator, batch_size=p.batch_size)
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once the inputs are checked
-        return _label(cfg, rows, policy, estimator, run, resume, show_progress)
-
-
-LABELS = "labels.jsonl"
-
-
-def _label(cfg, rows, policy, estimator: PrefixEstimator, run: RunDir, resume: bool,
-           show_progress: bool) -> dict[str, Any]:
-    p = cfg.label
-    first, batch_no, stopped_by_budget, out = 0, 0, False, []
-    run.record_config(dump_config(cfg), resume=resume, may_change=("save_every",))
-    if resume:
-        _, checkpoint = run.resume_checkpoint()
-        state = load_state(checkpoint)
-        if state["question_batch"] != p.question_batch:
-            raise ValueError(f"--resume: {run.path} was labelled in batches of label.question_batch="
-                             f"{state['question_batch']} questions; resume it with the same setting")
-        out = run.read_jsonl(LABELS)
-        if len(out) != state["solutions"]:
-            raise ValueError(f"--resume: {run.path / LABELS} holds {len(out)} rows where its checkpoint "
-                             f"{checkpoint.name} says {state['solutions']}")
-        first, batch_no, stopped_by_budget = state["next_question"], state["batches"], state["stopped_by_budget"]
-        estimator.rollouts, estimator.evaluations = state["rollouts"], state["evaluations"]
-        set_rng_state(state["rng"])
-    else:
-        (run.path / LABELS).touch()  # an empty file when no solution gets labelled
-
-    def save(next_question: int) -> None:
-        state = {"next_question": next_question, "batches": batch_no, "question_batch": p.question_batch,
-                 "solutions": len(out), "rollouts": estimator.rollouts, "evaluations": estimator.evaluations,
-                 "stopped_by_budget": stopped_by_budget, "rng": rng_state()}
-        run.save_checkpoint(batch_no, lambda tmp: save_state(tmp, state), keep=cfg.keep_checkpoints)
-
-    t0 = time.perf_counter()
-    with stage("PRM label", len(rows), enabled=show_progress) as bar:
-        bar.advance(min(first, len(rows)))
-        for start in range(first, first if stopped_by_budget else len(rows), p.question_batch):
-            chunk = rows[start : start + p.question_batch]
-            sampled = policy.generate([r["prompt"] for r in chunk], n=p.solutions_per_question,
-                                      temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens,
-                                      rows=chunk)
-            solutions, seen = [], set()
-            for r in sampled:
-                key = (r.group, r.completion)
-                steps = solution_steps(r.completion, p.separator)
-                if key in seen or not steps:
-                    continue
-                seen.add(key)
-                solutions.append(Solution(prompt=chunk[r.group]["prompt"], row=chunk[r.group], steps=steps))
-            if p.budget is not None:  # keep the solutions whose worst-case cost still fits the budget
-                room, kept = p.budget - estimator.rollouts, []
-                for sol in solutions:
-                    cost = worst_case_rollouts(p.method, len(sol.steps), p.k)
-                    if cost <= room:
-                        kept.append(sol)
-                        room -= cost
-                stopped_by_budget = len(kept) < len(solutions)
-                solutions = kept
-            labelled = label_solutions(p.method, estimator, solutions, kind=p.kind)
-            out.extend(labelled)
-            run.append_jsonl(LABELS, labelled)
-            batch_no += 1
-            run.log_metrics(batch_no, {"label/solutions": len(out), "label/rollouts": estimator.rollouts,
-                                       "label/prefix_evaluations": estimator.evaluations,
-                                       "time/elapsed_s": time.perf_counter() - t0})
-            bar.advance(len(chunk), solutions=len(out), rollouts=estimator.rollouts)
-            end = start + p.question_batch
-            if batch_no % cfg.save_every == 0 or stopped_by_budget or end >= len(rows):
-                save(end)
-            if stopped_by_budget:
-                break
-    path = run.path / LABELS
-    summary: dict[str, Any] = {
-        "stage": "prm_label", "method": p.method, "kind": p.kind, "k": p.k, "split": cfg.split,
-        "solutions": len(out), "rollouts": estimator.rollouts, "prefix_evaluations": estimator.evaluations,
-        "rollouts_per_solution": estimator.rollouts / max(1, len(out)), "budget": p.budget,
-        "stopped_by_budget": stopped_by_budget, "labels": str(path), "wall_s": time.perf_counter() - t0,
-        "correct_solutions": sum(r["first_error"] == -1 for r in out) / max(1, len(out)),
-    }
-    with_ref = [r for r in out if "reference_first_error" in r]
-    if with_ref and p.method != "reference":
-        truth = [r["reference_first_error"] for r in with_ref]
-        pred = [r["first_error"] for r in with_ref]
-        summary["agreement_with_reference"] = {
-            "first_error_accuracy": sum(a == b for a, b in zip(pred, truth)) / len(truth),
-            **first_error_f1(pred, truth),
-        }
-    run.write_summary(json_safe(summary))
-    return summary

@@ -5,7 +5,6 @@ question), or from a code task's canonical solution vs sandbox-confirmed failing
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,14 +50,13 @@ def generate_pairs(
         policy: anything with `generate(prompts, n=, temperature=, top_p=, max_new_tokens=, rows=)` -> Rollouts
             (prompt-major, `n` per prompt), e.g. `rewardlab.policy.Policy`.
         rows: task rows with `prompt` (and whatever the verifier reads).
-        verifier: a Reward; a completion is correct when `is_correct` holds for its output.
+        verifier: a Reward; a completion is correct when its output is `correct`.
         max_pairs: stop once this many pairs are made.
         on_batch: called after each batch with (questions done, running stats) (e.g. a progress bar).
     Returns:
         (pair rows in RewardBench format with the task `row` attached, stats: questions, samples, sample accuracy,
         questions with both outcomes, pairs).
     """
-    from rewardlab.evaluation.policy import is_correct
 
     rng = random.Random(seed)
 
@@ -69,7 +67,7 @@ def generate_pairs(
         out = []
         for q in range(len(chunk)):
             outs = outputs[q * n : (q + 1) * n]
-            ok = [is_correct(o) for o in outs]
+            ok = [o.correct for o in outs]
             made = pairs_from_samples([r.completion for r in rollouts[q * n : (q + 1) * n]], ok, k=pairs_per_question,
                                       rng=rng)
             out.append((made, {"samples": n, "correct_samples": sum(ok), "mixed_questions": int(bool(made)),
@@ -202,107 +200,3 @@ def mutant_pairs(
     for key in ("tried", "failing", "passing", "unconfirmed", "errors"):
         stats[f"mutants_{key}"] = sandbox.get(key, 0)
     return pairs, stats
-
-
-def run_rm_pairs(cfg, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
-    """`rewardlab rm pairs`: preference pairs for `cfg.split` questions of `cfg.task`, from one of two sources
-    (`cfg.pairs.source`):
-
-    - "policy" (default): `cfg.model`'s samples judged by the task's verifier, a correct vs an incorrect completion
-      of the same question (`generate_pairs`).
-    - "mutants": no model; a row's canonical solution vs sandbox-confirmed failing mutants of it (`mutant_pairs`),
-      for tasks whose rows carry a canonical solution and tests, e.g. `humaneval`.
-
-    Writes `cfg.out`: config.yaml, pairs.jsonl (RewardBench format with the task `row`; written atomically at the
-    end), summary.json (source, questions, pairs, the source's own counts - samples, sample accuracy and questions
-    with both outcomes; or questions with no failing mutant and sandbox counts -, mean lengths in characters of
-    chosen and rejected, the accuracy of the rule "longer wins" on these pairs (a tie in length is wrong) with the
-    counts of pairs whose chosen / rejected response is strictly longer, and wall_s in seconds).
-
-    The run directory is opened with `RunDir.start` once the task and model load: one that already holds a run is
-    refused unless `overwrite` (deleted first) or `resume`; a resume reruns the generation whole (seeded: same
-    settings, same pairs).
-
-    Raises:
-        ValueError: what `tasks.load` and `load_policy` raise; with source "mutants", a row without a canonical
-            solution or tests; no pairs made (the policy is always or never right; no mutant fails);
-            RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume`
-            with other settings.
-    """
-    from rewardlab.runs import RunDir
-
-    prepared = _prepare_pairs(cfg)
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
-        return _rm_pairs(cfg, run, resume, show_progress, *prepared)
-
-
-def _prepare_pairs(cfg):
-    from rewardlab.tasks import load as load_task
-
-    p = cfg.pairs
-    task = load_task(cfg.task.spec, **cfg.task.options)
-    rows = task.split(cfg.split)[: p.limit]
-    policy = verifier = None
-    if p.source == "mutants":
-        try:
-            check_code_rows(rows)
-        except ValueError as exc:
-            raise ValueError(f"rm pairs: pairs.source=mutants needs a canonical solution and tests in every row: "
-                             f"task {cfg.task.spec}, {cfg.split} {exc}") from None
-    else:
-        import torch
-
-        from rewardlab.policy import load_policy
-        from rewardlab.rewards import build_reward
-
-        torch.manual_seed(cfg.seed)
-        verifier = build_reward(task.reward)
-        policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
-                             device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    return task, rows, policy, verifier
-
-
-def _rm_pairs(cfg, run, resume: bool, show_progress: bool, task, rows, policy, verifier) -> dict[str, Any]:
-    import time
-
-    from rewardlab.config import dump_config
-    from rewardlab.evaluation.probes import length_bias
-    from rewardlab.progress import stage
-    from rewardlab.runs import atomic_write_text
-
-    p = cfg.pairs
-    run.record_config(dump_config(cfg), resume=resume)
-    t0 = time.perf_counter()
-    with stage("RM pairs", len(rows), enabled=show_progress) as bar:
-        if p.source == "mutants":
-            pairs, stats = mutant_pairs(
-                rows, pairs_per_question=p.pairs_per_question, subset=task.name, batch_size=p.batch_size,
-                max_pairs=p.max_pairs, seed=cfg.seed, on_batch=lambda n, fields: bar.advance(n, **fields),
-            )
-        else:
-            pairs, stats = generate_pairs(
-                policy, rows, verifier, n=p.n, pairs_per_question=p.pairs_per_question, subset=task.name,
-                temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens, batch_size=p.batch_size,
-                max_pairs=p.max_pairs, seed=cfg.seed, on_batch=lambda n, fields: bar.advance(n, **fields),
-            )
-    if not pairs and p.source == "mutants":
-        raise ValueError(f"rm pairs: no pairs from {stats['questions']} questions ({stats['canonical_failures']} "
-                         f"canonical solutions failed their tests, {stats['questions_no_failing_mutant']} had no "
-                         "failing mutant)")
-    if not pairs:
-        hint = ""
-        if rows and not code_row_gap(rows[0]):
-            hint = "; for canonical-vs-mutant pairs with no policy, use --source mutants (pairs.source=mutants)"
-        raise ValueError(f"rm pairs: no pairs from {stats['questions']} questions (sample accuracy "
-                         f"{stats['sample_accuracy']:.1%}): the policy needs both right and wrong answers{hint}")
-    path = run.path / "pairs.jsonl"
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in pairs))
-    chosen, rejected = [r["chosen"] for r in pairs], [r["rejected"] for r in pairs]
-    lb = length_bias(chosen, rejected, [0.0] * len(pairs), [0.0] * len(pairs))
-    summary = {"stage": "rm_pairs", "task": cfg.task.spec, "split": cfg.split, "source": p.source, **stats,
-               "pairs_file": str(path), "chosen_len_mean": sum(map(len, chosen)) / len(pairs),
-               "rejected_len_mean": sum(map(len, rejected)) / len(pairs),
-               "longer_wins_accuracy": lb["longer_wins_accuracy"], "chosen_longer": lb["n_chosen_longer"],
-               "rejected_longer": lb["n_rejected_longer"], "wall_s": time.perf_counter() - t0}
-    run.write_summary(summary)
-    return summary

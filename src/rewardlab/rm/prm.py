@@ -10,17 +10,13 @@ Wang et al. 2024; Lightman et al. 2023):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from rewardlab.rewards.model import check_step_tag, encode_process, pad_batch
-from rewardlab.rm.backbone import load_backbone
-from rewardlab.rm.data import StepRow, load_step_rows
-from rewardlab.rm.fit import fit, open_fit_run
+from rewardlab.rewards.model import encode_process, pad_batch
+from rewardlab.rm.data import StepRow
 
 
 def step_logits(model, batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> list[torch.Tensor]:
@@ -73,63 +69,3 @@ def evaluate_steps(model, tokenizer, rows: Sequence[StepRow], encoded, *, batch_
     fe = first_error_f1(preds, [r.first_error for r in rows])
     return {"loss": losses / n_steps, "step_accuracy": hits / n_steps, "first_error_f1@0.5": fe["f1"],
             "error_acc@0.5": fe["error_acc"], "correct_acc@0.5": fe["correct_acc"]}
-
-
-def run_prm_train(cfg, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
-    """`rewardlab prm train`: fit a PRM on `cfg.data` step-labelled rows; evaluate on `cfg.eval_data`.
-
-    Writes the run directory `cfg.out`: config.yaml, metrics.jsonl (`train/loss`, `train/step_accuracy`, `lr`,
-    `time/step_s`, `eval/*`), checkpoints/step-K every `cfg.save_every` steps and at the end (HF format with
-    `step_tag` and `step_separator` in config.json, loads with `process_reward_model`, plus trainer_state.pt; the
-    `cfg.keep_checkpoints` most recent kept), plots/prm_train.png and summary.json. The directory is opened with
-    `RunDir.start` once the data and backbone load; `resume` continues from its newest valid checkpoint and logs what
-    the uninterrupted run logs (see `rm.fit.fit`), `overwrite` replaces the run there.
-
-    Raises:
-        ValueError / FileNotFoundError: bad data (FILE:LINE), a bad step tag, an unknown backbone, or no row that
-            fits `train.max_length`; `RunDirError`: the directory holds a run and neither `resume` nor `overwrite` is
-            given, is in use, or has nothing to resume.
-    """
-    t = cfg.train
-    check_step_tag(t.step_tag)
-    train_rows = load_step_rows(cfg.data)
-    eval_rows = load_step_rows(cfg.eval_data) if cfg.eval_data else []
-    model, tokenizer = load_backbone(cfg.model.path, "token", device=cfg.model.device,
-                                     tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    limit = getattr(model.config, "max_position_embeddings", None)
-    max_length = min(t.max_length, limit) if limit else t.max_length
-    train_rows, train_enc, dropped = encode_rows(tokenizer, train_rows, t.step_tag, max_length)
-    eval_rows, eval_enc, eval_dropped = encode_rows(tokenizer, eval_rows, t.step_tag, max_length)
-    if not train_rows:
-        raise ValueError(f"{cfg.data}: no row fits train.max_length={max_length} tokens")
-    model.config.step_tag = t.step_tag
-    model.config.step_separator = t.separator
-    # Opened only once the data and backbone load.
-    with open_fit_run(cfg, model, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
-
-        def evaluate() -> dict[str, float]:
-            res = evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size)
-            return {f"eval/{k}": v for k, v in res.items()}
-
-        def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, dict[str, float]]:
-            z = torch.cat(step_logits(model, [train_enc[i] for i in idx], tokenizer.pad_token_id))
-            y = torch.tensor([v for i in idx for v in train_rows[i].labels], device=z.device)
-            acc = ((z.detach() >= 0) == (y >= 0.5)).float().mean().item()
-            return prm_loss(z, y), {"train/step_accuracy": acc}
-
-        wall0 = time.perf_counter()
-        step, last, last_eval, final = fit(
-            model, t, len(train_rows), batch_loss, rng=rng, run=run, name="PRM train",
-            progress_key="train/step_accuracy",
-            save_model=lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)),
-            save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, resume_from=checkpoint,
-            evaluate=evaluate if eval_rows else None, show_progress=show_progress)
-        run.plot(["train/loss", "train/step_accuracy", "eval/step_accuracy"], "prm_train.png")
-        summary = {"stage": "prm_train", "backbone": cfg.model.path, "steps": step, "train_rows": len(train_rows),
-                   "train_rows_too_long": dropped, "eval_rows": len(eval_rows), "eval_rows_too_long": eval_dropped,
-                   "step_tag": t.step_tag, "wall_s": time.perf_counter() - wall0,
-                   "final_train": {k: v for k, v in last.items() if not k.startswith("eval/")},
-                   "final_eval": last_eval, "final_checkpoint": str(final),
-                   "resumed_from": start_step if resume else None}
-        run.write_summary(summary)
-    return summary

@@ -1,4 +1,5 @@
-"""`rewardlab search`: accuracy against the sample budget N for each search method, with pass@N and greedy.
+"""Search methods compared: accuracy against the sample budget N for each method, with pass@N and greedy
+(`compare_methods`, which `rewardlab search` runs), and the accuracy-vs-N plot.
 
 Best-of-N, majority and weighted majority are computed on nested prefixes of one pool of max(N) samples per
 question (the first N samples for budget N), so their curves and pass@N come from the same samples. Beam search
@@ -12,30 +13,23 @@ writes (but for wall-clock fields).
 
 from __future__ import annotations
 
-import json
 import math
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-from rich.console import Console
-from rich.table import Table
-
-from rewardlab.config import SearchConfig, dump_config
-from rewardlab.evaluation.policy import is_correct
-from rewardlab.train_state import restore_rng_state, rng_state_record
-from rewardlab.policy import load_policy
-from rewardlab.progress import stage
-from rewardlab.rewards import build_reward
-from rewardlab.rewards.steps import final_answer
+from rewardlab.policy import Policy
 from rewardlab.registry import Registry
-from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.rewards.base import Reward
+from rewardlab.rewards.steps import final_answer
 from rewardlab.search.base import sample_solutions, score_solutions
+from rewardlab.train_state import restore_rng_state, rng_state_record
 from rewardlab.search.beam import beam, dvts
 from rewardlab.search.best_of_n import best_of_n
 from rewardlab.search.voting import EQUIVALENCES, VerifierEquivalence, majority, weighted_majority
-from rewardlab.types import Rollout
+from rewardlab.types import ProgressBar, Rollout
 
 #: The methods `rewardlab search` can compare, in table order. Meta: `display` (name in tables and plots), `style`
 #: (matplotlib marker and line style), `pool` (True: `fn(rows, samples, scores, n, equivalent) -> list[SearchResult]`
@@ -66,8 +60,6 @@ METHODS.register("beam", display="beam search", style=("^", "-"), pool=False, sc
 METHODS.register("dvts", display="DVTS", style=("D", "-"), pool=False, scorer=True)(dvts)
 POOL_METHODS = tuple(m for m in METHODS if METHODS.meta(m)["pool"])
 TREE_METHODS = {m: METHODS[m] for m in METHODS if not METHODS.meta(m)["pool"]}
-#: The log of finished units in a search run directory (one JSON line per unit).
-UNIT_LOG = "units.jsonl"
 
 
 class _Memo:
@@ -85,7 +77,7 @@ class _Memo:
 
 
 def _correct(verifier, rollouts) -> list[bool]:
-    return [is_correct(o) for o in verifier(list(rollouts))] if rollouts else []
+    return [o.correct for o in verifier(list(rollouts))] if rollouts else []
 
 
 def _mean(xs) -> float:
@@ -97,15 +89,17 @@ def _enc(x: float) -> float | str:
     return x if math.isfinite(x) else str(x)  # strict JSON: -inf (a failed score) as "-inf"
 
 
-class _Units:
+class Units:
     """The finished units of a search run: skipped on resume (their records returned), logged when new.
 
-    Units are visited in the same order on every run; before the first unit that is not in the log, torch's RNG
-    state is restored from the last logged unit visited, so the remaining units draw what they would have drawn.
+    Units are visited in the same order on every run; before the first unit that is not in `done`, torch's RNG
+    state is restored from the last done unit visited, so the remaining units draw what they would have drawn.
+    `log(record)` is called with each new unit's record ({"unit", ..., "rng"}; the CLI appends it to units.jsonl).
     """
 
-    def __init__(self, run: RunDir, done: list[dict[str, Any]]) -> None:
-        self.run = run
+    def __init__(self, log: Callable[[dict[str, Any]], None] | None = None,
+                 done: Sequence[dict[str, Any]] = ()) -> None:
+        self.log = log
         self.done = {rec["unit"]: rec for rec in done}
         self.pending_rng: dict[str, Any] | None = None
 
@@ -119,66 +113,69 @@ class _Units:
         return rec
 
     def put(self, unit: str, data: dict[str, Any]) -> None:
-        self.run.append_jsonl(UNIT_LOG, [{"unit": unit, **data, "rng": rng_state_record()}])
+        if self.log is not None:
+            self.log({"unit": unit, **data, "rng": rng_state_record()})
 
 
-def run_search(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
-               show_progress: bool = True) -> dict[str, Any]:
-    """Run every method in `cfg.search.methods` for every budget in `cfg.search.n` on `cfg.split` of `cfg.task`
-    (default: the task's `eval_split`, i.e. a jsonl file whole, a generated task's held-out split).
+class _NoBar:
+    def advance(self, n: int = 1, **fields: float) -> None:
+        pass
 
-    Writes the run directory `cfg.out` (opened with `RunDir.start`: one that already holds a run is refused unless
-    `resume` or `overwrite`): config.yaml, units.jsonl (each finished unit), report.json (per method and N:
-    accuracy, tokens and scorer calls per question, wall seconds; pass@N; greedy accuracy) and accuracy_vs_n.png;
-    prints the table. With `resume`, the units an interrupted run with the same settings finished are not run again.
 
-    Correctness is always judged by the task's own verifier (`task.reward`); the scorer (`cfg.scorer`, default the
-    task's verifier, i.e. an oracle) only ranks candidates.
+@contextmanager
+def _no_stage(name: str, total: int) -> Iterator[ProgressBar]:
+    yield _NoBar()
+
+
+def check_settings(settings: Any) -> None:
+    """Fail fast on settings `compare_methods` cannot run.
 
     Raises:
-        ValueError: an unknown method or equivalence, bad budgets, and what `tasks.load`, `load_policy` and
-            `build_reward` raise; RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in
-            use, or `resume` with other settings.
+        ValueError: one line naming the key: an unknown method or equivalence, or a budget below 1.
     """
-    s = cfg.search
-    for m in s.methods:
+    for m in settings.methods:
         try:
             METHODS.get(m)
         except ValueError as exc:
             raise ValueError(f"search.methods: {exc}") from None
-    if s.equivalence != "verifier" and s.equivalence not in EQUIVALENCES:
-        raise ValueError(f"search.equivalence: expected verifier, {', '.join(EQUIVALENCES)}; got {s.equivalence!r}")
-    if any(n < 1 for n in s.n):
-        raise ValueError(f"search.n: each budget must be >= 1, got {s.n}")
-    torch.manual_seed(cfg.seed)
-    from rewardlab.tasks import load as load_task
-
-    task = load_task(cfg.task.spec, **cfg.task.options)
-    split = cfg.split or task.eval_split  # a jsonl file whole, a generated task's held-out split
-    pool = task.split(split)
-    rows = pool[: s.limit]
-    if not rows:
-        raise ValueError(f"search: the {split} split of {cfg.task.spec} has no rows")
-    verifier = build_reward(task.reward)
-    scorer = build_reward(cfg.scorer) if cfg.scorer is not None else verifier
-    policy = load_policy(cfg.model.path, prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype,
-                         device=cfg.model.device, tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
-    # Opened only once the task, rewards and model load: bad inputs create or delete nothing.
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
-        run.record_config(dump_config(cfg), resume=resume)
-        units = _Units(run, run.read_jsonl(UNIT_LOG) if resume else [])
-        report = _search(cfg, rows, policy, verifier, scorer, units, show_progress)
-        report["split"], report["split_rows"] = split, len(pool)
-        report["scorer"] = cfg.scorer if cfg.scorer is not None else f"{task.reward} (the task's verifier: an oracle)"
-        report["verifier"] = task.reward
-        report["plot"] = str(plot_report(report, run.path / "accuracy_vs_n.png"))
-        atomic_write_text(run.path / "report.json", json.dumps(report, indent=2) + "\n")
-    print_report(report, run.path / "report.json")
-    return report
+    if settings.equivalence != "verifier" and settings.equivalence not in EQUIVALENCES:
+        raise ValueError(f"search.equivalence: expected verifier, {', '.join(EQUIVALENCES)}; "
+                         f"got {settings.equivalence!r}")
+    if any(n < 1 for n in settings.n):
+        raise ValueError(f"search.n: each budget must be >= 1, got {settings.n}")
 
 
-def _search(cfg: SearchConfig, rows, policy, verifier, scorer, units: _Units, show_progress: bool) -> dict[str, Any]:
-    s = cfg.search
+def compare_methods(
+    policy: Policy,
+    rows: Sequence[dict[str, Any]],
+    verifier: Reward,
+    scorer: Reward,
+    settings: Any,
+    *,
+    units: Units | None = None,
+    stage: Callable[[str, int], AbstractContextManager[ProgressBar]] = _no_stage,
+) -> dict[str, Any]:
+    """Every method in `settings.methods` at every budget in `settings.n` on `rows`, with greedy and pass@N.
+
+    Greedy decoding is the floor. Best-of-N, majority and weighted majority (`POOL_METHODS`) each call their public
+    function (`best_of_n`, `majority`, `weighted_majority`) on the first N samples of one pool of max(N) samples per
+    question, so their curves and pass@N come from the same samples; beam search and DVTS (`beam`, `dvts`) run a
+    fresh tree search for each N >= beam_width that beam_width divides. Correctness is always `verifier`'s
+    (`RewardOutput.correct`); `scorer` only ranks candidates (scores aggregated over reasoning steps with
+    `settings.aggregate`). With `units`, finished units are skipped and new ones logged (see `Units`). `stage(name,
+    total)` gives a progress bar per stage.
+
+    Args:
+        settings: a `SearchParams` (methods, n, equivalence, temperature, top_p, max_new_tokens, separator,
+            batch_size, beam_width, max_steps, aggregate, max_step_tokens).
+    Returns:
+        {"questions", "settings", "greedy": {"accuracy", "tokens_per_question"}, "pass@N": {N: fraction},
+         "methods": {method: {N: {"accuracy", "tokens_per_question", "scorer_calls_per_question", seconds}}},
+         "timing_s": {...}}; accuracies are fractions of `rows`.
+    """
+    s = settings
+    check_settings(s)
+    units = units if units is not None else Units()
     ns = sorted(set(s.n))
     equivalent = _Memo(VerifierEquivalence(verifier) if s.equivalence == "verifier" else EQUIVALENCES[s.equivalence])
     common = {"separator": s.separator, "batch_size": s.batch_size}
@@ -204,7 +201,7 @@ def _search(cfg: SearchConfig, rows, policy, verifier, scorer, units: _Units, sh
     rec = units.get("pool")
     if rec is None:
         t0 = time.perf_counter()
-        with stage("sampling", len(rows), enabled=show_progress) as bar:
+        with stage("sampling", len(rows)) as bar:
             pool = sample_solutions(policy, rows, n=n_max, max_new_tokens=s.max_new_tokens, **sampling, **common)
             bar.advance(len(rows))
         flat = [r for g in pool for r in g]
@@ -254,7 +251,7 @@ def _search(cfg: SearchConfig, rows, policy, verifier, scorer, units: _Units, sh
         if m not in s.methods:
             continue
         budgets = [n for n in ns if n >= s.beam_width and n % s.beam_width == 0]
-        with stage(m, len(budgets), enabled=show_progress) as bar:
+        with stage(m, len(budgets)) as bar:
             for n in budgets:
                 cell = units.get(f"{m}:{n}")
                 if cell is None:
@@ -270,14 +267,7 @@ def _search(cfg: SearchConfig, rows, policy, verifier, scorer, units: _Units, sh
                 bar.advance(1, acc=cell["result"]["accuracy"])
 
     return {
-        "task": cfg.task.spec,
-        "task_options": cfg.task.options,
-        "model": cfg.model.path,
-        "split": None,  # filled in by run_search
-        "split_rows": None,
         "questions": len(rows),
-        "scorer": None,  # filled in by run_search
-        "verifier": None,
         "settings": s.model_dump(),
         "greedy": {"accuracy": _mean(greedy_correct), "tokens_per_question": _mean(greedy_tokens)},
         "pass@N": pass_at,
@@ -316,32 +306,3 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def print_report(report: dict[str, Any], where: str | Path | None = None) -> None:
-    """Print the accuracy table and the cost table (tokens and scorer calls per question) with rich."""
-    ns = sorted(int(n) for n in report["pass@N"])
-    methods = list(report["methods"])
-    split = report.get("split", "test")
-    name = {"test": "held-out accuracy", "train": "accuracy on the training split", "all": "accuracy on every row"
-            }.get(split, f"accuracy on split {split}")
-    acc = Table(title=f"{name}, {report['task']} ({report['questions']} questions); "
-                      f"greedy {report['greedy']['accuracy']:.1%}")
-    acc.add_column("N", justify="right")
-    acc.add_column("pass@N", justify="right")
-    for m in methods:
-        acc.add_column(METHODS.meta(m)["display"], justify="right")
-    cost = Table(title="cost per question: tokens generated / scorer calls")
-    cost.add_column("N", justify="right")
-    for m in methods:
-        cost.add_column(METHODS.meta(m)["display"], justify="right")
-    for n in ns:
-        cells = [report["methods"][m].get(str(n)) for m in methods]
-        acc.add_row(str(n), f"{report['pass@N'][str(n)]:.1%}", *(f"{c['accuracy']:.1%}" if c else "-" for c in cells))
-        cost.add_row(str(n), *(f"{c['tokens_per_question']:.0f} / {c['scorer_calls_per_question']:.0f}" if c else "-"
-                               for c in cells))
-    out = Console()
-    out.print(acc)
-    out.print(cost)
-    if where is not None:
-        out.print(f"report: {where}  plot: {report.get('plot')}")

@@ -68,12 +68,10 @@ class VerifierEquivalence:
         self.verifier = verifier
 
     def __call__(self, a: str, b: str, row: dict[str, Any] | None = None) -> bool:
-        from rewardlab.evaluation.policy import is_correct
-
         probe = Rollout(prompt=str((row or {}).get("prompt", "")), prompt_ids=[], completion=a, completion_ids=[],
                         logprobs=[], row={**(row or {}), "answer": b})
         (out,) = self.verifier([probe])
-        return is_correct(out)
+        return out.correct
 
 
 @dataclass

@@ -11,11 +11,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rewardlab.config import EvaluateConfig, QuickstartConfig, SFTConfig, TrainConfig, dump_config
-from rewardlab.evaluation.policy import run_evaluate
-from rewardlab.rl.trainer import train
+from rewardlab.commands import evaluate as evaluate_command
+from rewardlab.commands import sft as sft_command
+from rewardlab.commands import train as train_command
+from rewardlab.commands.common import open_run
+from rewardlab.config import EvaluateConfig, QuickstartConfig, SFTConfig, TrainConfig
 from rewardlab.runs import RunDir, warn
-from rewardlab.sft import run_sft
 
 def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
     """How to run a stage in `path`: its summary when it finished (resume), else the runner's resume/overwrite."""
@@ -34,8 +35,8 @@ def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
     return {"resume": True, "overwrite": False}
 
 
-def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, overwrite: bool = False,
-                   show_progress: bool = True) -> dict[str, Any]:
+def run(cfg: QuickstartConfig, *, resume: bool = False, overwrite: bool = False,
+        show_progress: bool = True) -> dict[str, Any]:
     """Run the four stages under `cfg.out` (sft/, eval_sft/, grpo/, eval_grpo/) and write summary.json.
 
     `cfg.out` is opened with `RunDir.start` (config.yaml at its top): a directory that already holds a run is
@@ -49,8 +50,7 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, overwrite: bo
         RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, `resume` with other
             settings; and what the stages raise.
     """
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as top:
-        top.record_config(dump_config(cfg), resume=resume)
+    with open_run(cfg, resume=resume, overwrite=overwrite) as top:
         return _quickstart(cfg, top, resume, show_progress)
 
 
@@ -69,15 +69,15 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
         times[name] = time.perf_counter() - t
         return res
 
-    sft = stage("sft", run_sft, SFTConfig(model=cfg.model, sft=cfg.sft, out=str(out / "sft"), **common))
+    sft = stage("sft", sft_command.run, SFTConfig(model=cfg.model, sft=cfg.sft, out=str(out / "sft"), **common))
     sft_model = cfg.model.model_copy(update={"path": sft["final_checkpoint"]})
 
     def evaluate(model, name: str) -> dict[str, Any]:
-        return stage(name, partial(run_evaluate, announce=False),  # the table below names the split
+        return stage(name, partial(evaluate_command.run, announce=False),  # the table below names the split
                      EvaluateConfig(model=model, eval=cfg.eval, out=str(out / name), **common))
 
     eval_sft = evaluate(sft_model, "eval_sft")
-    grpo = stage("grpo", train, TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"), **common))
+    grpo = stage("grpo", train_command.run, TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"), **common))
     grpo_model = cfg.model.model_copy(update={"path": grpo["final_checkpoint"]})
     eval_grpo = evaluate(grpo_model, "eval_grpo")
 

@@ -2,7 +2,7 @@
 
 import json
 
-from rewardlab.quickstart import _stage_mode
+from rewardlab.commands.quickstart import _stage_mode
 
 
 def test_a_stage_stopped_by_ctrl_c_is_resumed_and_a_finished_one_reused(tmp_path):

@@ -1,0 +1,128 @@
+"""The CLI verbs: one module per verb, and `COMMANDS`, the one table of verb -> (config class, runner, help).
+
+Every verb is `runner(cfg, *, resume=False, overwrite=False, show_progress=True) -> dict` over its validated config:
+it loads what the config names (`commands.common.load_inputs`), opens the run directory (`commands.common.open_run`),
+calls the library (`rewardlab.rl.trainer`, `rewardlab.sft`, `rewardlab.evaluation`, `rewardlab.search`,
+`rewardlab.rm`), writes the run's files and prints its result. Only this layer (and the training loops, which write
+their run directories step by step) imports `rewardlab.config`, `rewardlab.runs` and `rich`.
+
+`rewardlab.cli` builds its parser and dispatches from `COMMANDS`; runners are imported when called, so `--help` does
+not load torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from rewardlab.config.schema import (EvaluateConfig, PrmLabelConfig, PrmTrainConfig, QuickstartConfig, RmEvalConfig,
+                                     RmPairsConfig, RmTrainConfig, SearchConfig, SFTConfig, TrainConfig)
+
+
+class Flag(NamedTuple):
+    """A shortcut flag: `--NAME VALUE` is the override `KEY=VALUE` (`KEY=[VALUE]` when `listed`, so that
+    `--n 1,2,4` is `search.n=[1,2,4]`)."""
+
+    name: str
+    key: str
+    help: str
+    listed: bool = False
+
+    def override(self, value: str) -> str:
+        return f"{self.key}=[{value}]" if self.listed else f"{self.key}={value}"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One CLI verb.
+
+    Attributes:
+        config: its pydantic config class (`rewardlab.config.load_config(config, file, overrides)`).
+        runner: "module:function" of its runner, imported when the verb runs.
+        help: one line for `rewardlab --help` and the verb's own help.
+        resume_help: what `--resume` continues from.
+        flags: the verb's shortcut flags (`Flag`) beyond --config/--out/--seed/--resume/--overwrite.
+        prints_summary: the CLI prints the runner's result as JSON (False: the runner prints its own tables).
+    """
+
+    config: type
+    runner: str
+    help: str
+    resume_help: str
+    flags: tuple[Flag, ...] = ()
+    prints_summary: bool = True
+
+    def run(self, cfg: Any, **kwargs: Any) -> dict[str, Any]:
+        """Import the runner and call it on `cfg` (kwargs: resume, overwrite, show_progress)."""
+        module, name = self.runner.split(":")
+        fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), name)
+        return fn(cfg, **kwargs)
+
+
+_MODEL = Flag("model", "model.path", '"tiny" or a local HF model directory')
+_TASK = Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval" or "jsonl:PATH"')
+_BACKBONE = Flag("model", "model.path", 'backbone or scorer: "minilm", "tiny" or a model directory')
+_DATA = Flag("data", "data", "JSONL data file")
+_CHECKPOINT = "continue from the run directory's last valid checkpoint"
+
+#: Every verb, in the order `rewardlab --help` lists them (grouped verbs as "rm train").
+COMMANDS: dict[str, Command] = {
+    "quickstart": Command(
+        QuickstartConfig, "rewardlab.commands.quickstart:run",
+        "tiny model from scratch -> SFT -> GRPO -> evaluate on reasoning-gym chain_sum (offline)",
+        "continue the run in --out: finished stages are reused, an unfinished one resumed", prints_summary=False),
+    "sft": Command(SFTConfig, "rewardlab.commands.sft:run",
+                   "supervised warm start on task rows (loss on answer tokens)", _CHECKPOINT, (_MODEL, _TASK)),
+    "train": Command(TrainConfig, "rewardlab.commands.train:run",
+                     "RL training (GRPO family) against the task's verifier or configured rewards", _CHECKPOINT,
+                     (_MODEL, _TASK)),
+    "evaluate": Command(
+        EvaluateConfig, "rewardlab.commands.evaluate:run",
+        "greedy exact-match accuracy and pass@k: a jsonl file whole, a generated task's held-out split "
+        "(split=all|train|test to choose)",
+        "continue the run in --out after its last finished batch", (_MODEL, _TASK)),
+    "search": Command(
+        SearchConfig, "rewardlab.commands.search:run",
+        "reward-guided search (best-of-N, majority votes, beam search, DVTS): accuracy against N",
+        "continue the run in --out after its last finished unit (greedy, sample pool, method x N)",
+        (_MODEL, _TASK,
+         Flag("scorer", "scorer", "reward that ranks candidates, e.g. arithmetic_steps"),
+         Flag("n", "search.n", "budgets N, comma-separated, e.g. 1,2,4,8", listed=True)), prints_summary=False),
+    "rm train": Command(RmTrainConfig, "rewardlab.commands.rm:train",
+                        "train a Bradley-Terry reward model on preference pairs (JSONL)", _CHECKPOINT,
+                        (_BACKBONE, _DATA)),
+    "rm eval": Command(
+        RmEvalConfig, "rewardlab.commands.rm:evaluate",
+        "evaluate any scorer: pairwise / best-of-k accuracy, first-error F1, length and master-key probes",
+        "rerun the evaluation in --out whole (same settings, same report)", (_BACKBONE, _DATA),
+        prints_summary=False),
+    "rm pairs": Command(
+        RmPairsConfig, "rewardlab.commands.rm:pairs",
+        "preference pairs: a policy's correct vs incorrect completion of the same question, or (--source mutants, "
+        "no model) a canonical solution vs a sandbox-confirmed failing mutant of it",
+        "rerun the pair generation in --out whole (same settings, same pairs)",
+        (Flag("model", "model.path", 'the policy: "tiny" or an HF model directory'),
+         Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval" (canonical solutions, for '
+              '--source mutants) or "jsonl:PATH"'),
+         Flag("source", "pairs.source", "policy (default): sample --model, judge with the task's verifier; mutants: "
+          "canonical solution vs failing mutants, no model"))),
+    "prm label": Command(
+        PrmLabelConfig, "rewardlab.commands.prm:label",
+        "step labels for a policy's solutions: Monte Carlo (Math-Shepherd) or binary search (OmegaPRM)",
+        "continue the run in --out after its last labelled item",
+        (Flag("model", "model.path", 'the policy: "tiny" or an HF model directory'),
+         Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME" or "jsonl:PATH"'))),
+    "prm train": Command(PrmTrainConfig, "rewardlab.commands.prm:train",
+                         "train a process reward model on step-labelled rows (JSONL)", _CHECKPOINT,
+                         (_BACKBONE, _DATA)),
+}
+
+#: Help for the verb groups (`rewardlab rm --help`).
+GROUPS = {"rm": "reward models: train | eval | pairs", "prm": "process reward models: label | train"}
+
+
+def config_classes() -> dict[str, type]:
+    """{verb: config class}, read from `COMMANDS` (docs/config.md lists the verbs in this order)."""
+    return {verb: command.config for verb, command in COMMANDS.items()}

@@ -1,0 +1,57 @@
+"""`rewardlab evaluate`: greedy accuracy and pass@k of a policy on a task's rows."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rewardlab.commands.common import load_inputs, open_run
+from rewardlab.config import EvaluateConfig
+from rewardlab.evaluation.policy import describe_rows, evaluate_policy
+from rewardlab.progress import console, stage
+from rewardlab.rewards import build_reward
+
+#: The log of finished evaluation batches in an `evaluate` run directory (one JSON line per batch).
+BATCH_LOG = "batches.jsonl"
+
+
+def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
+        show_progress: bool = True, announce: bool = True) -> dict[str, Any]:
+    """`rewardlab evaluate`: greedy accuracy and pass@k of `cfg.model` on `cfg.split` of `cfg.task`.
+
+    The split defaults to the task's `eval_split`: a `jsonl:PATH` file is evaluated whole, a generated task on its
+    held-out test split (see `EvaluateConfig.split`). Writes the run directory `cfg.out` (opened with
+    `RunDir.start`, so one that already holds a run is refused unless `resume` or `overwrite`): config.yaml,
+    batches.jsonl (each finished batch, see `evaluate_policy`) and summary.json (the result of `evaluate_policy` plus
+    model, task, `split` (the split used), `split_rows` (rows in it; `n_questions` of them evaluated, fewer with
+    `eval.limit`) and wall seconds). With `resume`, the batches logged by an interrupted run with the same settings
+    are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). With `announce`, one
+    line on stderr says how many rows of which split were evaluated.
+
+    Raises:
+        RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with other
+            settings; ValueError: the split has no rows; and what `tasks.load`, `load_policy` and `evaluate_policy`
+            raise.
+    """
+    task, policy = load_inputs(cfg)
+    split = cfg.split or task.eval_split
+    pool = task.split(split)
+    rows = pool[: cfg.eval.limit]
+    if not rows:
+        raise ValueError(f"split: the {split} split of {cfg.task.spec} has no rows")
+    reward = build_reward(task.reward)
+    with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the inputs load
+        done = run.read_jsonl(BATCH_LOG) if resume else []
+        e = cfg.eval
+        t0 = time.perf_counter()
+        with stage("evaluate", len(rows), enabled=show_progress) as bar:
+            result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature, top_p=e.top_p,
+                                     max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, bar=bar, done=done,
+                                     on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]))
+        result = {"model": cfg.model.path, "task": cfg.task.spec, "split": split, "split_rows": len(pool),
+                  "wall_s": time.perf_counter() - t0, **result}
+        run.write_summary(result)
+    if announce:
+        console.print(f"evaluated {describe_rows(len(rows), len(pool), split, cfg.task.spec)}", highlight=False,
+                      markup=False, soft_wrap=True)
+    return result

@@ -1,0 +1,100 @@
+"""`rewardlab search`: accuracy against the sample budget N for each search method, with pass@N and greedy.
+
+The work is done in units - greedy decoding, the sample pool (sampled, verified and scored), then one unit per
+method and N - and each finished unit is appended to units.jsonl with what later units need and torch's RNG state
+after it, so `--resume` after an interruption skips the finished units and writes the report an uninterrupted run
+writes (but for wall-clock fields).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rewardlab.commands.common import load_inputs, load_model, open_run
+from rewardlab.config import SearchConfig
+from rewardlab.progress import stage
+from rewardlab.rewards import build_reward
+from rewardlab.runs import atomic_write_text
+from rewardlab.search.report import METHODS, Units, check_settings, compare_methods, plot_report
+
+#: The log of finished units in a search run directory (one JSON line per unit).
+UNIT_LOG = "units.jsonl"
+
+
+def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
+        show_progress: bool = True) -> dict[str, Any]:
+    """Run every method in `cfg.search.methods` for every budget in `cfg.search.n` on `cfg.split` of `cfg.task`
+    (default: the task's `eval_split`, i.e. a jsonl file whole, a generated task's held-out split), with
+    `rewardlab.search.report.compare_methods`.
+
+    Writes the run directory `cfg.out` (opened with `RunDir.start`: one that already holds a run is refused unless
+    `resume` or `overwrite`): config.yaml, units.jsonl (each finished unit), report.json (per method and N:
+    accuracy, tokens and scorer calls per question, wall seconds; pass@N; greedy accuracy) and accuracy_vs_n.png;
+    prints the table. With `resume`, the units an interrupted run with the same settings finished are not run again.
+
+    Correctness is always judged by the task's own verifier (`task.reward`); the scorer (`cfg.scorer`, default the
+    task's verifier, i.e. an oracle) only ranks candidates.
+
+    Raises:
+        ValueError: an unknown method or equivalence, bad budgets, and what `tasks.load`, `load_policy` and
+            `build_reward` raise; RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in
+            use, or `resume` with other settings.
+    """
+    s = cfg.search
+    check_settings(s)
+    task, _ = load_inputs(cfg, model=False)
+    split = cfg.split or task.eval_split  # a jsonl file whole, a generated task's held-out split
+    pool = task.split(split)
+    rows = pool[: s.limit]
+    if not rows:
+        raise ValueError(f"search: the {split} split of {cfg.task.spec} has no rows")
+    verifier = build_reward(task.reward)
+    scorer = build_reward(cfg.scorer) if cfg.scorer is not None else verifier
+    policy = load_model(cfg)
+    with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the task, rewards and model load
+        units = Units(lambda rec: run.append_jsonl(UNIT_LOG, [rec]), run.read_jsonl(UNIT_LOG) if resume else [])
+        result = compare_methods(policy, rows, verifier, scorer, s, units=units,
+                                 stage=partial(stage, enabled=show_progress))
+        report = {"task": cfg.task.spec, "task_options": cfg.task.options, "model": cfg.model.path, "split": split,
+                  "split_rows": len(pool),
+                  "scorer": cfg.scorer if cfg.scorer is not None else f"{task.reward} (the task's verifier: an oracle)",
+                  "verifier": task.reward, **result}
+        report["plot"] = str(plot_report(report, run.path / "accuracy_vs_n.png"))
+        atomic_write_text(run.path / "report.json", json.dumps(report, indent=2) + "\n")
+    print_report(report, run.path / "report.json")
+    return report
+
+
+def print_report(report: dict[str, Any], where: str | Path | None = None) -> None:
+    """Print the accuracy table and the cost table (tokens and scorer calls per question) with rich."""
+    ns = sorted(int(n) for n in report["pass@N"])
+    methods = list(report["methods"])
+    split = report.get("split", "test")
+    name = {"test": "held-out accuracy", "train": "accuracy on the training split", "all": "accuracy on every row"
+            }.get(split, f"accuracy on split {split}")
+    acc = Table(title=f"{name}, {report['task']} ({report['questions']} questions); "
+                      f"greedy {report['greedy']['accuracy']:.1%}")
+    acc.add_column("N", justify="right")
+    acc.add_column("pass@N", justify="right")
+    for m in methods:
+        acc.add_column(METHODS.meta(m)["display"], justify="right")
+    cost = Table(title="cost per question: tokens generated / scorer calls")
+    cost.add_column("N", justify="right")
+    for m in methods:
+        cost.add_column(METHODS.meta(m)["display"], justify="right")
+    for n in ns:
+        cells = [report["methods"][m].get(str(n)) for m in methods]
+        acc.add_row(str(n), f"{report['pass@N'][str(n)]:.1%}", *(f"{c['accuracy']:.1%}" if c else "-" for c in cells))
+        cost.add_row(str(n), *(f"{c['tokens_per_question']:.0f} / {c['scorer_calls_per_question']:.0f}" if c else "-"
+                               for c in cells))
+    out = Console()
+    out.print(acc)
+    out.print(cost)
+    if where is not None:
+        out.print(f"report: {where}  plot: {report.get('plot')}")
