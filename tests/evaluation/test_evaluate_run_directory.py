@@ -63,6 +63,7 @@ def test_resume_skips_finished_batches_and_matches_the_uninterrupted_run(uninter
     expected = json.loads((a / "summary.json").read_text())
     assert {k: v for k, v in summary.items() if k != "wall_s"} == {k: v for k, v in expected.items() if k != "wall_s"}
     assert _lines(d / "batches.jsonl") == _lines(a / "batches.jsonl")  # same figures and RNG states, each batch once
+    assert _lines(d / "predictions.jsonl") == _lines(a / "predictions.jsonl")  # resumed batches' predictions too
 
     # The logged batches are taken as they are, not evaluated again: mark batch 0's three questions right.
     rec = json.loads(lines[0])

@@ -93,6 +93,8 @@ def test_cli_search_smoke(tmp_path, capsys):
         for m in ("beam", "dvts"):
             assert int(n) <= rep["methods"][m][n]["scorer_calls_per_question"] <= 2 * int(n)
             assert rep["methods"][m][n]["tokens_per_question"] <= 2 * int(n) * 6
+            # a tree method's ceiling is its own candidates': at least its accuracy, at most 1
+            assert rep["methods"][m][n]["accuracy"] <= rep["methods"][m][n]["ceiling"] <= 1
     assert rep["methods"]["best_of_n"]["4"]["tokens_per_question"] <= 4 * 12
     assert (out / "accuracy_vs_n.png").is_file() and (out / "config.yaml").is_file()
     printed = capsys.readouterr().out

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from rewardlab.config import dump_config
 from rewardlab.policy import Policy, load_policy
-from rewardlab.runs import RunDir
+from rewardlab.runs import RunDir, warn
 from rewardlab.tasks import Task
 from rewardlab.tasks import load as load_task
 
@@ -51,3 +52,55 @@ def open_run(cfg: Any, *, resume: bool = False, overwrite: bool = False, may_cha
         run.close()
         raise
     return run
+
+
+def trained_task(model_path: str) -> tuple[Path, dict[str, Any]] | None:
+    """The task a rewardlab checkpoint was trained on: for `RUN/checkpoints/step-K` whose run `RUN` has a
+    config.yaml with a `task` section, (RUN/config.yaml, {"spec": ..., "options": {...}}); None for any other
+    model path (an HF directory, "tiny", a run without config.yaml)."""
+    import yaml
+
+    path = Path(model_path)
+    if path.parent.name != "checkpoints":
+        return None
+    config = path.parent.parent / "config.yaml"
+    try:
+        task = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("task")
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(task, dict) or not isinstance(task.get("spec"), str):
+        return None
+    return config, {"spec": task["spec"], "options": dict(task.get("options") or {})}
+
+
+def with_trained_task(cfg: Any) -> tuple[Any, dict[str, Any]]:
+    """`cfg` with its task defaulting to the one its model was trained on, and what to report about it.
+
+    When `cfg.model.path` is a checkpoint of a rewardlab run (`trained_task`) and the config sets no task, the task
+    and its options become the run's (a line on stderr says so). When the config sets a task that differs, a
+    warning says so. Returns (cfg, {"trained_on": the run's task or None, "task_differs": bool, "task_from":
+    "config" | "model's run"}), for the verb's summary.
+    """
+    found = trained_task(cfg.model.path)
+    info: dict[str, Any] = {"trained_on": None, "task_differs": False, "task_from": "config"}
+    if found is None:
+        return cfg, info
+    config, task = found
+    info["trained_on"] = task
+    if "task" not in cfg.model_fields_set:
+        cfg = cfg.model_copy(update={"task": type(cfg.task)(**task)})
+        info["task_from"] = "model's run"
+        note(f"task {task['spec']} (options {task['options']}): the task {cfg.model.path} was trained on "
+             f"({config}); pass --task to choose another")
+    elif {"spec": cfg.task.spec, "options": dict(cfg.task.options)} != task:
+        info["task_differs"] = True
+        warn(f"task {cfg.task.spec} (options {dict(cfg.task.options)}) differs from the task {cfg.model.path} was "
+             f"trained on: {task['spec']} (options {task['options']}, {config})")
+    return cfg, info
+
+
+def note(message: str) -> None:
+    """A one-line note on stderr."""
+    import sys
+
+    print(f"rewardlab: {message}", file=sys.stderr, flush=True)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from rewardlab.commands.common import load_inputs, open_run
+from rewardlab.commands.common import load_inputs, open_run, with_trained_task
 from rewardlab.config import EvaluateConfig
 from rewardlab.evaluation.policy import describe_rows, evaluate_policy
 from rewardlab.progress import console, stage
 from rewardlab.rewards import build_reward
+from rewardlab.runs import atomic_write_text
 
 #: The log of finished evaluation batches in an `evaluate` run directory (one JSON line per batch).
 BATCH_LOG = "batches.jsonl"
+#: One JSON line per evaluated question: question, answer, greedy prediction, correct, the n samples and rewards.
+PREDICTIONS = "predictions.jsonl"
 
 
 def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
@@ -22,10 +26,15 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     The split defaults to the task's `eval_split`: a `jsonl:PATH` file is evaluated whole, a generated task on its
     held-out test split (see `EvaluateConfig.split`). Writes the run directory `cfg.out` (opened with
     `RunDir.start`, so one that already holds a run is refused unless `resume` or `overwrite`): config.yaml,
-    batches.jsonl (each finished batch, see `evaluate_policy`) and summary.json (the result of `evaluate_policy` plus
+    batches.jsonl (each finished batch, see `evaluate_policy`), predictions.jsonl (one line per question: question,
+    answer, greedy prediction, correct, score, error and the n samples with their rewards; written at the end) and
+    summary.json (the result of `evaluate_policy` plus
     model, task, `split` (the split used), `split_rows` (rows in it; `n_questions` of them evaluated, fewer with
     `eval.limit`) and wall seconds). With `resume`, the batches logged by an interrupted run with the same settings
-    are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). With `announce`, one
+    are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). When `cfg.model` is
+    a checkpoint of a rewardlab run and no task is given, the task (and its options) is the run's; a task that
+    differs from it is warned about; summary.json records `trained_on`, `task_differs` and `task_from`
+    (`with_trained_task`). With `announce`, one
     line on stderr says how many rows of which split were evaluated.
 
     Raises:
@@ -33,6 +42,7 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
             settings; ValueError: the split has no rows; and what `tasks.load`, `load_policy` and `evaluate_policy`
             raise.
     """
+    cfg, trained = with_trained_task(cfg)
     task, policy = load_inputs(cfg)
     split = cfg.split or task.eval_split
     pool = task.split(split)
@@ -48,8 +58,11 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
             result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature, top_p=e.top_p,
                                      max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, bar=bar, done=done,
                                      on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]))
+        predictions = result.pop("predictions")
+        atomic_write_text(run.path / PREDICTIONS, "".join(json.dumps(p, ensure_ascii=False) + "\n"
+                                                          for p in predictions))
         result = {"model": cfg.model.path, "task": cfg.task.spec, "split": split, "split_rows": len(pool),
-                  "wall_s": time.perf_counter() - t0, **result}
+                  "wall_s": time.perf_counter() - t0, **result, **trained, "predictions_file": PREDICTIONS}
         run.write_summary(result)
     if announce:
         console.print(f"evaluated {describe_rows(len(rows), len(pool), split, cfg.task.spec)}", highlight=False,

@@ -16,11 +16,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rewardlab.commands.common import load_inputs, load_model, open_run
+from rewardlab.commands.common import load_inputs, load_model, open_run, with_trained_task
 from rewardlab.config import SearchConfig
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
-from rewardlab.runs import atomic_write_text
+from rewardlab.runs import atomic_write_text, warn
 from rewardlab.search.report import METHODS, Units, check_settings, compare_methods, plot_report
 
 #: The log of finished units in a search run directory (one JSON line per unit).
@@ -39,7 +39,8 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
     prints the table. With `resume`, the units an interrupted run with the same settings finished are not run again.
 
     Correctness is always judged by the task's own verifier (`task.reward`); the scorer (`cfg.scorer`, default the
-    task's verifier, i.e. an oracle) only ranks candidates.
+    task's verifier, i.e. an oracle) only ranks candidates. As with `evaluate`, a checkpoint of a rewardlab run
+    defaults the task to the run's (`with_trained_task`).
 
     Raises:
         ValueError: an unknown method or equivalence, bad budgets, and what `tasks.load`, `load_policy` and
@@ -48,6 +49,7 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
     """
     s = cfg.search
     check_settings(s)
+    cfg, trained = with_trained_task(cfg)
     task, _ = load_inputs(cfg, model=False)
     split = cfg.split or task.eval_split  # a jsonl file whole, a generated task's held-out split
     pool = task.split(split)
@@ -61,18 +63,35 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
         units = Units(lambda rec: run.append_jsonl(UNIT_LOG, [rec]), run.read_jsonl(UNIT_LOG) if resume else [])
         result = compare_methods(policy, rows, verifier, scorer, s, units=units,
                                  stage=partial(stage, enabled=show_progress))
+        if cfg.scorer is None:
+            scorer_name = f"{task.reward} (the task's verifier: an oracle)"
+        elif result["scorer_reads_answer"]:
+            scorer_name = f"{cfg.scorer} (reads the reference answer: an oracle)"
+        else:
+            scorer_name = cfg.scorer
         report = {"task": cfg.task.spec, "task_options": cfg.task.options, "model": cfg.model.path, "split": split,
-                  "split_rows": len(pool),
-                  "scorer": cfg.scorer if cfg.scorer is not None else f"{task.reward} (the task's verifier: an oracle)",
-                  "verifier": task.reward, **result}
+                  "split_rows": len(pool), "scorer": scorer_name, "verifier": task.reward, **trained, **result}
         report["plot"] = str(plot_report(report, run.path / "accuracy_vs_n.png"))
         atomic_write_text(run.path / "report.json", json.dumps(report, indent=2) + "\n")
     print_report(report, run.path / "report.json")
+    if report["scorer_reads_answer"]:
+        warn(f"search: the scorer {scorer_name} reads each question's reference answer, so ranking by it is an "
+             "oracle: best-of-N equals pass@N, and no method's figure is one a deployed system could reach")
     return report
 
 
+def _accuracy_cell(method: str, cell: dict[str, Any] | None) -> str:
+    """"46.7%", or for a tree method "46.7% (≤50.0%)": its accuracy and its own candidates' ceiling."""
+    if not cell:
+        return "-"
+    if METHODS.meta(method)["pool"] or "ceiling" not in cell:
+        return f"{cell['accuracy']:.1%}"
+    return f"{cell['accuracy']:.1%} (≤{cell['ceiling']:.1%})"
+
+
 def print_report(report: dict[str, Any], where: str | Path | None = None) -> None:
-    """Print the accuracy table and the cost table (tokens and scorer calls per question) with rich."""
+    """Print the accuracy table (pass@N is the ceiling of the pool methods; beam search and DVTS show their own
+    candidates' ceiling) and the cost table (tokens and scorer calls per question) with rich."""
     ns = sorted(int(n) for n in report["pass@N"])
     methods = list(report["methods"])
     split = report.get("split", "test")
@@ -90,7 +109,7 @@ def print_report(report: dict[str, Any], where: str | Path | None = None) -> Non
         cost.add_column(METHODS.meta(m)["display"], justify="right")
     for n in ns:
         cells = [report["methods"][m].get(str(n)) for m in methods]
-        acc.add_row(str(n), f"{report['pass@N'][str(n)]:.1%}", *(f"{c['accuracy']:.1%}" if c else "-" for c in cells))
+        acc.add_row(str(n), f"{report['pass@N'][str(n)]:.1%}", *(_accuracy_cell(m, c) for m, c in zip(methods, cells)))
         cost.add_row(str(n), *(f"{c['tokens_per_question']:.0f} / {c['scorer_calls_per_question']:.0f}" if c else "-"
                                for c in cells))
     out = Console()

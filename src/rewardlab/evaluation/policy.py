@@ -53,8 +53,8 @@ def evaluate_policy(
     """Greedy accuracy and pass@k of `policy` on `rows`, in batches of `batch_size` questions.
 
     Each finished batch is handed to `on_batch` as a record {"batch", "start", "size", "correct" (greedy, per
-    question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per question), "examples", "rng"
-    (torch's RNG state after the batch, `rng_state_record`)}. Given the records of the first batches of an
+    question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per question), "examples",
+    "predictions" (one per question, see Returns), "rng" (torch's RNG state after the batch, `rng_state_record`)}. Given the records of the first batches of an
     interrupted run (`done`), those batches are not generated again: their figures are taken from the records and
     the RNG state of the last one is restored, so the result equals an uninterrupted run's. With `n=0` (and no `ks`)
     only the greedy completions are generated: no sampling, so no random numbers are drawn (held-out evaluation
@@ -63,7 +63,9 @@ def evaluate_policy(
     Returns:
         {"accuracy": greedy exact-match fraction, "score_mean": mean greedy reward, "pass@k": ... for each k,
          "n_questions": len(rows), "samples_per_question": n, "errors": greedy reward errors,
-         "examples": the first 20 greedy (prompt, completion, answer, correct)}.
+         "examples": the first 20 greedy (prompt, completion, answer, correct), "predictions": one dict per row,
+         in order: {"question", "answer", "prediction" (the greedy completion), "correct", "score", "error",
+         "samples": the n sampled completions, each {"completion", "score", "correct", "error"}}}.
     Raises:
         ValueError: a k outside 1..n, or no rows; a record in `done` that is not the batch at its position (the
             rows or batch size changed).
@@ -74,7 +76,7 @@ def evaluate_policy(
     if bad:
         raise ValueError(f"eval.k: each k must be in 1..eval.n={n}, got {bad}")
     prompts = [r["prompt"] for r in rows]
-    correct, scores, errors, examples = [], [], 0, []
+    correct, scores, errors, examples, predictions = [], [], 0, [], []
     per_q = [0] * len(rows)
     for b, start in enumerate(range(0, len(rows), batch_size)):
         chunk_rows = rows[start : start + batch_size]
@@ -89,7 +91,7 @@ def evaluate_policy(
                 restore_rng_state(rec["rng"])
         else:
             rec = {"batch": b, "start": start, "size": len(chunk), "correct": [], "scores": [], "errors": 0,
-                   "pass_counts": [0] * len(chunk), "examples": []}
+                   "pass_counts": [0] * len(chunk), "examples": [], "predictions": []}
             greedy = policy.generate(chunk, greedy=True, max_new_tokens=max_new_tokens, rows=chunk_rows)
             outs = reward(greedy)
             for r, o in zip(greedy, outs):
@@ -100,18 +102,24 @@ def evaluate_policy(
                 if len(examples) + len(rec["examples"]) < 20:
                     rec["examples"].append({"prompt": r.row.get("prompt"), "completion": r.completion,
                                             "answer": r.row.get("answer"), "correct": ok})
+                rec["predictions"].append({"question": r.row.get("prompt"), "answer": r.row.get("answer"),
+                                           "prediction": r.completion, "correct": ok, "score": o.score,
+                                           "error": o.error, "samples": []})
             if n > 0:
                 sampled = policy.generate(
                     chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
                 )
                 for r, o in zip(sampled, reward(sampled)):
                     rec["pass_counts"][r.group] += o.correct
+                    rec["predictions"][r.group]["samples"].append({"completion": r.completion, "score": o.score,
+                                                                   "correct": o.correct, "error": o.error})
             if on_batch is not None:
                 on_batch({**rec, "rng": rng_state_record()})
         correct += rec["correct"]
         scores += [float(x) for x in rec["scores"]]
         errors += rec["errors"]
         examples += rec["examples"]
+        predictions += rec.get("predictions", [])
         per_q[start : start + len(chunk)] = rec["pass_counts"]
         if bar is not None:
             bar.advance(len(chunk), acc=sum(correct) / len(correct))
@@ -125,6 +133,7 @@ def evaluate_policy(
     for k in ks:
         result[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_q) / len(per_q)
     result["examples"] = examples
+    result["predictions"] = predictions
     return result
 
 

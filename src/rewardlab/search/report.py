@@ -13,6 +13,7 @@ writes (but for wall-clock fields).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -127,6 +128,33 @@ def _no_stage(name: str, total: int) -> Iterator[ProgressBar]:
     yield _NoBar()
 
 
+#: How many pooled samples `reads_reference` scores (twice) to tell whether a scorer reads the reference answer.
+PROBE_SAMPLES = 16
+
+
+def reads_reference(scorer: Reward, rollouts: Sequence[Rollout], *, field: str = "answer",
+                    extract: Callable[[str], str] = final_answer) -> bool:
+    """Whether `scorer` reads the rows' reference answer (`row[field]`), so that ranking by it is an oracle.
+
+    Each rollout is scored twice: with `row[field]` set to the rollout's own final answer (`extract(completion)`),
+    which an answer-checking verifier scores as right, and with it set to a string no completion gives. A scorer
+    that does not read the field (a reward model, a step checker, a length rule) gives the same outputs (score,
+    step scores, error or not) both times; any difference means it reads it.
+
+    Args:
+        rollouts: a few candidate solutions with their rows (e.g. `PROBE_SAMPLES` of the pool).
+    Returns:
+        True when any output differs between the two scorings.
+    """
+    if not rollouts:
+        return False
+    own = [dataclasses.replace(r, row={**r.row, field: extract(r.completion)}) for r in rollouts]
+    other = [dataclasses.replace(r, row={**r.row, field: "\u2400no reference\u2400"}) for r in rollouts]
+    a, b = scorer(own), scorer(other)
+    return any((x.score, x.step_scores, x.error is None) != (y.score, y.step_scores, y.error is None)
+               for x, y in zip(a, b))
+
+
 def check_settings(settings: Any) -> None:
     """Fail fast on settings `compare_methods` cannot run.
 
@@ -169,9 +197,12 @@ def compare_methods(
         settings: a `SearchParams` (methods, n, equivalence, temperature, top_p, max_new_tokens, separator,
             batch_size, beam_width, max_steps, aggregate, max_step_tokens).
     Returns:
-        {"questions", "settings", "greedy": {"accuracy", "tokens_per_question"}, "pass@N": {N: fraction},
-         "methods": {method: {N: {"accuracy", "tokens_per_question", "scorer_calls_per_question", seconds}}},
-         "timing_s": {...}}; accuracies are fractions of `rows`.
+        {"questions", "scorer_reads_answer" (`reads_reference`: ranking by the scorer is then an oracle, and
+         best-of-N is pass@N), "settings", "greedy": {"accuracy", "tokens_per_question"}, "pass@N": {N: fraction
+         of rows with a correct sample among the pool's first N}, "methods": {method: {N: {"accuracy", "ceiling"
+         (fraction of rows with a correct solution among the candidates the method chose from: pass@N for the pool
+         methods, the finished solutions of its own trees for beam and DVTS), "tokens_per_question",
+         "scorer_calls_per_question", seconds}}}, "timing_s": {...}}; accuracies are fractions of `rows`.
     """
     s = settings
     check_settings(s)
@@ -240,7 +271,7 @@ def compare_methods(
                 select, uses_scorer = METHODS[m], METHODS.meta(m)["scorer"]
                 out = select(rows, samples, scores if uses_scorer else None, n, equivalent)
                 hits = [correct[i][r.info["index"]] for i, r in enumerate(out)]
-                cell = {"result": {"accuracy": _mean(hits), "tokens_per_question": tokens,
+                cell = {"result": {"accuracy": _mean(hits), "ceiling": pass_at[str(n)], "tokens_per_question": tokens,
                                    "scorer_calls_per_question": float(n) if uses_scorer else 0.0,
                                    "select_s": time.perf_counter() - t0}}
                 units.put(f"{m}:{n}", cell)
@@ -259,15 +290,19 @@ def compare_methods(
                     out = method(policy, rows, scorer, n=n, beam_width=s.beam_width, max_steps=s.max_steps,
                                  aggregate=s.aggregate, max_step_tokens=s.max_step_tokens, **sampling, **common)
                     hits = _correct(verifier, [r.best for r in out])
-                    cell = {"result": {"accuracy": _mean(hits), "tokens_per_question": _mean(r.tokens for r in out),
+                    reachable = [any(_correct(verifier, r.candidates)) for r in out]  # its own candidates
+                    cell = {"result": {"accuracy": _mean(hits), "ceiling": _mean(reachable),
+                                       "tokens_per_question": _mean(r.tokens for r in out),
                                        "scorer_calls_per_question": _mean(r.scorer_calls for r in out),
                                        "wall_s": time.perf_counter() - t0}}
                     units.put(f"{m}:{n}", cell)
                 results[m][str(n)] = cell["result"]
                 bar.advance(1, acc=cell["result"]["accuracy"])
 
+    probe = [g[j] for j in range(n_max) for g in samples][:PROBE_SAMPLES]
     return {
         "questions": len(rows),
+        "scorer_reads_answer": scorer is verifier or reads_reference(scorer, probe),
         "settings": s.model_dump(),
         "greedy": {"accuracy": _mean(greedy_correct), "tokens_per_question": _mean(greedy_tokens)},
         "pass@N": pass_at,
@@ -286,7 +321,8 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     ns = sorted(int(n) for n in report["pass@N"])
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.plot(ns, [100 * report["pass@N"][str(n)] for n in ns], "k--", label="pass@N (ceiling)")
+    ax.plot(ns, [100 * report["pass@N"][str(n)] for n in ns], "k--", label="pass@N of the pool (ceiling of the "
+            "selection methods)")
     ax.axhline(100 * report["greedy"]["accuracy"], color="gray", ls=":", label="greedy (floor)")
     for m, per_n in report["methods"].items():
         pts = sorted((int(n), v["accuracy"]) for n, v in per_n.items())
