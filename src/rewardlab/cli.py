@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
 
     from rewardlab.config import load_config
+    from rewardlab.interrupt import EXIT_INTERRUPTED, Interrupted, resume_command
     from rewardlab.rewards import RewardError
 
     try:
@@ -105,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         result = command.run(cfg, resume=args.resume, overwrite=args.overwrite, show_progress=not args.no_progress)
         if command.prints_summary:
             print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
+    except Interrupted as exc:  # a first Ctrl-C: the run stopped after a step, with a checkpoint
+        print(f"rewardlab: {exc.message(resume_command(sys.argv[1:] if argv is None else argv))}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ValueError, OSError, RewardError) as exc:
         text = str(exc)
         if isinstance(exc, OSError) and exc.strerror and exc.filename is None:

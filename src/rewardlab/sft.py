@@ -1,4 +1,14 @@
-"""Supervised warm start: next-token cross-entropy on the answer tokens of task rows (prompt tokens masked)."""
+"""Supervised warm start: next-token cross-entropy on the answer tokens of task rows (prompt tokens masked).
+
+During training:
+- with `sft.eval_every`, the policy is evaluated greedily on the first `sft.eval_n` held-out questions every that
+  many steps and at the last (`rewardlab.evaluation.heldout`; completions up to the longest training target's
+  tokens), logged as eval/accuracy and plotted in plots/sft_loss.png; a task without held-out rows is a ValueError
+  naming sft.eval_every (`heldout_rows`, to be called before the run directory is opened);
+- a first Ctrl-C (SIGINT, main thread only) ends the run after the step it is in: a checkpoint of that step and the
+  summary (`interrupted: true`) are written and `rewardlab.interrupt.Interrupted` is raised; a second one raises
+  KeyboardInterrupt at once. The SIGINT handler in place before is restored.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +19,8 @@ from typing import Any
 import torch
 
 from rewardlab.config import SFTConfig, dump_config
+from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
+from rewardlab.interrupt import Interrupted, StopRequest
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy
 from rewardlab.progress import stage
@@ -58,11 +70,13 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
     Returns:
         the summary: final loss, steps, wall seconds, `final_checkpoint` path, `resumed_from` (step, or None).
     Raises:
-        ValueError: a training row without the target field; `RunDirError` (a ValueError): a resume with other
-            settings or no valid checkpoint.
+        ValueError: a training row without the target field; sft.eval_every > 0 with no held-out rows
+            (`heldout_rows`); `RunDirError` (a ValueError): a resume with other settings or no valid checkpoint.
+        Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step (see the module docstring).
     """
     p = cfg.sft
     check_target(task, p.target, cfg.task.spec)
+    rows = heldout_rows(task, p.eval_every, p.eval_n, field="sft.eval_every")
     run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
     start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
     if checkpoint is not None:
@@ -91,31 +105,40 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
 
         return run.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
 
+    heldout = HeldOutEval(rows, task.reward, every=p.eval_every, last_step=p.steps,
+                          max_new_tokens=max((len(t) for _, t in encoded), default=1))
     policy.model.train()
-    start, final = time.perf_counter(), checkpoint
-    with stage("SFT", p.steps, enabled=show_progress) as bar:
-        bar.advance(start_step)
-        for step in range(start_step + 1, p.steps + 1):
-            t0 = time.perf_counter()
-            idx = sampler.next(p.batch_size)
-            loss, n_tokens = sft_loss(policy, [encoded[i][0] for i in idx], [encoded[i][1] for i in idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            loss_value = loss.item()
-            dt = time.perf_counter() - t0
-            run.log_metrics(step, {"sft/loss": loss_value, "lr": scheduler.get_last_lr()[0],
-                                   "time/step_s": dt, "time/tokens_per_s": n_tokens / dt})
-            bar.advance(1, loss=loss_value)
-            if step % cfg.save_every == 0 or step == p.steps:
-                final = save(step)
-    if final is None:  # sft.steps=0: the initial model is the result
-        final = save(0)
-    run.plot(["sft/loss"], "sft_loss.png")
-    summary = {"stage": "sft", "steps": p.steps, "final_loss": loss_value, "wall_s": time.perf_counter() - start,
-               "train_rows": len(task.train), "final_checkpoint": str(final),
-               "resumed_from": start_step if resume else None}
-    run.write_summary(summary)
+    start, final, step = time.perf_counter(), checkpoint, start_step
+    with StopRequest() as stop:  # a first Ctrl-C ends the run after the current step
+        with stage("SFT", p.steps, enabled=show_progress) as bar:
+            bar.advance(start_step)
+            for step in range(start_step + 1, p.steps + 1):
+                t0 = time.perf_counter()
+                idx = sampler.next(p.batch_size)
+                loss, n_tokens = sft_loss(policy, [encoded[i][0] for i in idx], [encoded[i][1] for i in idx])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                loss_value = loss.item()
+                dt = time.perf_counter() - t0
+                evals = heldout(policy) if heldout.due(step) else {}
+                run.log_metrics(step, {"sft/loss": loss_value, "lr": scheduler.get_last_lr()[0],
+                                       "time/step_s": dt, "time/tokens_per_s": n_tokens / dt, **evals})
+                bar.advance(1, loss=loss_value)
+                if step % cfg.save_every == 0 or step == p.steps or stop.requested:
+                    final = save(step)
+                if stop.requested:
+                    break
+        if final is None:  # sft.steps=0: the initial model is the result
+            final = save(0)
+        run.plot(["sft/loss", "eval/accuracy"], "sft_loss.png")
+        interrupted = stop.requested and step < p.steps
+        summary = {"stage": "sft", "steps": p.steps, "final_loss": loss_value, "wall_s": time.perf_counter() - start,
+                   "train_rows": len(task.train), "final_checkpoint": str(final),
+                   "resumed_from": start_step if resume else None, "steps_done": step, "interrupted": interrupted}
+        run.write_summary(summary)
+    if interrupted:
+        raise Interrupted("sft", cfg.out, step, final)
     return summary

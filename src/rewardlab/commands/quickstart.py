@@ -24,7 +24,9 @@ def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
         return {"resume": False, "overwrite": False}  # a new or just emptied quickstart directory
     stage_run = RunDir(path)
     if (path / "summary.json").is_file():
-        return {"summary": json.loads((path / "summary.json").read_text(encoding="utf-8"))}
+        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+        if not summary.get("interrupted"):  # an sft/train stage stopped by Ctrl-C is resumed below
+            return {"summary": summary}
     if not stage_run.holds_run():
         return {"resume": False, "overwrite": False}
     if path.name in ("sft", "grpo") and not stage_run.list_checkpoints():

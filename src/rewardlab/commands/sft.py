@@ -6,6 +6,7 @@ from typing import Any
 
 from rewardlab.commands.common import load_inputs
 from rewardlab.config import SFTConfig
+from rewardlab.evaluation.heldout import heldout_rows
 from rewardlab.runs import RunDir
 from rewardlab.sft import check_target, train_sft
 
@@ -18,11 +19,14 @@ def run(cfg: SFTConfig, *, resume: bool = False, overwrite: bool = False, show_p
     Returns:
         the summary: final loss, steps, wall seconds, `final_checkpoint` path, `resumed_from` (step, or None).
     Raises:
-        ValueError: a training row without the target field (before the directory is touched); `RunDirError` (a
-            ValueError): the directory holds a run and neither `resume` nor `overwrite` is given, is in use, or has
-            no valid checkpoint to resume; and what `tasks.load` and `load_policy` raise.
+        ValueError: a training row without the target field, or sft.eval_every with no held-out rows (before the
+            directory is touched); `RunDirError` (a ValueError): the directory holds a run and neither `resume` nor
+            `overwrite` is given, is in use, or has no valid checkpoint to resume; and what `tasks.load` and
+            `load_policy` raise.
+        Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step, with its checkpoint (`train_sft`).
     """
     task, policy = load_inputs(cfg)
     check_target(task, cfg.sft.target, cfg.task.spec)
+    heldout_rows(task, cfg.sft.eval_every, cfg.sft.eval_n, field="sft.eval_every")  # eval_every needs held-out rows
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once the task and model load
         return train_sft(cfg, task, policy, run, resume=resume, show_progress=show_progress)

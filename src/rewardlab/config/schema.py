@@ -79,6 +79,12 @@ class SFTParams(_Base):
     target: str = Field("answer", description='row field trained as the completion, e.g. "target" for worked '
                         "solutions (reasoning-gym task.options.target=steps; worked:NAME rows already have them "
                         "as answer)")
+    # Held-out evaluation during training (rewardlab.evaluation.heldout).
+    eval_every: int = Field(0, ge=0, description="every N optimizer steps and at the last, greedy accuracy on the "
+                            "first eval_n held-out (test split) questions, logged as eval/accuracy and plotted "
+                            "(TRL's eval_strategy=steps); completions up to the longest training target's tokens; "
+                            "0: off")
+    eval_n: int = Field(200, gt=0, description="held-out questions per evaluation (the first N of the test split)")
 
 
 class RLConfig(_Base):
@@ -145,6 +151,11 @@ class RLConfig(_Base):
         None, description="split completions into steps at this string (rollout.steps/step_text) so process "
         "rewards can score them; needed by the 'pure' and 'process_sum' estimators"
     )
+    # Held-out evaluation during training (rewardlab.evaluation.heldout).
+    eval_every: int = Field(0, ge=0, description="every N RL steps and at the last, greedy accuracy on the first "
+                            "eval_n held-out (test split) questions under the task's verifier (max_new_tokens "
+                            "tokens), logged as eval/accuracy and plotted (TRL's eval_strategy=steps); 0: off")
+    eval_n: int = Field(200, gt=0, description="held-out questions per evaluation (the first N of the test split)")
 
 
 class EvalParams(_Base):
@@ -248,12 +259,15 @@ class QuickstartConfig(_Run):
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model (all three stages)")
     task: TaskConfig = Field(default_factory=_quickstart_task, description="the prompts and their verifier: 1-digit "
                              "chain sums of 2-3 terms, 20,000 rows, 500 held out")
-    sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=650, batch_size=64, lr=3e-3),
-                           description="stage 1, supervised warm start")
+    sft: SFTParams = Field(default_factory=lambda: SFTParams(steps=650, batch_size=64, lr=3e-3, eval_every=50,
+                                                             eval_n=500),
+                           description="stage 1, supervised warm start (held-out curve: all 500 questions every 50 "
+                           "steps)")
     rl: RLConfig = Field(
         default_factory=lambda: RLConfig(
-            steps=450, prompts_per_step=128, group_size=8, lr=3e-4, temperature=0.7, max_new_tokens=4
-        ), description="stage 2, GRPO"
+            steps=450, prompts_per_step=128, group_size=8, lr=3e-4, temperature=0.7, max_new_tokens=4,
+            eval_every=25, eval_n=500,
+        ), description="stage 2, GRPO (held-out curve: all 500 questions every 25 steps)"
     )
     eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=4),
                              description="stage 3, evaluation on the held-out rows")

@@ -56,7 +56,9 @@ def evaluate_policy(
     question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per question), "examples",
     "predictions" (one per question, see Returns), "rng" (torch's RNG state after the batch, `rng_state_record`)}. Given the records of the first batches of an
     interrupted run (`done`), those batches are not generated again: their figures are taken from the records and
-    the RNG state of the last one is restored, so the result equals an uninterrupted run's.
+    the RNG state of the last one is restored, so the result equals an uninterrupted run's. With `n=0` (and no `ks`)
+    only the greedy completions are generated: no sampling, so no random numbers are drawn (held-out evaluation
+    during training, `rewardlab.evaluation.heldout`).
 
     Returns:
         {"accuracy": greedy exact-match fraction, "score_mean": mean greedy reward, "pass@k": ... for each k,
@@ -103,13 +105,14 @@ def evaluate_policy(
                 rec["predictions"].append({"question": r.row.get("prompt"), "answer": r.row.get("answer"),
                                            "prediction": r.completion, "correct": ok, "score": o.score,
                                            "error": o.error, "samples": []})
-            sampled = policy.generate(
-                chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
-            )
-            for r, o in zip(sampled, reward(sampled)):
-                rec["pass_counts"][r.group] += o.correct
-                rec["predictions"][r.group]["samples"].append({"completion": r.completion, "score": o.score,
-                                                               "correct": o.correct, "error": o.error})
+            if n > 0:
+                sampled = policy.generate(
+                    chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
+                )
+                for r, o in zip(sampled, reward(sampled)):
+                    rec["pass_counts"][r.group] += o.correct
+                    rec["predictions"][r.group]["samples"].append({"completion": r.completion, "score": o.score,
+                                                                   "correct": o.correct, "error": o.error})
             if on_batch is not None:
                 on_batch({**rec, "rng": rng_state_record()})
         correct += rec["correct"]
