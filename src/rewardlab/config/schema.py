@@ -301,7 +301,7 @@ class SearchConfig(_Verb):
 
     out: str = _out("runs/search")
     search: SearchParams = Field(default_factory=SearchParams, description="search settings")
-    scorer: list[dict[str, Any]] | dict[str, Any] | str | None = Field(
+    scorer: list[dict[str, Any] | str] | dict[str, Any] | str | None = Field(
         None, description="reward spec(s) that rank candidates, e.g. arithmetic_steps, {name: ..., ...} or a list of "
         "them (a weighted sum); "
         "default: the task's own verifier (an oracle: best-of-N then equals pass@N)")
@@ -476,7 +476,7 @@ class RmEvalConfig(_Run):
     out: str = _out("runs/rm_eval")
     seed: int = Field(0, description="seed of the dev/test split of step rows")
     model: ScorerModel = Field(default_factory=ScorerModel, description="the trained scorer to evaluate")
-    scorer: list[dict[str, Any]] | dict[str, Any] | str | None = Field(
+    scorer: list[dict[str, Any] | str] | dict[str, Any] | str | None = Field(
         None, description="reward specs as in `train` (e.g. worked_answer, {name: worked_answer} or a list), used "
         "when model.path is None"
     )
