@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy
 from rewardlab.progress import stage
 from rewardlab.runs import RunDir
-from rewardlab.tasks import load as load_task
+from rewardlab.tasks import check_task_for_policy, describe_task, load as load_task
 from rewardlab.tasks.sampler import RowSampler
 from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
 
@@ -66,12 +67,16 @@ RESUME_MAY_CHANGE = ("sft.steps", "save_every", "keep_checkpoints")
 
 def _train(cfg: SFTConfig, task, policy: Policy, run: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
     p = cfg.sft
+    check_task_for_policy(task, policy)  # characters the tokenizer cannot encode, chat rows without a template
+    if show_progress:
+        print(describe_task(task), file=sys.stderr, flush=True)
     run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
     start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
     if checkpoint is not None:
         load_weights(policy.model, checkpoint)
     encoded = [
-        (policy.encode_prompt(policy.format_prompt(r["prompt"])), policy.encode_target(str(r[p.target])))
+        (policy.encode_prompt(policy.format_prompt(r["prompt"], r.get("messages"))),
+         policy.encode_target(str(r[p.target])))
         for r in task.train
     ]
     sampler = RowSampler(list(range(len(encoded))), seed=cfg.seed)  # type: ignore[arg-type]

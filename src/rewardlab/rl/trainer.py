@@ -19,6 +19,7 @@ The loop never branches on an algorithm name.
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, agg
                                  kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir
 from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
-from rewardlab.tasks import Task, load as load_task
+from rewardlab.tasks import Task, check_task_for_policy, describe_task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
 #: Settings a resumed run may change (train longer, checkpoint differently); any other change is refused.
@@ -394,8 +395,8 @@ def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_siz
 
 
 def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> TrainState:
-    """Check `cfg`, load the task, reward and models, open the run directory and, with `resume`, restore the newest
-    valid checkpoint (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
+    """Check `cfg`, load the task, reward and models, check that the model can read the task
+    (`tasks.check_task_for_policy`), open the run directory and, with `resume`, restore the newest valid checkpoint (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
 
     The model is loaded before the directory is touched (an overwrite deletes the old run); the RNGs are seeded
     with `cfg.seed` after every model is built, then a resume restores their saved state. The run directory is
@@ -414,12 +415,14 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
                     tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     if not resume:
         policy: Policy = load_policy(cfg.model.path, **model_kw)
+        check_task_for_policy(task, policy)  # before the run directory is touched
     run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
     try:
         run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
         latest = run.resume_checkpoint() if resume else None  # newest valid checkpoint; logs rolled back to it
         if latest is not None:
             policy = load_policy(str(latest[1]), **model_kw)
+            check_task_for_policy(task, policy)
         reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
         if reference is not None:
             reference.model.eval().requires_grad_(False)
@@ -657,13 +660,16 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
         the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or
         resumed from).
     Raises:
-        ValueError: unknown algorithm or reward names; RunDirError (a ValueError): `cfg.out` holds a run and neither
-            flag is given, is in use by another process, `resume` with other settings, or `resume` finds no valid
-            checkpoint.
+        ValueError: unknown algorithm or reward names; a task the model cannot read (`tasks.check_task_for_policy`:
+            characters outside its vocabulary, chat rows without a chat template); RunDirError (a ValueError):
+            `cfg.out` holds a run and neither flag is given, is in use by another process, `resume` with other
+            settings, or `resume` finds no valid checkpoint.
         OSError: a checkpoint could not be written (the message names it and the intact previous one).
     """
     state = setup(cfg, resume=resume, overwrite=overwrite)
     rl, run = cfg.rl, state.run
+    if show_progress:
+        print(describe_task(state.task), file=sys.stderr, flush=True)
     try:
         wall0, last = time.perf_counter(), {}
         with stage(rl.estimator.upper(), rl.steps, enabled=show_progress) as bar:
