@@ -196,6 +196,10 @@ def test_a_chat_model_formats_the_whole_conversation(tmp_path, chat_model_dir):
     ]
     # a prompt that is not the row's last user turn (e.g. a search prefix added to it) stays one user turn
     assert policy.format_prompt("x", rows[0]["messages"]) == "<|user|>x\n<|assistant|>"
+    raw = load_policy(str(chat_model_dir), prompt_format="raw")
+    with pytest.raises(ValueError, match=r"is a chat row \('messages'\), which needs the model's chat template; "
+                                         r"model.prompt_format is 'raw': set it to chat \(or auto\)$"):
+        tasks.check_task_for_policy(task, raw)
 
 
 def test_sft_and_train_run_on_chat_rows_with_a_chat_model(tmp_path, capsys, chat_model_dir):

@@ -70,8 +70,10 @@ def check_task_vocabulary(task: Task, tokenizer: Any) -> None:
     if not items:
         return
     texts = [text.replace(unk, "") if unk else text for _, _, text in items]
-    encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
-    bad = [k for k, ids in enumerate(encoded) if unk_id in ids]
+    distinct = list(dict.fromkeys(texts))  # answers repeat: encode each text once
+    encoded = tokenizer(distinct, add_special_tokens=False, verbose=False)["input_ids"]
+    unknown_in = {text for text, ids in zip(distinct, encoded) if unk_id in ids}
+    bad = [k for k, text in enumerate(texts) if text in unknown_in]
     if not bad:
         return
     chars = list(dict.fromkeys(c for k in bad for c in texts[k]))
