@@ -1,8 +1,8 @@
 """Property-based fuzzing of the JSONL task reader (`rewardlab.tasks.load("jsonl:PATH")`).
 
 Files are built line by line from kinds whose verdict is known (a valid row, malformed JSON, a non-object, a missing
-field, a null or empty answer, an empty prompt, a non-string prompt, a number Python cannot read, a lone surrogate, invalid UTF-8, nesting too deep, blank
-lines, a byte-order mark), plus arbitrary bytes. Property: the first bad line gives a one-line ValueError starting
+field, a null or empty answer, an empty prompt, a non-string prompt, a number Python cannot read, a lone surrogate,
+invalid UTF-8, nesting too deep, blank lines, a byte-order mark), plus arbitrary bytes. Property: the first bad line gives a one-line ValueError starting
 with "PATH:LINE:"; a file without bad lines gives a Task whose rows are the file's unique prompts (in file order in
 the `all` split), every prompt and answer a string that encodes as UTF-8, train and test disjoint; never another
 exception type.

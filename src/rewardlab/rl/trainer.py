@@ -396,7 +396,8 @@ def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_siz
 
 def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> TrainState:
     """Check `cfg`, load the task, reward and models, check that the model can read the task
-    (`tasks.check_task_for_policy`), open the run directory and, with `resume`, restore the newest valid checkpoint (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
+    (`tasks.check_task_for_policy`), open the run directory and, with `resume`, restore the newest valid checkpoint
+    (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
 
     The model is loaded before the directory is touched (an overwrite deletes the old run); the RNGs are seeded
     with `cfg.seed` after every model is built, then a resume restores their saved state. The run directory is

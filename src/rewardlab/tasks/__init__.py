@@ -1,8 +1,8 @@
 """Where prompts come from. `load("kind:spec", **options)` returns a `Task` with disjoint train/test rows.
 
 Kinds: `reasoning_gym:NAME` (any reasoning-gym dataset), `jsonl:PATH` (lines with `prompt` and `answer`, or chat
-rows with `messages`), `humaneval[:FILE]`, `worked:NAME` (`reasoning_gym:NAME` with template compact and target steps, the worked solution as `answer`;
-see tasks/worked.py).
+rows with `messages`), `humaneval[:FILE]`, `worked:NAME` (`reasoning_gym:NAME` with template compact and target
+steps, the worked solution as `answer`; see tasks/worked.py).
 """
 
 from __future__ import annotations

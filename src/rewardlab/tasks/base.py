@@ -102,8 +102,8 @@ def dedup_and_split(
             integer.
     """
     if isinstance(test_size, bool) or not isinstance(test_size, (int, float)):
-        raise ValueError(f"task.options.test_size: expected a count of test rows (int) or a fraction in (0, 1) (float), "
-                         f"got {test_size!r}")
+        raise ValueError(f"task.options.test_size: expected a count of test rows (int) or a fraction in (0, 1) "
+                         f"(float), got {test_size!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"task.options.seed: expected an integer, got {seed!r}")
     unique: dict[str, Row] = {}

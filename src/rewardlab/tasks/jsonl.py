@@ -203,8 +203,9 @@ def load_jsonl(
         it. Its `origins` give each row's `PATH:LINE`, its `source` the file(s) and the split (`describe_task`).
     Raises:
         ValueError / FileNotFoundError: see `read_numbered_rows`; one line naming `task.options.<name>` for an
-            option of the wrong type, an unknown reward name, a `test_path` that does not exist, `test_size` together with `test_path`, a `test_path` that is the task file
-            itself, or one that holds every question of the task file (no training rows left).
+            option of the wrong type, an unknown reward name, a `test_path` that does not exist, `test_size` together
+            with `test_path`, a `test_path` that is the task file itself, or one that holds every question of the
+            task file (no training rows left).
     """
     _check_options(test_path, test_size, seed, reward)
     file = Path(path)
