@@ -12,6 +12,7 @@ During training:
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy
 from rewardlab.progress import stage
 from rewardlab.runs import RunDir
-from rewardlab.tasks import Task
+from rewardlab.tasks import Task, check_task_for_policy
 from rewardlab.tasks.sampler import RowSampler
 from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
 
@@ -75,14 +76,19 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
         Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step (see the module docstring).
     """
     p = cfg.sft
+<<<<<<< HEAD
     check_target(task, p.target, cfg.task.spec)
     rows = heldout_rows(task, p.eval_every, p.eval_n, field="sft.eval_every")
+=======
+    check_task_for_policy(task, policy)  # characters the tokenizer cannot encode, chat rows without a template
+>>>>>>> h20-tasks
     run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
     start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
     if checkpoint is not None:
         load_weights(policy.model, checkpoint)
     encoded = [
-        (policy.encode_prompt(policy.format_prompt(r["prompt"])), policy.encode_target(str(r[p.target])))
+        (policy.encode_prompt(policy.format_prompt(r["prompt"], r.get("messages"))),
+         policy.encode_target(str(r[p.target])))
         for r in task.train
     ]
     sampler = RowSampler(list(range(len(encoded))), seed=cfg.seed)  # type: ignore[arg-type]

@@ -80,7 +80,7 @@ def test_a_one_row_file_is_evaluated(tmp_path, capsys):
     assert summary["split"] == "all" and summary["n_questions"] == summary["split_rows"] == 1
     task = load(f"jsonl:{data}")
     assert task.train == ROWS[:1] and task.test == []
-    with pytest.raises(ValueError, match="task.test_size: 1 test rows leave no training rows"):
+    with pytest.raises(ValueError, match="task.options.test_size: 1 test rows leave no training rows"):
         load(f"jsonl:{data}", test_size=0.1)  # a split asked for is still checked
     capsys.readouterr()
     assert main(["evaluate", "--no-progress", "--task", f"jsonl:{data}", "--out", str(tmp_path / "e2"),

@@ -1,8 +1,8 @@
 """Property-based fuzzing of the JSONL task reader (`rewardlab.tasks.load("jsonl:PATH")`).
 
 Files are built line by line from kinds whose verdict is known (a valid row, malformed JSON, a non-object, a missing
-field, a non-string prompt, a number Python cannot read, a lone surrogate, invalid UTF-8, nesting too deep, blank
-lines, a byte-order mark), plus arbitrary bytes. Property: the first bad line gives a one-line ValueError starting
+field, a null or empty answer, an empty prompt, a non-string prompt, a number Python cannot read, a lone surrogate,
+invalid UTF-8, nesting too deep, blank lines, a byte-order mark), plus arbitrary bytes. Property: the first bad line gives a one-line ValueError starting
 with "PATH:LINE:"; a file without bad lines gives a Task whose rows are the file's unique prompts (in file order in
 the `all` split), every prompt and answer a string that encodes as UTF-8, train and test disjoint; never another
 exception type.
@@ -36,13 +36,22 @@ def _dump(obj) -> bytes:
 
 
 # (bytes of one line without its newline, is_bad)
+def _blank(v) -> bool:
+    """An answer (or prompt) the reader refuses as missing: null, or a string of only whitespace."""
+    return v is None or (isinstance(v, str) and not v.strip())
+
+
 good_line = st.builds(lambda p, a, extra: (_dump({"prompt": p, "answer": a, **extra}), False),
-                      text, json_value, st.dictionaries(st.sampled_from(["level", "id", "x"]), json_value, max_size=2))
+                      text.filter(lambda t: not _blank(t)), json_value.filter(lambda v: not _blank(v)),
+                      st.dictionaries(st.sampled_from(["level", "id", "x"]), json_value, max_size=2))
 bad_line = st.one_of(
     text.map(lambda t: (t.replace("\n", " ").encode("utf-8") + b"{", True)),  # malformed JSON
     json_value.filter(lambda v: not isinstance(v, dict)).map(lambda v: (_dump(v), True)),  # not an object
     st.builds(lambda a: (_dump({"answer": a}), True), json_value),  # no prompt
     st.builds(lambda p: (_dump({"prompt": p}), True), text),  # no answer
+    st.builds(lambda p, a: (_dump({"prompt": p, "answer": a}), True), text,
+              st.sampled_from([None, "", " ", "\t\n"])),  # a null or empty answer
+    st.builds(lambda p: (_dump({"prompt": p, "answer": "1"}), True), st.sampled_from(["", "  "])),  # empty prompt
     st.builds(lambda p, a: (_dump({"prompt": p, "answer": a}), True),
               json_value.filter(lambda v: not isinstance(v, str)), json_value),  # prompt not a string
     st.builds(lambda n: (b'{"prompt": "p", "answer": ' + b"9" * n + b"}", True),
@@ -72,7 +81,7 @@ def check_file(path, first_bad: int | None, good_rows: list[dict] | None) -> Non
         if first_bad is not None:
             assert msg.startswith(f"{path}:{first_bad}: "), (msg, first_bad)
         else:  # no bad line: an empty file, or too few questions to split off a test row
-            assert msg == f"{path}: no rows" or msg.startswith("task.test_size: "), msg
+            assert msg == f"{path}: no rows" or msg.startswith("task.options.test_size: "), msg
         return
     assert first_bad is None, f"line {first_bad} is bad but the file loaded"
     rows = task.split("all")
@@ -114,7 +123,7 @@ def test_jsonl_arbitrary_bytes_fuzz(tmp_path, content):
         task = load(f"jsonl:{path}")
     except ValueError as exc:
         msg = str(exc)
-        assert "\n" not in msg and (msg.startswith(str(path)) or msg.startswith("task.test_size: ")), msg
+        assert "\n" not in msg and (msg.startswith(str(path)) or msg.startswith("task.options.test_size: ")), msg
         return
     assert all(isinstance(r["prompt"], str) and isinstance(r["answer"], str) for r in task.split("all"))
 
@@ -130,7 +139,7 @@ def test_jsonl_split_options_fuzz(tmp_path, test_size, seed):
     try:
         task = load(f"jsonl:{path}", test_size=test_size, seed=seed)
     except ValueError as exc:
-        assert re.match(r"task\.(test_size|seed): ", str(exc)) and "\n" not in str(exc), str(exc)
+        assert re.match(r"task\.options\.(test_size|seed): ", str(exc)) and "\n" not in str(exc), str(exc)
         return
     assert len(task.train) + len(task.test) == 5 and task.train
 

@@ -30,7 +30,7 @@ def test_dedup_fraction_test_size():
 @pytest.mark.parametrize("test_size", [3, 5, 1.5, 0.0, -1])
 def test_dedup_bad_test_size(test_size):
     # 3 unique rows: 3 or 5 test rows leave no training rows; 1.5 and 0.0 are not fractions in (0, 1).
-    with pytest.raises(ValueError, match="task.test_size"):
+    with pytest.raises(ValueError, match=r"^task\.options\.test_size: "):
         dedup_and_split([{"q": "a"}, {"q": "b"}, {"q": "c"}], key=lambda r: r["q"], test_size=test_size, seed=0)
 
 

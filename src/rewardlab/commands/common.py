@@ -11,7 +11,7 @@ import torch
 from rewardlab.config import dump_config
 from rewardlab.policy import Policy, load_policy
 from rewardlab.runs import RunDir, warn
-from rewardlab.tasks import Task
+from rewardlab.tasks import Task, check_task_for_policy, describe_task
 from rewardlab.tasks import load as load_task
 
 
@@ -25,15 +25,24 @@ def load_model(cfg: Any, path: str | None = None) -> Policy:
     return load_policy(path or cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
 
 
-def load_inputs(cfg: Any, *, model: bool = True) -> tuple[Task, Policy | None]:
-    """Seed torch with `cfg.seed`, then load `cfg.task` and (with `model`) the policy `cfg.model` names.
+def load_inputs(cfg: Any, *, model: bool = True, announce: bool = True) -> tuple[Task, Policy | None]:
+    """Seed torch with `cfg.seed`, then load `cfg.task` and (with `model`) the policy `cfg.model` names, and check
+    that the policy can read the task (`check_task_for_policy`). With `announce`, one line on stderr says how many
+    rows the task trains on and holds out, and from which file (`describe_task`).
 
     Raises:
-        what `rewardlab.tasks.load` and `load_model` raise (one line naming the bad field, file or line).
+        what `rewardlab.tasks.load`, `load_model` and `check_task_for_policy` raise (one line naming the bad field,
+        file or line).
     """
     torch.manual_seed(cfg.seed)
     task = load_task(cfg.task.spec, **cfg.task.options)
-    return task, (load_model(cfg) if model else None)
+    if announce:
+        note(describe_task(task))
+    if not model:
+        return task, None
+    policy = load_model(cfg)
+    check_task_for_policy(task, policy)
+    return task, policy
 
 
 def open_run(cfg: Any, *, resume: bool = False, overwrite: bool = False, may_change: Iterable[str] = ()) -> RunDir:

@@ -87,12 +87,25 @@ class Policy:
         self.tokenizer.save_pretrained(str(path))
 
     # ------------------------------------------------------------------ text <-> ids
-    def format_prompt(self, text: str) -> str:
-        """The text fed to the model for a task prompt (chat template applied when prompt_format is "chat")."""
+    def format_prompt(self, text: str, messages: Sequence[dict[str, str]] | None = None) -> str:
+        """The text fed to the model for a task prompt (chat template applied when prompt_format is "chat").
+
+        Args:
+            text: the prompt (the last user turn of a chat row).
+            messages: a chat row's conversation up to and including its last user turn ([{"role", "content"}],
+                system prompt and earlier turns included), formatted whole when its last turn is the user turn
+                `text`; otherwise the prompt is one user turn of `text`.
+        Raises:
+            ValueError: `messages` for a policy whose prompt format is "raw" (chat rows need a chat template).
+        """
+        if messages is not None and self.prompt_format != "chat":
+            raise ValueError("model.prompt_format: chat rows ('messages') need the model's chat template; this "
+                             "policy formats prompts as raw text")
         if self.prompt_format == "chat":
-            return self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-            )
+            turns = [{"role": "user", "content": text}]
+            if messages and messages[-1].get("role") == "user" and messages[-1].get("content") == text:
+                turns = [dict(m) for m in messages]
+            return self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         return text
 
     def encode_prompt(self, text: str) -> list[int]:
@@ -133,7 +146,8 @@ class Policy:
         """Sample `n` completions of each task prompt.
 
         Args:
-            prompts: task prompt texts (formatted with `format_prompt` here).
+            prompts: task prompt texts (formatted with `format_prompt` here, with the row's `messages` when its
+                row is a chat row).
             n: completions per prompt (the group size).
             temperature: sampling temperature (> 0); ignored when `greedy`.
             top_p: nucleus sampling mass in (0, 1].
@@ -165,7 +179,9 @@ class Policy:
         if prefixes is not None and len(prefixes) != len(prompts):
             raise ValueError(f"generation: {len(prefixes)} prefixes for {len(prompts)} prompts")
         tok = self.tokenizer
-        texts = [self.format_prompt(p) + (prefixes[i] if prefixes is not None else "") for i, p in enumerate(prompts)]
+        convs = [rows[i].get("messages") if rows is not None else None for i in range(len(prompts))]
+        texts = [self.format_prompt(p, convs[i]) + (prefixes[i] if prefixes is not None else "")
+                 for i, p in enumerate(prompts)]
         ids = [self.encode_prompt(t) for t in texts]
         step = batch_size or len(prompts) or 1
         was_training = self.model.training

