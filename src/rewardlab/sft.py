@@ -12,7 +12,6 @@ During training:
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -76,12 +75,9 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
         Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step (see the module docstring).
     """
     p = cfg.sft
-<<<<<<< HEAD
     check_target(task, p.target, cfg.task.spec)
-    rows = heldout_rows(task, p.eval_every, p.eval_n, field="sft.eval_every")
-=======
     check_task_for_policy(task, policy)  # characters the tokenizer cannot encode, chat rows without a template
->>>>>>> h20-tasks
+    rows = heldout_rows(task, p.eval_every, p.eval_n, field="sft.eval_every")
     run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
     start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
     if checkpoint is not None:
