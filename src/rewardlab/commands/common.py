@@ -25,10 +25,9 @@ def load_model(cfg: Any, path: str | None = None) -> Policy:
     return load_policy(path or cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
 
 
-def load_inputs(cfg: Any, *, model: bool = True, announce: bool = True) -> tuple[Task, Policy | None]:
+def load_inputs(cfg: Any, *, model: bool = True) -> tuple[Task, Policy | None]:
     """Seed torch with `cfg.seed`, then load `cfg.task` and (with `model`) the policy `cfg.model` names, and check
-    that the policy can read the task (`check_task_for_policy`). With `announce`, one line on stderr says how many
-    rows the task trains on and holds out, and from which file (`describe_task`).
+    that the policy can read the task (`check_task_for_policy`).
 
     Raises:
         what `rewardlab.tasks.load`, `load_model` and `check_task_for_policy` raise (one line naming the bad field,
@@ -36,13 +35,17 @@ def load_inputs(cfg: Any, *, model: bool = True, announce: bool = True) -> tuple
     """
     torch.manual_seed(cfg.seed)
     task = load_task(cfg.task.spec, **cfg.task.options)
-    if announce:
-        note(describe_task(task))
-    if not model:
-        return task, None
-    policy = load_model(cfg)
-    check_task_for_policy(task, policy)
+    policy = load_model(cfg) if model else None
+    if policy is not None:
+        check_task_for_policy(task, policy)
     return task, policy
+
+
+def announce_task(task: Task, enabled: bool = True) -> None:
+    """One line on stderr: how many rows `task` trains on and holds out, and from which file (`describe_task`).
+    Verbs call it once their inputs are checked, just before they open the run directory."""
+    if enabled:
+        note(describe_task(task))
 
 
 def open_run(cfg: Any, *, resume: bool = False, overwrite: bool = False, may_change: Iterable[str] = ()) -> RunDir:

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from rewardlab.commands.common import load_inputs, open_run, with_trained_task
+from rewardlab.commands.common import announce_task, load_inputs, open_run, with_trained_task
 from rewardlab.config import EvaluateConfig
 from rewardlab.evaluation.policy import describe_rows, evaluate_policy
 from rewardlab.progress import console, stage
@@ -50,6 +50,7 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     if not rows:
         raise ValueError(f"split: the {split} split of {cfg.task.spec} has no rows")
     reward = build_reward(task.reward)
+    announce_task(task, show_progress)
     with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the inputs load
         done = run.read_jsonl(BATCH_LOG) if resume else []
         e = cfg.eval

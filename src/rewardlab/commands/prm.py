@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from rewardlab.commands.common import load_inputs, load_model
+from rewardlab.commands.common import announce_task, load_inputs, load_model
 from rewardlab.config import PrmLabelConfig, PrmTrainConfig, dump_config
 from rewardlab.evaluation.reward_models import first_error_f1
 from rewardlab.progress import stage
@@ -21,6 +21,7 @@ from rewardlab.rm.fit import fit, open_fit_run
 from rewardlab.rm.labels import (METHODS, PrefixEstimator, Solution, label_solutions, reference_chain,
                                  solution_steps, worst_case_rollouts)
 from rewardlab.rm.prm import encode_rows, evaluate_steps, prm_loss, step_logits
+from rewardlab.tasks import check_task_for_policy
 from rewardlab.runs import RunDir
 from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 
@@ -61,8 +62,10 @@ def label(cfg: PrmLabelConfig, *, resume: bool = False, overwrite: bool = False,
                 raise ValueError(f"{exc} (question {i} of the {cfg.split} split of {cfg.task.spec})") from None
     verifier = build_reward(task.reward)
     policy = load_model(cfg)
+    check_task_for_policy(task, policy)
     estimator = PrefixEstimator(policy, verifier, k=p.k, temperature=p.temperature, top_p=p.top_p,
                                 max_new_tokens=p.max_new_tokens, separator=p.separator, batch_size=p.batch_size)
+    announce_task(task, show_progress)
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once the inputs are checked
         return _label(cfg, rows, policy, estimator, run, resume, show_progress)
 

@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from rewardlab.commands.common import load_inputs, load_model, open_run
+from rewardlab.commands.common import announce_task, load_inputs, load_model, open_run
 from rewardlab.config import RmEvalConfig, RmPairsConfig, RmTrainConfig
 from rewardlab.evaluation.probes import MASTER_KEYS, length_bias
 from rewardlab.progress import stage
@@ -26,6 +26,7 @@ from rewardlab.rm.evaluate import build_scorer, evaluate_best_of_k, evaluate_fir
 from rewardlab.rm.fit import fit, open_fit_run
 from rewardlab.rm.pairs import check_code_rows, code_row_gap, generate_pairs, mutant_pairs
 from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.tasks import check_task_for_policy
 
 
 def train(cfg: RmTrainConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
@@ -244,6 +245,7 @@ def pairs(cfg: RmPairsConfig, *, resume: bool = False, overwrite: bool = False, 
             with other settings.
     """
     prepared = _prepare_pairs(cfg)
+    announce_task(prepared[0], show_progress)
     with open_run(cfg, resume=resume, overwrite=overwrite) as run:
         return _rm_pairs(cfg, run, show_progress, *prepared)
 
@@ -263,6 +265,7 @@ def _prepare_pairs(cfg: RmPairsConfig):
         torch.manual_seed(cfg.seed)
         verifier = build_reward(task.reward)
         policy = load_model(cfg)
+        check_task_for_policy(task, policy)
     return task, rows, policy, verifier
 
 

@@ -16,10 +16,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rewardlab.commands.common import load_inputs, load_model, open_run, with_trained_task
+from rewardlab.commands.common import announce_task, load_inputs, load_model, open_run, with_trained_task
 from rewardlab.config import SearchConfig
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
+from rewardlab.tasks import check_task_for_policy
 from rewardlab.runs import atomic_write_text, warn
 from rewardlab.search.report import METHODS, Units, check_settings, compare_methods, plot_report
 
@@ -59,6 +60,8 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
     verifier = build_reward(task.reward)
     scorer = build_reward(cfg.scorer) if cfg.scorer is not None else verifier
     policy = load_model(cfg)
+    check_task_for_policy(task, policy)
+    announce_task(task, show_progress)
     with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the task, rewards and model load
         units = Units(lambda rec: run.append_jsonl(UNIT_LOG, [rec]), run.read_jsonl(UNIT_LOG) if resume else [])
         result = compare_methods(policy, rows, verifier, scorer, s, units=units,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewardlab.commands.common import load_inputs
+from rewardlab.commands.common import announce_task, load_inputs
 from rewardlab.config import SFTConfig
 from rewardlab.evaluation.heldout import heldout_rows
 from rewardlab.runs import RunDir
@@ -28,5 +28,6 @@ def run(cfg: SFTConfig, *, resume: bool = False, overwrite: bool = False, show_p
     task, policy = load_inputs(cfg)
     check_target(task, cfg.sft.target, cfg.task.spec)
     heldout_rows(task, cfg.sft.eval_every, cfg.sft.eval_n, field="sft.eval_every")  # eval_every needs held-out rows
+    announce_task(task, show_progress)
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once the task and model load
         return train_sft(cfg, task, policy, run, resume=resume, show_progress=show_progress)

@@ -122,11 +122,14 @@ def check_chat_format(task: Task, prompt_format: str, *, has_template: bool = Fa
 
 def check_task_for_policy(task: Task, policy: Any) -> None:
     """Both checks for a policy (`rewardlab.policy.Policy`: `tokenizer`, `prompt_format`): chat rows need a chat
-    template (`check_chat_format`), every character must be in its vocabulary (`check_task_vocabulary`).
+    template (`check_chat_format`), every character must be in its vocabulary (`check_task_vocabulary`). A policy
+    without a tokenizer attribute is not checked.
 
     Raises:
         ValueError: see the two checks.
     """
-    tokenizer = policy.tokenizer
+    tokenizer = getattr(policy, "tokenizer", None)
+    if tokenizer is None:  # a stand-in without a tokenizer (a scripted or remote policy): nothing to check against
+        return
     check_chat_format(task, policy.prompt_format, has_template=bool(getattr(tokenizer, "chat_template", None)))
     check_task_vocabulary(task, tokenizer)
