@@ -15,6 +15,7 @@ from rewardlab.progress import stage
 from rewardlab.runs import RunDir
 from rewardlab.tasks import load as load_task
 from rewardlab.tasks.sampler import RowSampler
+from rewardlab.threads import apply_threads
 from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
 
 
@@ -66,8 +67,13 @@ RESUME_MAY_CHANGE = ("sft.steps", "save_every", "keep_checkpoints")
 
 def _train(cfg: SFTConfig, task, policy: Policy, run: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
     p = cfg.sft
-    run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
-    start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
+    apply_threads(cfg.threads)
+    start_step, checkpoint = 0, None
+    if resume:  # the newest valid checkpoint, logs rolled back to it; allowed changes written to config.yaml
+        start_step, checkpoint = run.resume_training(dump_config(cfg), may_change=RESUME_MAY_CHANGE, steps=p.steps,
+                                                     steps_key="sft.steps")
+    else:
+        run.write_config(dump_config(cfg))
     if checkpoint is not None:
         load_weights(policy.model, checkpoint)
     encoded = [
