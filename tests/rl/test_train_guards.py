@@ -191,27 +191,34 @@ def test_resume_refuses_other_settings_naming_each_key_and_touches_nothing(four_
 
 
 def test_resume_with_more_steps_trains_on_and_writes_them_to_config_yaml(four_steps, tmp_path, capsys):
+    import yaml
+
     d = _copy(four_steps / "R", tmp_path / "R")
     capsys.readouterr()
-    assert main([*_cli(four_steps, d, "rl.steps=6", "save_every=3", "keep_checkpoints=3", "threads=1"),
+    # the repro, the allowed half: train on to step 6
+    assert main([*_cli(four_steps, d, "rl.steps=6", "save_every=2"), "--resume"]) == 0
+    warnings = [line for line in _errors(capsys) if line.startswith("rewardlab: warning: --resume:")]
+    assert warnings == [f"rewardlab: warning: --resume: rl.steps 4 -> 6; written to {d / 'config.yaml'}"]
+    config = yaml.safe_load((d / "config.yaml").read_text())
+    assert config["rl"]["steps"] == 6
+    assert config["rl"]["lr"] == 0.01 and config["out"] == str(four_steps / "R")  # the rest as the run had it
+    changed = [(e["key"], e["old"], e["new"]) for e in _lines(d / "events.jsonl") if e["event"] == "config_changed"]
+    assert changed == [("rl.steps", 4, 6)]
+    assert [m["step"] for m in _lines(d / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    summary = json.loads((d / "summary.json").read_text())
+    assert (summary["steps"], summary["steps_done"], summary["resumed_from"]) == (6, 6, 4)
+
+    # checkpointing and threads may change too, said and written the same way
+    assert main([*_cli(four_steps, d, "rl.steps=7", "save_every=3", "keep_checkpoints=3", "threads=1"),
                  "--resume"]) == 0
     warnings = [line for line in _errors(capsys) if line.startswith("rewardlab: warning: --resume:")]
     assert warnings == [f"rewardlab: warning: --resume: threads None -> 1, save_every 2 -> 3, keep_checkpoints 2 -> "
-                        f"3, rl.steps 4 -> 6; written to {d / 'config.yaml'}"]
-    import yaml
-
+                        f"3, rl.steps 6 -> 7; written to {d / 'config.yaml'}"]
     config = yaml.safe_load((d / "config.yaml").read_text())
-    assert (config["rl"]["steps"], config["save_every"], config["keep_checkpoints"], config["threads"]) == (6, 3, 3, 1)
-    assert config["rl"]["lr"] == 0.01 and config["out"] == str(four_steps / "R")  # the rest as the run had it
-    changed = [(e["key"], e["old"], e["new"]) for e in _lines(d / "events.jsonl") if e["event"] == "config_changed"]
-    assert changed == [("threads", None, 1), ("save_every", 2, 3), ("keep_checkpoints", 2, 3), ("rl.steps", 4, 6)]
-    assert [m["step"] for m in _lines(d / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
-    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step-2", "step-4", "step-6"]
-    summary = json.loads((d / "summary.json").read_text())
-    assert (summary["steps"], summary["steps_done"], summary["resumed_from"]) == (6, 6, 4)
-    # the run now is what config.yaml says: resuming with the new settings changes nothing and says nothing
-    capsys.readouterr()
-    assert main([*_cli(four_steps, d, "rl.steps=6", "save_every=3", "keep_checkpoints=3", "threads=1"),
+    assert (config["rl"]["steps"], config["save_every"], config["keep_checkpoints"], config["threads"]) == (7, 3, 3, 1)
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step-4", "step-6", "step-7"]
+    # the run now is what config.yaml says: resuming with its settings changes nothing and says nothing
+    assert main([*_cli(four_steps, d, "rl.steps=7", "save_every=3", "keep_checkpoints=3", "threads=1"),
                  "--resume"]) == 0
     assert not [line for line in _errors(capsys) if "warning: --resume" in line]
 
