@@ -412,10 +412,6 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
         check_model_dir(cfg.model.path)  # a bad path is refused before the run directory is created
     rl = cfg.rl
     task = load_task(cfg.task.spec, **cfg.task.options)
-    if rl.prompts_per_step > len(task.train):
-        warn(f"rl.prompts_per_step={rl.prompts_per_step} is more than the {len(task.train)} training rows of "
-             f"{cfg.task.spec}: every step repeats prompts (each row about {rl.prompts_per_step / len(task.train):.1f} "
-             "times, as more groups of the same prompt)")
     reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
     model_kw = dict(prompt_format=cfg.model.prompt_format, dtype=cfg.model.dtype, device=cfg.model.device,
                     tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
@@ -429,6 +425,10 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
                                          steps_key="rl.steps")
         else:
             run.write_config(dump_config(cfg))
+            if rl.prompts_per_step > len(task.train):  # said once, when the run starts (a resume keeps the setting)
+                warn(f"rl.prompts_per_step={rl.prompts_per_step} is more than the {len(task.train)} training rows of "
+                     f"{cfg.task.spec}: every step repeats prompts (each row about "
+                     f"{rl.prompts_per_step / len(task.train):.1f} times, as more groups of the same prompt)")
         if latest is not None:
             policy = load_policy(str(latest[1]), **model_kw)
         reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
@@ -700,9 +700,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     checkpoint: weights, optimizer, schedule, prompt sampler and RNG state are restored, so step k+1 after a resume
     logs what an uninterrupted run logs, each step once; a resume whose settings differ from config.yaml in more
     than RESUME_MAY_CHANGE is refused, the changes allowed (e.g. more rl.steps, never fewer than the checkpoint's)
-    are written to config.yaml and logged (`RunDir.resume_training`). With `time_budget_s` (seconds of wall clock since the first
-    step began), the run stops after the first step that ends past the budget (or at `cfg.rl.steps`) and saves its
-    final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
+    are written to config.yaml and logged (`RunDir.resume_training`). With `time_budget_s` (seconds of wall clock
+    since the first step began), the run stops after the first step that ends past the budget (or at
+    `cfg.rl.steps`) and saves its final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
 
     Returns:
         the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or

@@ -354,7 +354,8 @@ class Sandbox:
         isolation: "auto" (namespaces where the kernel allows, else process isolation), "namespaces" (refuse to
             run otherwise) or "process".
         workers: programs of one `run_many` call run at once (the launcher queues the rest); default: the run's
-            `threads` setting, else the CPU count (`default_workers`), so each program gets about a core and its wall timeout means what it says.
+            `threads` setting, else the CPU count (`default_workers`), so each program gets about a core and its
+            wall timeout means what it says.
         python: interpreter that runs the programs (default: this one, `sys.executable`).
     Raises:
         ValueError: an unknown isolation or a workers count below 1.
