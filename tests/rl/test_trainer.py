@@ -66,7 +66,7 @@ def test_training_rollouts_leave_out_skipped_rollouts_and_small_groups():
     # leave; group 2 has none left. Kept: group 0's two good rollouts; dropped groups 1, 2, 3.
     kept, outs, skipped, dropped = training_rollouts(rollouts, outputs, skip_errors=True, min_group_size=2)
     assert kept == rollouts[:2] and outs == outputs[:2] and (skipped, dropped) == (4, 3)
-    # min group size 1 (grpo): group 1's survivor and group 3 stay
+    # min group size 1 (reinforce_pp): group 1's survivor and group 3 stay
     kept, _, skipped, dropped = training_rollouts(rollouts, outputs, skip_errors=True, min_group_size=1)
     assert kept == [rollouts[i] for i in (0, 1, 3, 7)] and (skipped, dropped) == (4, 1)
     # on_error=zero: errored rollouts stay (score 0); only group 3 (one rollout) is below 2
