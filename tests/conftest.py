@@ -11,7 +11,9 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The tiny models gain nothing from intra-op threads, and on a shared 2-core machine two spinning OpenMP threads
-# made the suite ~4x slower (73 s vs 19 s with one thread).
+# made the suite ~4x slower (73 s vs 19 s with one thread). OMP_NUM_THREADS=1 keeps it so for the verbs the tests run
+# (their `threads` setting defaults to it, see rewardlab.threads) and for the CLI processes they start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 #: The smallest Llama the tests use: 32-wide, one block (a few thousand parameters plus the 101-token embedding).

@@ -5,7 +5,8 @@ Layout:
     metrics.jsonl       one JSON object per step, appended and flushed every step
     samples.jsonl       every rollout (step, prompt, completion, reward components, advantage)
     events.jsonl        what happened to the directory: start, resume, overwrite, torn-tail repairs, rolled-back
-                        log lines, skipped invalid checkpoints
+                        log lines, skipped invalid checkpoints, settings a resume changed (config_changed), a stop
+                        for reward errors (reward_errors)
     checkpoints/step-K/ HF-format model + tokenizer + trainer_state.pt + manifest.json, written to a temp dir
                         then renamed; manifest.json (sizes and SHA-256 of every file, and the size of each log at
                         that step) is written last, and a checkpoint is verified against it before a resume
@@ -190,27 +191,36 @@ def _config_diffs(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, 
     return [] if old == new else [(prefix.rstrip("."), old, new)]
 
 
-def check_resume_config(run: RunDir, config_text: str, may_change: Iterable[str] = ()) -> None:
-    """For a resume that continues the same job: the run's config.yaml must hold the same settings as `config_text`
-    (the YAML of the resolved config), but for `out` (which may be spelt differently) and the dotted keys in
-    `may_change` (train: rl.steps, to train on). A run killed before it wrote config.yaml gets `config_text` written.
+#: Settings every resume may change (performance only: they change how fast a run goes, not what it computes).
+ALWAYS_MAY_CHANGE = ("threads",)
 
+
+def check_resume_config(run: RunDir, config_text: str, may_change: Iterable[str] = ()) -> list[tuple[str, Any, Any]]:
+    """For a resume that continues the same job: the run's config.yaml must hold the same settings as `config_text`
+    (the YAML of the resolved config), but for `out` (which may be spelt differently), the dotted keys in
+    `may_change` (train: rl.steps, to train on) and ALWAYS_MAY_CHANGE. A run killed before it wrote config.yaml gets
+    `config_text` written. Nothing is written otherwise (see `RunDir.apply_config_changes`).
+
+    Returns:
+        the allowed changes, (dotted key, the run's value, the new value) each, in config order.
     Raises:
-        RunDirError: one line naming the first differing keys with the run's and the new values.
+        RunDirError: one line naming every differing key that may not change, with the run's and the new values.
     """
     import yaml
 
     path = run.path / "config.yaml"
     if not path.is_file():
         run.write_config(config_text)
-        return
+        return []
     old, new = yaml.safe_load(path.read_text(encoding="utf-8")) or {}, yaml.safe_load(config_text) or {}
-    diffs = [d for d in _config_diffs(old, new) if d[0] != "out" and d[0] not in set(may_change)]
-    if diffs:
-        shown = ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, a, b in diffs[:3])
-        more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
-        raise RunDirError(f"--resume: {run.path} was started with other settings: {shown}{more}; resume with its "
+    allowed = set(may_change) | set(ALWAYS_MAY_CHANGE)
+    diffs = [d for d in _config_diffs(old, new) if d[0] != "out"]
+    refused = [d for d in diffs if d[0] not in allowed]
+    if refused:
+        shown = ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, a, b in refused)
+        raise RunDirError(f"--resume: {run.path} was started with other settings: {shown}; resume with its "
                           f"settings ({path}) or pass --overwrite")
+    return diffs
 
 
 def warn(message: str) -> None:
@@ -340,15 +350,41 @@ class RunDir:
 
     def record_config(self, text: str, *, resume: bool, may_change: Iterable[str] = ()) -> None:
         """A new run writes its resolved config (`text`, YAML) to config.yaml; a resumed one checks that config.yaml
-        holds the same settings but for `out` and the dotted keys in `may_change` (`check_resume_config`).
+        holds the same settings but for `out` and the dotted keys in `may_change` (`check_resume_config`), then
+        writes and logs the changes allowed (`apply_config_changes`). A training verb that resumes from a checkpoint
+        uses `resume_training` instead (it also checks the step count against the checkpoint first).
 
         Raises:
             RunDirError: on a resume whose settings differ (one line naming the keys).
         """
         if resume:
-            check_resume_config(self, text, may_change)
+            self.apply_config_changes(check_resume_config(self, text, may_change))
         else:
             self.write_config(text)
+
+    def apply_config_changes(self, changes: Iterable[tuple[str, Any, Any]]) -> None:
+        """Write the allowed changes of a resume (`check_resume_config`'s) into config.yaml, so that it states what
+        the run now does, and say so: a `config_changed` event each ({key, old, new}) and one warning line
+        ("--resume: rl.steps 20 -> 22; written to config.yaml"). Nothing happens without changes.
+        """
+        import yaml
+
+        changes = list(changes)
+        if not changes:
+            return
+        path = self.path / "config.yaml"
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for key, _, value in changes:
+            *parents, last = key.split(".")
+            node = config
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+        self.write_config(yaml.safe_dump(config, sort_keys=False))
+        for key, old, value in changes:
+            self.log_event("config_changed", key=key, old=old, new=value)
+        shown = ", ".join(f"{key} {old!r} -> {value!r}" for key, old, value in changes)
+        warn(f"--resume: {shown}; written to {path}")
 
     def log_event(self, event: str, **fields: Any) -> None:
         """Append `{"time": unix seconds, "event": event, "pid": pid, **fields}` to events.jsonl."""
@@ -540,14 +576,16 @@ class RunDir:
             self.log_event("checkpoint_invalid", checkpoint=path.name, reason=reason)
         return None
 
-    def resume_checkpoint(self) -> tuple[int, Path]:
+    def resume_checkpoint(self, *, steps: int | None = None, steps_key: str = "steps") -> tuple[int, Path]:
         """For a resume: the newest valid checkpoint, with every log rolled back to what it held at that step.
 
         The hidden temp dirs of checkpoint writes that a crash cut short (`.step-K.*`, never a checkpoint) are
-        deleted first, each logged as a `partial_checkpoint_removed` event.
+        deleted first, each logged as a `partial_checkpoint_removed` event. With `steps` (the run's step count, the
+        setting `steps_key`), a checkpoint past it is refused before any log is touched.
 
         Raises:
-            RunDirError: no checkpoint verifies (one line naming the directory).
+            RunDirError: no checkpoint verifies, or the newest valid one is past `steps` (one line naming the
+                directory or the setting).
         """
         if self.checkpoints.is_dir():
             for tmp in sorted(self.checkpoints.glob(f".{CHECKPOINT_PREFIX}*")):
@@ -558,8 +596,26 @@ class RunDir:
             n = len(self.list_checkpoints())
             detail = f"none of its {n} checkpoint(s) is valid" if n else "it has no checkpoint"
             raise RunDirError(f"--resume: cannot resume {self.path}: {detail}")
+        if steps is not None and steps < found[0]:
+            raise RunDirError(f"--resume: {steps_key}={steps} is below step {found[0]}, where {found[1]} already is; "
+                              f"resume with {steps_key} >= {found[0]} (a run cannot be shortened past a checkpoint)")
         self.rollback_logs(read_manifest(found[1]).get("logs", {}))
         self.log_event("resume_from", checkpoint=found[1].name, step=found[0])
+        return found
+
+    def resume_training(self, text: str, *, may_change: Iterable[str], steps: int, steps_key: str) -> tuple[int, Path]:
+        """A training verb's resume, in the order that leaves the directory untouched when it is refused: check the
+        config against config.yaml (`check_resume_config`), find the checkpoint and refuse a step count below it,
+        roll the logs back (`resume_checkpoint`), then write and log the allowed changes (`apply_config_changes`).
+
+        Returns:
+            (step, path) of the checkpoint to continue from.
+        Raises:
+            RunDirError: other settings than `may_change`, no valid checkpoint, or `steps` below its step (one line).
+        """
+        changes = check_resume_config(self, text, may_change)
+        found = self.resume_checkpoint(steps=steps, steps_key=steps_key)
+        self.apply_config_changes(changes)
         return found
 
     # --------------------------------------------------------------- plots

@@ -27,6 +27,7 @@ from rewardlab.progress import stage
 from rewardlab.runs import RunDir
 from rewardlab.tasks import Task, check_task_for_policy
 from rewardlab.tasks.sampler import RowSampler
+from rewardlab.threads import apply_threads
 from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
 
 
@@ -78,8 +79,13 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
     check_target(task, p.target, cfg.task.spec)
     check_task_for_policy(task, policy)  # characters the tokenizer cannot encode, chat rows without a template
     rows = heldout_rows(task, p.eval_every, p.eval_n, field="sft.eval_every")
-    run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
-    start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
+    apply_threads(cfg.threads)
+    start_step, checkpoint = 0, None
+    if resume:  # the newest valid checkpoint, logs rolled back to it; allowed changes written to config.yaml
+        start_step, checkpoint = run.resume_training(dump_config(cfg), may_change=RESUME_MAY_CHANGE, steps=p.steps,
+                                                     steps_key="sft.steps")
+    else:
+        run.write_config(dump_config(cfg))
     if checkpoint is not None:
         load_weights(policy.model, checkpoint)
     encoded = [

@@ -101,7 +101,7 @@ def test_every_verb_shares_the_out_and_seed_keys():
 def test_reward_model_training_verbs_keep_their_key_order():
     # config.yaml lists keys in field order; sharing bases must not reorder them.
     for verb in ("rm train", "prm train"):
-        assert list(VERB_CONFIGS[verb].model_fields) == ["save_every", "keep_checkpoints", "out", "seed", "model",
-                                                        "data", "eval_data", "train"]
-    assert list(VERB_CONFIGS["train"].model_fields) == ["model", "task", "out", "seed", "save_every",
-                                                       "keep_checkpoints", "rl", "rewards", "on_error"]
+        assert list(VERB_CONFIGS[verb].model_fields) == ["save_every", "keep_checkpoints", "out", "seed", "threads",
+                                                        "model", "data", "eval_data", "train"]
+    assert list(VERB_CONFIGS["train"].model_fields) == ["model", "task", "out", "seed", "threads",
+                                                       "save_every", "keep_checkpoints", "rl", "rewards", "on_error"]

@@ -105,9 +105,14 @@ def test_context_manager_closes_the_pool():
     assert not ex.started and not _alive(worker)
 
 
-def test_default_workers_is_the_usable_cpu_count():
+def test_default_workers_is_the_usable_cpu_count_or_the_runs_threads(monkeypatch):
+    import rewardlab.threads
+
+    monkeypatch.setattr(rewardlab.threads, "_applied", None)  # no verb has applied a `threads` setting
     assert default_workers() == len(os.sched_getaffinity(0))
     assert Executor().workers == default_workers()
+    monkeypatch.setattr(rewardlab.threads, "_applied", 3)  # a verb ran apply_threads(3)
+    assert default_workers() == 3 and Executor().workers == 3
 
 
 def test_shared_executor_is_one_per_setting():

@@ -13,6 +13,7 @@ from rewardlab.policy import Policy, load_policy
 from rewardlab.runs import RunDir, warn
 from rewardlab.tasks import Task, check_task_for_policy, describe_task
 from rewardlab.tasks import load as load_task
+from rewardlab.threads import apply_threads
 
 
 def load_model(cfg: Any, path: str | None = None) -> Policy:
@@ -26,13 +27,14 @@ def load_model(cfg: Any, path: str | None = None) -> Policy:
 
 
 def load_inputs(cfg: Any, *, model: bool = True) -> tuple[Task, Policy | None]:
-    """Seed torch with `cfg.seed`, then load `cfg.task` and (with `model`) the policy `cfg.model` names, and check
+    """Apply `cfg.threads` (`rewardlab.threads.apply_threads`), seed torch with `cfg.seed`, then load `cfg.task` and (with `model`) the policy `cfg.model` names, and check
     that the policy can read the task (`check_task_for_policy`).
 
     Raises:
         what `rewardlab.tasks.load`, `load_model` and `check_task_for_policy` raise (one line naming the bad field,
         file or line).
     """
+    apply_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     task = load_task(cfg.task.spec, **cfg.task.options)
     policy = load_model(cfg) if model else None

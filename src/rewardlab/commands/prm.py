@@ -22,6 +22,7 @@ from rewardlab.rm.labels import (METHODS, PrefixEstimator, Solution, label_solut
                                  solution_steps, worst_case_rollouts)
 from rewardlab.rm.prm import encode_rows, evaluate_steps, prm_loss, step_logits
 from rewardlab.tasks import check_task_for_policy
+from rewardlab.threads import apply_threads
 from rewardlab.runs import RunDir
 from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 
@@ -177,6 +178,7 @@ def train(cfg: PrmTrainConfig, *, resume: bool = False, overwrite: bool = False,
     check_step_tag(t.step_tag)
     train_rows = load_step_rows(cfg.data)
     eval_rows = load_step_rows(cfg.eval_data) if cfg.eval_data else []
+    apply_threads(cfg.threads)
     model, tokenizer = load_backbone(cfg.model.path, "token", device=cfg.model.device,
                                      tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     limit = getattr(model.config, "max_position_embeddings", None)

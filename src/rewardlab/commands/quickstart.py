@@ -56,7 +56,7 @@ def run(cfg: QuickstartConfig, *, resume: bool = False, overwrite: bool = False,
 
 def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
     out = top.path
-    common = {"task": cfg.task, "seed": cfg.seed}
+    common = {"task": cfg.task, "seed": cfg.seed, "threads": cfg.threads}
     times: dict[str, float] = {}
 
     def stage(name: str, runner, stage_cfg) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from rewardlab.rm.data import json_safe, load_eval_rows, load_pairs, load_step_r
 from rewardlab.rm.evaluate import build_scorer, evaluate_best_of_k, evaluate_first_error, evaluate_pairs
 from rewardlab.rm.fit import fit, open_fit_run
 from rewardlab.rm.pairs import check_code_rows, code_row_gap, generate_pairs, mutant_pairs
+from rewardlab.threads import apply_threads
 from rewardlab.runs import RunDir, atomic_write_text
 from rewardlab.tasks import check_task_for_policy
 
@@ -49,6 +50,7 @@ def train(cfg: RmTrainConfig, *, resume: bool = False, overwrite: bool = False, 
     t = cfg.train
     train_pairs = load_pairs(cfg.data)
     eval_pairs = load_pairs(cfg.eval_data) if cfg.eval_data else []
+    apply_threads(cfg.threads)
     model, tokenizer = load_backbone(cfg.model.path, "sequence", device=cfg.model.device,
                                      tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     # Opened only once the data and backbone load.
@@ -174,6 +176,7 @@ def evaluate(cfg: RmEvalConfig, *, resume: bool = False, overwrite: bool = False
             RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with
             other settings.
     """
+    apply_threads(cfg.threads)
     data = load_eval_rows(cfg.data)
     scorer, name = build_scorer(cfg.model.path, cfg.scorer, cfg.model.device)
     with open_run(cfg, resume=resume, overwrite=overwrite) as run:

@@ -141,6 +141,10 @@ class RLConfig(_Base):
     group_filter_options: dict[str, Any] = Field(default_factory=dict, description="options of the group filter "
                                                  "(dapo takes none)")
     max_rounds: int = Field(3, gt=0, description="generation rounds per step at most when a group filter drops groups")
+    max_reward_error_frac: float | None = Field(
+        0.5, gt=0, le=1, description="stop the run when at least this fraction of one step's rollouts have a reward "
+        "error (on_error zero or skip): a one-line error naming the step, the fraction and the first cause, after a "
+        "checkpoint of the step before, so that a fixed reward can go on with --resume. null: never stop")
     curriculum: str = Field("uniform", description="prompt sampler, a key of rl.curricula.CURRICULA: 'uniform' or "
                             "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
     curriculum_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {mu: 0.5, sigma: 0.2}")
@@ -193,6 +197,12 @@ class _Run(_Base):
 
     out: str = _out("runs/run")
     seed: int = Field(0, description="random seed of the run: data order, sampling, fresh weights (--seed)")
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads of the run: torch's threads, and the default size of the reward "
+        "process pools (math-verify, the code sandbox), whose workers use 1 thread each. null: $OMP_NUM_THREADS when "
+        "set, else the cores this process may use (its affinity mask). Several runs at once on one machine: give "
+        "each threads=1 (or cores / runs), or their threads oversubscribe the cores and every run slows down; may "
+        "change on --resume")
 
 
 class _PolicyOnTask(_Base):

@@ -235,7 +235,7 @@ class CodeReward:
             the completion (for chat models that answer in markdown). Default False.
         tests_field: the row field holding the asserts form's list of tests (default "tests").
         isolation: the sandbox's isolation, "auto" | "namespaces" | "process".
-        workers: completions run at once (default: CPU count).
+        workers: completions run at once (default: the run's `threads` setting, else the CPU count).
     Raises:
         ValueError: an option out of range (the message names it).
     """

@@ -35,6 +35,7 @@ from typing import Any
 from pebble import ProcessExpired, ProcessPool
 
 from rewardlab.sandbox import default_workers  # one definition for both pools
+from rewardlab.threads import single_thread_worker
 
 __all__ = ["Executor", "TaskError", "default_workers", "shared_executor"]
 
@@ -90,7 +91,8 @@ class Executor:
     """A lazily created, reusable pebble process pool with a hard per-item wall timeout.
 
     Args:
-        workers: worker processes; default: the CPUs this process may use (`default_workers()`).
+        workers: worker processes, one thread each (`rewardlab.threads.single_thread_worker`); default: the run's
+            `threads` setting, else the CPUs this process may use (`default_workers()`).
         start_method: multiprocessing start method ("fork", "forkserver", "spawn"); default: the platform default
             ("fork" on Linux up to Python 3.13). With "spawn"/"forkserver" the function must be importable by name.
 
@@ -118,7 +120,7 @@ class Executor:
                 if self._finalizer is not None:  # a pool pebble gave up: stop the workers it left running
                     self._finalizer()
                 context = multiprocessing.get_context(self.start_method)
-                self._pool = ProcessPool(max_workers=self.workers, context=context)
+                self._pool = ProcessPool(max_workers=self.workers, context=context, initializer=single_thread_worker)
                 # Runs at close(), at garbage collection or at interpreter exit (atexit), whichever is first; it
                 # holds the pool, not the executor, so it does not keep the executor alive.
                 self._finalizer = weakref.finalize(self, _stop_pool, self._pool)

@@ -113,7 +113,8 @@ class MathReward:
     Args:
         extract: extraction methods in order; default ("answer_tag", "boxed", "last_number").
         timeout: per-item wall-clock limit, seconds (default 5).
-        workers: pool size; default: the CPUs this process may use. Rewards with the same `workers` share a pool.
+        workers: pool size; default: the run's `threads` setting (else the CPUs this process may use). Rewards with
+            the same `workers` share a pool.
         chunk_size: items per pool task (default 1).
         float_rounding, numeric_precision, strict: passed to `math_verify.verify` (defaults 6, 15, True: decimals
             compared after rounding, digits of numeric evaluation, variables and set/tuple distinctions matter).

@@ -23,9 +23,10 @@ Conventions shared by all estimators:
 - A NaN or inf in ``token_rewards``, ``values``, ``step_rewards``, ``baseline``, ``components`` or ``weights`` at a
   position the estimator reads (inside the mask) is a ValueError naming the input and index; values outside the
   mask are ignored.
-- ``ESTIMATORS.meta(name)["min_group_size"]`` is the fewest rollouts a group needs (2 for the leave-one-out
-  estimators, which raise on a smaller group; 1 for the others, which give a group of size 1 an advantage of 0 or
-  treat it like any other).
+- ``ESTIMATORS.meta(name)["min_group_size"]`` is the fewest rollouts a group needs to carry any signal: 2 for
+  every group-relative estimator (the leave-one-out ones, rloo, pure and process_sum, raise on a group of one; grpo,
+  dr_grpo, reinforce_pp_baseline, opo and gdpo give it an advantage of exactly 0, so a run with one rollout per
+  group would never learn), 1 for those that do not compare within a group (reinforce_pp, remax, gae).
 
 Group statistics are computed with ``torch.unique(return_inverse=True)``, ``index_add_`` and ``scatter_reduce_``:
 no Python loop over rollouts. Reverse discounted sums loop over the T time steps only when gamma != 1.
@@ -289,7 +290,7 @@ def _step_rewards(options: dict, m: Tensor, estimator: str) -> tuple[Tensor, Ten
 # outcome-reward estimators
 
 
-@register_estimator("grpo")
+@register_estimator("grpo", min_group_size=2)
 def grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEFAULT_EPS,
          scale: str = "group") -> Tensor:
     """Group Relative Policy Optimization advantage (Shao et al., 2024, DeepSeekMath).
@@ -327,7 +328,7 @@ def grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEF
     return _broadcast(a, m).float()
 
 
-@register_estimator("dr_grpo")
+@register_estimator("dr_grpo", min_group_size=2)
 def dr_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     """GRPO Done Right (Liu et al., 2025, "Understanding R1-Zero-Like Training").
 
@@ -396,7 +397,7 @@ def reinforce_pp(*, token_rewards: Tensor, mask: Tensor, group: Tensor, gamma: f
     return _whiten_tokens(_reverse_discounted_sum(r, m, float(gamma)), m, eps).float()
 
 
-@register_estimator("reinforce_pp_baseline")
+@register_estimator("reinforce_pp_baseline", min_group_size=2)
 def reinforce_pp_baseline(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     """REINFORCE++ with a group-mean baseline (Hu, 2025).
 
@@ -444,7 +445,7 @@ def remax(*, token_rewards: Tensor, mask: Tensor, group: Tensor, baseline: Tenso
     return _broadcast(_sequence_reward(r) - b, m).float()
 
 
-@register_estimator("opo")
+@register_estimator("opo", min_group_size=2)
 def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     """On-Policy RL with Optimal reward Baseline (Hao et al., 2025).
 
@@ -471,7 +472,7 @@ def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
     return _broadcast(y - b, m).float()
 
 
-@register_estimator("gdpo", needs=("components", "weights"))
+@register_estimator("gdpo", needs=("components", "weights"), min_group_size=2)
 def gdpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, components: Tensor | None = None,
          weights: Tensor | None = None, batch_whiten: bool = True, eps: float = DEFAULT_EPS) -> Tensor:
     """Group reward-Decoupled normalization Policy Optimization (NVIDIA, 2025, GDPO).

@@ -38,7 +38,7 @@ from rewardlab.modeldir import check_model_dir
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Batch, Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
-from rewardlab.rewards import Reward, build_reward
+from rewardlab.rewards import Reward, RewardError, build_reward
 from rewardlab.rewards.compose import check_specs, component_weights
 from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
@@ -46,7 +46,8 @@ from rewardlab.rl.curricula import CURRICULA, make_curriculum
 from rewardlab.rl.filters import GROUP_FILTERS, filter_groups
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
                                  kl_clamped, kl_penalty, split_loss_options)
-from rewardlab.runs import RunDir
+from rewardlab.runs import RunDir, warn
+from rewardlab.threads import apply_threads
 from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 from rewardlab.tasks import Task, check_task_for_policy, describe_task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
@@ -96,7 +97,8 @@ def check_names(cfg: TrainConfig) -> None:
     least = estimator_min_group_size(rl.estimator)
     if rl.group_size < least:
         raise ValueError(f"rl.group_size: estimator {rl.estimator!r} needs at least {least} rollouts per prompt "
-                         f"group, got {rl.group_size}")
+                         f"group, got {rl.group_size} (its advantages compare the rollouts of a group: a group of one "
+                         "has nothing to compare with, so the run would learn nothing)")
     if any(k in ("step_rewards", "step_mask") for k in needs) and rl.step_separator is None:
         raise ValueError(f"rl.step_separator: estimator {rl.estimator!r} needs process rewards on steps; set the "
                          "step separator (e.g. '\\n') and use a reward that returns step_scores")
@@ -415,6 +417,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
         see `train`.
     """
     check_names(cfg)
+    apply_threads(cfg.threads)
     if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0):
         check_model_dir(cfg.model.path)  # a bad path is refused before the run directory is created
     rl = cfg.rl
@@ -427,8 +430,16 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     heldout_rows(task, rl.eval_every, rl.eval_n, field="rl.eval_every")  # no held-out rows: refused before the run
     run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
     try:
-        run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
-        latest = run.resume_checkpoint() if resume else None  # newest valid checkpoint; logs rolled back to it
+        latest = None
+        if resume:  # the newest valid checkpoint, logs rolled back to it; allowed changes written to config.yaml
+            latest = run.resume_training(dump_config(cfg), may_change=RESUME_MAY_CHANGE, steps=rl.steps,
+                                         steps_key="rl.steps")
+        else:
+            run.write_config(dump_config(cfg))
+            if rl.prompts_per_step > len(task.train):  # said once, when the run starts (a resume keeps the setting)
+                warn(f"rl.prompts_per_step={rl.prompts_per_step} is more than the {len(task.train)} training rows of "
+                     f"{cfg.task.spec}: every step repeats prompts (each row about "
+                     f"{rl.prompts_per_step / len(task.train):.1f} times, as more groups of the same prompt)")
         if latest is not None:
             policy = load_policy(str(latest[1]), **model_kw)
             check_task_for_policy(task, policy)
@@ -471,8 +482,14 @@ def collect(state: TrainState) -> Collected:
     """Step `state.step`'s rollouts: draw prompts, generate rl.group_size rollouts each, score them, update the
     curriculum; with a group filter, keep the groups it passes and generate more rounds (up to rl.max_rounds) until
     rl.prompts_per_step groups are kept. Then leave out what the estimator must not see (`training_rollouts`) and
-    generate the estimator's sampled inputs (e.g. ReMax's greedy baseline), all generation timed in `gen_s`."""
+    generate the estimator's sampled inputs (e.g. ReMax's greedy baseline), all generation timed in `gen_s`.
+
+    Raises:
+        RewardError: at least rl.max_reward_error_frac of the step's scored rollouts have a reward error; the run's
+            state is put back to the end of the step before and checkpointed first (`stop_on_reward_errors`).
+    """
     rl, policy, sampler = state.cfg.rl, state.policy, state.sampler
+    before = (sampler.state_dict(), rng_state())  # the end of the step before: what a stop for reward errors saves
     gen_s = 0.0
     rollouts, outputs, all_outputs, all_rollouts = [], [], [], []
     rounds = dropped = 0
@@ -504,6 +521,7 @@ def collect(state: TrainState) -> Collected:
         dropped += int((~keep).sum()) // rl.group_size
         rollouts += [r for r, k in zip(new, keep) if k]
         outputs += [o for o, k in zip(scored, keep) if k]
+    stop_on_reward_errors(state, all_outputs, before)
     rollouts = rollouts[: rl.prompts_per_step * rl.group_size]
     outputs = outputs[: len(rollouts)]
     metrics = step_metrics(all_rollouts, all_outputs, rl.group_size)
@@ -523,6 +541,38 @@ def collect(state: TrainState) -> Collected:
         gen_tokens += sum(len(r.completion_ids) for r in generated)
         inputs.update(more)
     return Collected(rollouts, outputs, all_rollouts, all_outputs, inputs, metrics, gen_s, gen_tokens)
+
+
+def stop_on_reward_errors(state: TrainState, outputs: list[RewardOutput], before: tuple[dict, dict]) -> None:
+    """Stop the run when at least rl.max_reward_error_frac of step `state.step`'s scored rollouts (`outputs`, every
+    round) have a reward error: a reward that fails that often (a wrong option, a crashing checker) would otherwise
+    train on zeros for the rest of the run. Before raising, the prompt sampler and the RNGs are put back to `before`
+    (their state at the end of the step before), that step is checkpointed unless it is the newest checkpoint, and a
+    `reward_errors` event is logged; so a fixed reward goes on with --resume from exactly where the run was.
+
+    Raises:
+        RewardError: one line naming the step, the fraction and the limit, the first cause and the checkpoint.
+    """
+    limit = state.cfg.rl.max_reward_error_frac
+    failed = [o for o in outputs if o.error is not None]
+    if limit is None or not outputs or len(failed) / len(outputs) < limit:
+        return
+    step = state.step
+    state.sampler.load_state_dict(before[0])
+    set_rng_state(before[1])
+    if state.latest is None or state.latest[0] != step - 1:
+        state.step = step - 1
+        try:
+            save_checkpoint(state)
+        finally:
+            state.step = step
+    first = "; ".join(f"{name}: {cause}" for name, cause in failed[0].errors[:1]) or failed[0].error
+    state.run.log_event("reward_errors", step=step, failed=len(failed), rollouts=len(outputs), limit=limit,
+                        first=first, checkpoint=state.latest[1].name)
+    raise RewardError(f"rl.max_reward_error_frac: {len(failed)} of {len(outputs)} rollouts of step {step} "
+                      f"({len(failed) / len(outputs):.0%}) have a reward error, the limit is {limit:g}; first: "
+                      f"{first}. Stopped after checkpoint {state.latest[1]} (step {step - 1}): fix the reward and "
+                      "rerun with --resume")
 
 
 def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
@@ -669,13 +719,14 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     old run is deleted first) or `resume`. With `resume`, continues from the newest checkpoint there that verifies
     against its manifest (an invalid newer one is skipped with a warning), after rolling the logs back to that
     checkpoint: weights, optimizer, schedule, prompt sampler and RNG state are restored, so step k+1 after a resume
-    logs what an uninterrupted run logs, each step once; config.yaml is kept, and a resume whose settings differ
-    from it in more than RESUME_MAY_CHANGE is refused. With `time_budget_s` (seconds of wall clock since the first
-    step began), the run stops after the first step that ends past the budget (or at `cfg.rl.steps`) and saves its
-    final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py). With `rl.eval_every`, the
-    policy is evaluated greedily on held-out questions every that many steps and at the last
-    (`rewardlab.evaluation.heldout`; eval/accuracy in metrics.jsonl and plots/train.png). A first Ctrl-C (SIGINT,
-    main thread only) ends the run after the step it is in: a checkpoint of that step and the summary
+    logs what an uninterrupted run logs, each step once; a resume whose settings differ from config.yaml in more
+    than RESUME_MAY_CHANGE is refused, the changes allowed (e.g. more rl.steps, never fewer than the checkpoint's)
+    are written to config.yaml and logged (`RunDir.resume_training`). With `time_budget_s` (seconds of wall clock
+    since the first step began), the run stops after the first step that ends past the budget (or at
+    `cfg.rl.steps`) and saves its final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
+    With `rl.eval_every`, the policy is evaluated greedily on held-out questions every that many steps and at the
+    last (`rewardlab.evaluation.heldout`; eval/accuracy in metrics.jsonl and plots/train.png). A first Ctrl-C
+    (SIGINT, main thread only) ends the run after the step it is in: a checkpoint of that step and the summary
     (`interrupted: true`) are written and `Interrupted` is raised; a second one raises KeyboardInterrupt at once.
     The SIGINT handler in place before the call is restored.
 
@@ -690,6 +741,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
         OSError: a checkpoint could not be written (the message names it and the intact previous one).
         Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step; names the step, its checkpoint and the
             `--resume` command.
+        RewardError: rl.max_reward_error_frac of a step's rollouts had a reward error (after a checkpoint of the
+            step before; see `stop_on_reward_errors`), or a reward failed with on_error=raise.
     """
     state = setup(cfg, resume=resume, overwrite=overwrite)
     rl, run = cfg.rl, state.run

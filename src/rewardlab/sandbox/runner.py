@@ -27,7 +27,8 @@ namespaces and mount_setattr, i.e. Linux >= 5.12):
                 without it; socketpair(2) works. A network namespace alone would not do: a Unix socket of the host
                 (a session bus, an agent) stays reachable through the read-only mounts, and so does vsock. Behind
                 the filter, a new network namespace with only a loopback device that is down.
-    environment the program gets HOME=TMPDIR=its work dir, PATH, LANG; nothing from the caller's environment.
+    environment the program gets HOME=TMPDIR=its work dir, PATH, LANG, and 1 for OMP/MKL/OPENBLAS/NUMEXPR_NUM_THREADS
+                (one thread per program); nothing from the caller's environment.
                 It runs as `__main__` from main.py, the only file in its fresh work dir.
                 /proc is the namespace's own, so other processes' environ files are not there to read.
     resources   RLIMIT_CPU (seconds), RLIMIT_AS (bytes), RLIMIT_FSIZE (bytes), RLIMIT_NOFILE, RLIMIT_NPROC, no core
@@ -83,6 +84,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
+from rewardlab.threads import THREAD_ENV, thread_budget
 
 __all__ = ["ISOLATION", "Sandbox", "SandboxError", "SandboxLimits", "SandboxResult", "default_workers"]
 
@@ -93,14 +95,12 @@ _CALLER_GRACE = 10.0
 
 
 def default_workers() -> int:
-    """The number of CPUs this process may run on (its affinity mask where the OS has one), at least 1.
+    """The run's thread budget (`rewardlab.threads.thread_budget`): the `threads` setting a verb applied, else the
+    number of CPUs this process may run on (its affinity mask where the OS has one), at least 1.
 
     The default size of both process pools: the sandbox's and the reward executor's (which imports it from here).
     """
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return thread_budget()
 
 
 class SandboxError(RuntimeError):
@@ -192,7 +192,10 @@ _SIGNAL_CAUSES = {
 
 def _base_env() -> dict[str, str]:
     """The whole environment of the launcher and (with HOME and TMPDIR set to the work dir) of every program."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    # One thread per program for the numeric libraries (OpenMP, MKL, OpenBLAS, numexpr): `workers` programs run at
+    # once, and each spinning a thread per core would oversubscribe the cores that many times over.
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+            **{name: "1" for name in THREAD_ENV}}
 
 
 class _Launcher:
@@ -350,8 +353,9 @@ class Sandbox:
         limits: resource limits applied to every program (default `SandboxLimits()`).
         isolation: "auto" (namespaces where the kernel allows, else process isolation), "namespaces" (refuse to
             run otherwise) or "process".
-        workers: programs of one `run_many` call run at once (the launcher queues the rest); default: CPU count,
-            so each program gets about a core and its wall timeout means what it says.
+        workers: programs of one `run_many` call run at once (the launcher queues the rest); default: the run's
+            `threads` setting, else the CPU count (`default_workers`), so each program gets about a core and its
+            wall timeout means what it says.
         python: interpreter that runs the programs (default: this one, `sys.executable`).
     Raises:
         ValueError: an unknown isolation or a workers count below 1.
