@@ -13,7 +13,7 @@ from rewardlab.config import SFTConfig, TrainConfig, load_config
 from rewardlab.rewards.executor import Executor
 from rewardlab.runs import RunDirError
 from rewardlab.sandbox import Sandbox, default_workers
-from rewardlab.sft import run_sft
+from rewardlab.commands.sft import run as run_sft
 
 
 @pytest.fixture
@@ -46,7 +46,9 @@ def test_apply_threads_sets_torch_and_the_pools_default(monkeypatch, one_thread_
 
 
 def test_threads_is_a_setting_of_every_verb():
-    from rewardlab.config import VERB_CONFIGS
+    from rewardlab.commands import config_classes
+
+    VERB_CONFIGS = config_classes()
 
     for verb, config in VERB_CONFIGS.items():
         assert "threads" in config.model_fields, verb
