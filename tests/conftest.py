@@ -29,6 +29,23 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file, in order."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 hex digest of a file's bytes."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def without_keys(records: list[dict], *prefixes: str) -> list[dict]:
+    """The records without the keys that start with any of `prefixes` (e.g. "time/")."""
+    return [{k: v for k, v in r.items() if not k.startswith(prefixes)} for r in records]
+
+
 def make_rollout(completion: str = "c", row: dict | None = None, *, prompt: str = "p", n_tokens: int | None = None,
                  **fields):
     """A Rollout of `completion` for scoring tests: prompt_ids [1], `n_tokens` completion ids (default one per

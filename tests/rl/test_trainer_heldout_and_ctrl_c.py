@@ -3,14 +3,13 @@ unchanged, rollout/generated per step and in total (every group-filter round), a
 after the step with a checkpoint, the summary and `Interrupted`, from which --resume continues to the uninterrupted
 run's end."""
 
-import hashlib
 import json
 import signal
 
 import pytest
 
 import rewardlab.rl.trainer as trainer
-from conftest import TINY_OVERRIDES, write_jsonl
+from conftest import TINY_OVERRIDES, write_jsonl, read_jsonl, sha256_of, without_keys
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.evaluation.policy import evaluate_policy
 from rewardlab.interrupt import Interrupted
@@ -39,16 +38,7 @@ def _config(tmp_path, out, *overrides):
     ])
 
 
-def _lines(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _sha(path):
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _without(records, *prefixes):
-    return [{k: v for k, v in r.items() if not k.startswith(prefixes)} for r in records]
+_lines, _sha, _without = read_jsonl, sha256_of, without_keys
 
 
 def test_eval_every_logs_heldout_greedy_accuracy_and_leaves_training_unchanged(tmp_path):
