@@ -747,7 +747,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     state = setup(cfg, resume=resume, overwrite=overwrite)
     rl, run = cfg.rl, state.run
     if show_progress:
-        print(describe_task(state.task), file=sys.stderr, flush=True)
+        print(f"rewardlab: {describe_task(state.task)}", file=sys.stderr, flush=True)
     try:
         heldout = HeldOutEval(heldout_rows(state.task, rl.eval_every, rl.eval_n, field="rl.eval_every"),
                               state.task.reward, every=rl.eval_every, last_step=rl.steps,
