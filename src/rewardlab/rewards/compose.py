@@ -26,6 +26,7 @@ penalty alone, with r logged); `threshold` belongs to tiers; anywhere else these
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -484,6 +485,17 @@ class _Unbuilt:
         raise RuntimeError(f"reward {self.name}: a spec being checked is never scored")
 
 
+@contextlib.contextmanager
+def _located(path: str, where: str):
+    """Re-raise a ValueError from building the node at `path` as "WHERE: cause", unless it names `path` already."""
+    try:
+        yield
+    except ValueError as exc:
+        if str(exc).startswith(path):
+            raise
+        raise ValueError(f"{where}: {exc}") from None
+
+
 def build_node(item: Any, path: str) -> tuple[Reward, str]:
     """Build one spec (leaf, `compose` or `shape` node) found at `path`; returns the reward and its label.
 
@@ -509,12 +521,8 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
         except ValueError as exc:
             raise ValueError(f"{path}.compose: {exc}") from None
         spec = COMPOSITIONS.validate(kind, spec, field=path, complete=True)
-        try:
+        with _located(path, path):
             return builder(path, label, **spec), label or kind
-        except ValueError as exc:
-            if str(exc).startswith(path):
-                raise
-            raise ValueError(f"{path}: {exc}") from None
     if "shape" in spec:
         kind = spec.pop("shape")
         try:
@@ -524,14 +532,10 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
         if "reward" not in spec:
             raise ValueError(f"{path}: missing 'reward' (shape: {kind})")
         inner, inner_label = _shaped_member(spec.pop("reward"), f"{path}.reward")
-        try:
+        with _located(path, f"{path} (shape: {kind})"):
             shaped = build_shaped(kind, inner, spec, path, build_node)
-            shaped.name = label or inner_label
-            return shaped, shaped.name
-        except ValueError as exc:
-            if str(exc).startswith(path):
-                raise
-            raise ValueError(f"{path} (shape: {kind}): {exc}") from None
+        shaped.name = label or inner_label
+        return shaped, shaped.name
     name = _resolve(spec.pop("name"), path)
     try:
         factory = REWARDS.get(name)
