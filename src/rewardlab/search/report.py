@@ -14,6 +14,7 @@ writes (but for wall-clock fields).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -290,7 +291,9 @@ def compare_methods(
                     out = method(policy, rows, scorer, n=n, beam_width=s.beam_width, max_steps=s.max_steps,
                                  aggregate=s.aggregate, max_step_tokens=s.max_step_tokens, **sampling, **common)
                     hits = _correct(verifier, [r.best for r in out])
-                    reachable = [any(_correct(verifier, r.candidates)) for r in out]  # its own candidates
+                    flat = _correct(verifier, [c for r in out for c in r.candidates])  # one verifier batch
+                    ends = list(itertools.accumulate(len(r.candidates) for r in out))
+                    reachable = [any(flat[e - len(r.candidates) : e]) for r, e in zip(out, ends)]  # own candidates
                     cell = {"result": {"accuracy": _mean(hits), "ceiling": _mean(reachable),
                                        "tokens_per_question": _mean(r.tokens for r in out),
                                        "scorer_calls_per_question": _mean(r.scorer_calls for r in out),
