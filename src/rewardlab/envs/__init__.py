@@ -1,0 +1,9 @@
+"""Multi-turn environments and tools, with token-exact episodes (see docs/agents.md once written).
+
+Public API (being built in steps): `Environment`, `StepResult` here; `MultiTurnEnv`, `ToolEnv`, `ENVIRONMENTS`,
+`run_episodes` and `replay` as they land.
+"""
+
+from rewardlab.envs.base import Environment, State, StepResult
+
+__all__ = ["Environment", "State", "StepResult"]
