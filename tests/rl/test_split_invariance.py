@@ -295,8 +295,9 @@ def test_environment_positions_get_no_gradient_and_change_nothing(loss):
         ref = x["ref_logprobs"] - shift * env
         total, parts = 0.0, []
         for agg in AGGREGATIONS:
-            value, stats = compute_policy_loss(loss, logprobs=logprobs, old_logprobs=x["old_logprobs"] + 3 * shift * env,
-                                               advantages=adv, mask=m, agg=agg, episode=ep)
+            old = x["old_logprobs"] + 3 * shift * env
+            value, stats = compute_policy_loss(loss, logprobs=logprobs, old_logprobs=old, advantages=adv, mask=m,
+                                               agg=agg, episode=ep)
             kl = aggregate(kl_penalty("k3", logprobs, ref), m, agg, episode=ep)
             count = aggregate(torch.ones_like(m), m, agg, episode=ep)  # the aggregation's token count
             entropy = aggregate(-logprobs.exp() * logprobs, m, agg, episode=ep)

@@ -668,8 +668,8 @@ class _Turns:
             bad = on & (index < 0)
             if bool(bad.any()):
                 where = bad.nonzero()[0].tolist()
-                raise ValueError(f"input 'turn_index': negative turn {int(index[tuple(where)])} at index {where} inside "
-                                 "the mask; turns count from 0 on sampled tokens")
+                raise ValueError(f"input 'turn_index': negative turn {int(index[tuple(where)])} at index {where} "
+                                 "inside the mask; turns count from 0 on sampled tokens")
         self.index = index
         self.count = int(index.max()) + 1 if index.numel() else 1
         n = m.shape[0]

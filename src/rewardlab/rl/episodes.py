@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
+from rewardlab.rl.advantages import compute_advantages
 
 __all__ = ["EpisodeView", "episode_advantages", "episode_minibatches", "episode_tensors", "PER_ROLLOUT_INPUTS"]
 

@@ -360,7 +360,8 @@ GSPO_CLIP_LOW, GSPO_CLIP_HIGH = 3e-4, 4e-4
 
 @register_policy_loss("gspo")
 def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, episode: Tensor | None = None,
-         clip: float | None = None, clip_low: float | None = None, clip_high: float | None = None) -> tuple[Tensor, dict[str, float]]:
+         clip: float | None = None, clip_low: float | None = None,
+         clip_high: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Group Sequence Policy Optimization (Zheng et al., 2025, GSPO).
 
     Sequence-level, length-normalized ratio s_i = exp(mean_{t in mask_i} d_t), d = clamp(logprobs - old_logprobs,
@@ -418,7 +419,8 @@ def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Te
 
 @register_policy_loss("cispo")
 def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-          episode: Tensor | None = None, clip_high: float = 0.2, clip_low: float | None = None) -> tuple[Tensor, dict[str, float]]:
+          episode: Tensor | None = None, clip_high: float = 0.2,
+          clip_low: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Clipped IS-weight Policy Optimization (MiniMax, 2025, MiniMax-M1).
 
     rho = exp(clamp(logprobs - old_logprobs, -20, 20)); l = -sg(min(rho, 1 + clip_high)) * A * logprobs,
