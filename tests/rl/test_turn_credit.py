@@ -81,6 +81,22 @@ def test_turn_grpo_refuses_a_negative_turn_index_inside_the_mask():
         compute_advantages("turn_grpo", token_rewards=r, mask=m, group=g, turn_index=ti.float(), turn_rewards=tr)
 
 
+@pytest.mark.parametrize("name", ["turn_grpo", "gigpo"])
+def test_a_non_finite_turn_reward_on_a_sampled_token_is_an_error_and_ignored_elsewhere(name):
+    r, m, g, ti, tr = _three_episodes()
+    m = m.clone()
+    m[2, 3] = 0.0
+    bad = tr.clone()
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"'turn_rewards': non-finite value nan at index \[1, 2\]"):
+        compute_advantages(name, token_rewards=r * m, mask=m, group=g, turn_index=ti, turn_rewards=bad)
+    padded = tr.clone()
+    padded[2, 3] = float("inf")
+    a = compute_advantages(name, token_rewards=r * m, mask=m, group=g, turn_index=ti, turn_rewards=padded)
+    assert torch.equal(a, compute_advantages(name, token_rewards=r * m, mask=m, group=g, turn_index=ti,
+                                             turn_rewards=tr))
+
+
 # ------------------------------------------------------------------------------------------------ gigpo
 def _gigpo_fixture():
     """One group: E0 turns 0,1 in states s0,s1, outcome 1; E1 turns 0,1,2 in s0,s1,s2, turn 0 reward 0.5,

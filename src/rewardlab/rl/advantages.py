@@ -14,6 +14,13 @@ Conventions shared by all estimators:
 - Sequence-level advantages are broadcast to every response token; outputs are 0 wherever ``mask`` is 0.
 - Process rewards arrive as options ``step_rewards`` [N, T] (a step's reward on its last token) and ``step_mask``
   [N, T] (1 on each step's last token).
+- Multi-turn episodes: the turn-level estimators (``turn_grpo``, ``gigpo``) also take trainer-supplied inputs,
+  ``turn_rewards`` [N, T] (each turn's reward on its last sampled token), ``turn_index`` [N, T] int64 (each sampled
+  token's turn, from 0) and ``turn_key`` [N, T] int64 (the id of the state each turn acted in); they are declared
+  with ``register_estimator(inputs=...)``, so they are never user options (``ESTIMATORS.inputs(name)``). Each row
+  is one whole episode: an episode split into several rows goes through ``rewardlab.rl.episodes
+  .episode_advantages``, which runs any estimator on the episode view (the sampled tokens of its rows,
+  concatenated) and scatters the result back.
 - Every estimator declares its options by name; ``compute_advantages`` refuses an option the estimator does not
   declare (a ValueError naming it and listing the valid ones), so nothing is silently ignored.
 - Inputs are upcast to float64 and every statistic (sums, means, stds, whitening) is computed in float64; the
