@@ -153,7 +153,7 @@ def _on_sampled(layout: Layout, x: torch.Tensor, e: int) -> torch.Tensor:
 
 
 def _estimator_inputs(name: str, inputs: dict) -> dict:
-    needs = ESTIMATORS.meta(name)["needs"]
+    needs = (*ESTIMATORS.meta(name)["needs"], *ESTIMATORS.inputs(name))
     declared = ESTIMATORS.options(name)
     return {**{k: inputs[k] for k in needs}, **{k: v for k, v in OPTIONS.items() if k in declared}}
 

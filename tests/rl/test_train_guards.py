@@ -76,8 +76,7 @@ def _lone_rollout_advantages(name):
     mask = torch.ones(2, 2)
     inputs = {"baseline": torch.zeros(2), "components": torch.tensor([[1.0], [0.0]]), "weights": torch.ones(1),
               "values": torch.zeros(2, 2), "step_rewards": torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
-              "step_mask": torch.tensor([[0.0, 1.0], [0.0, 1.0]]), "turn_rewards": torch.tensor([[1.0, 0.0], [0.0, 0.0]]),
-              "turn_index": torch.tensor([[0, 1], [0, 1]]), "turn_key": torch.tensor([[0, 1], [0, 1]])}
+              "step_mask": torch.tensor([[0.0, 1.0], [0.0, 1.0]])}
     options = {k: inputs[k] for k in estimator_needs(name)}
     try:
         return compute_advantages(name, token_rewards=rewards, mask=mask, group=torch.tensor([0, 1]), **options)

@@ -163,7 +163,7 @@ def test_gigpo_refuses_a_turn_whose_tokens_carry_different_keys_and_bad_options(
 def test_trainer_inputs_are_not_user_options():
     assert ESTIMATORS.options("turn_grpo") == ("lam", "eps")
     assert ESTIMATORS.inputs("gigpo") == ("turn_rewards", "turn_index", "turn_key")
-    assert ESTIMATORS.meta("turn_grpo")["needs"] == ("turn_rewards", "turn_index")  # what a trainer computes
+    assert ESTIMATORS.meta("turn_grpo")["needs"] == ()  # without them it runs as on single-turn rollouts (grpo)
     assert ESTIMATORS.meta("gae")["needs"] == ("values",) and ESTIMATORS.inputs("gae") == ()
     with pytest.raises(ValueError, match=r"^rl.estimator_options: unknown option 'turn_index' for advantage "
                                          r"estimator 'turn_grpo'; valid: eps, lam$"):
@@ -217,7 +217,7 @@ def test_single_row_episodes_give_exactly_compute_advantages(name):
               "step_rewards": torch.rand(6, 5, generator=gen),
               "step_mask": m, "turn_rewards": torch.zeros(6, 5), "turn_index": torch.zeros(6, 5, dtype=torch.long),
               "turn_key": torch.zeros(6, 5, dtype=torch.long)}
-    kw = {k: inputs[k] for k in ESTIMATORS.meta(name)["needs"]}
+    kw = {k: inputs[k] for k in (*ESTIMATORS.meta(name)["needs"], *ESTIMATORS.inputs(name))}
     g = torch.tensor([0, 0, 0, 1, 1, 1])
     expected = compute_advantages(name, token_rewards=r, mask=m, group=g, **kw)
     got = episode_advantages(name, token_rewards=r, mask=m, group=g, episode=torch.tensor([1, 2, 3, 4, 5, 6]),

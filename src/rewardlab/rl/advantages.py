@@ -68,8 +68,10 @@ def register_estimator(name: str, needs: tuple[str, ...] = (), *, inputs: tuple[
     every option declared by name (no ``**kwargs``). ``needs`` names the options it requires that only a trainer
     can compute (e.g. ``baseline``, ``values``, ``step_rewards``); they are recorded as ``meta(name)["needs"]``.
     ``inputs`` names the trainer-supplied inputs that are never user options (e.g. ``turn_index``,
-    ``turn_rewards``): recorded as ``meta(name)["inputs"]`` (so ``ESTIMATORS.options``/``check``/``validate`` leave
-    them out and refuse them as user options) and added to ``meta(name)["needs"]`` (so a trainer computes them).
+    ``turn_rewards``), recorded as ``meta(name)["inputs"]`` (``ESTIMATORS.inputs(name)``), so that
+    ``ESTIMATORS.options``/``check``/``validate`` leave them out and refuse them as user options. Unlike ``needs``,
+    an estimator must run without them, giving them their single-turn meaning (one turn per row, no turn rewards):
+    a trainer supplies them for multi-turn episodes and may leave them out for single-turn rollouts.
     ``min_group_size`` (int >= 1, default 1) is the fewest rollouts per prompt group the estimator accepts,
     recorded as ``meta(name)["min_group_size"]``; any further ``meta`` is recorded too.
 
@@ -78,8 +80,7 @@ def register_estimator(name: str, needs: tuple[str, ...] = (), *, inputs: tuple[
     """
     if isinstance(min_group_size, bool) or not isinstance(min_group_size, int) or min_group_size < 1:
         raise ValueError(f"advantage estimator {name!r}: min_group_size must be an int >= 1, got {min_group_size!r}")
-    needs = tuple(dict.fromkeys((*needs, *inputs)))
-    return ESTIMATORS.register(name, needs=needs, inputs=tuple(inputs), min_group_size=min_group_size, **meta)
+    return ESTIMATORS.register(name, needs=tuple(needs), inputs=tuple(inputs), min_group_size=min_group_size, **meta)
 
 
 def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group: Tensor, **options: Any) -> Tensor:
