@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rewardlab.registry import Registry
+from rewardlab.rl.critic import ValueModel
 from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.episodes import EpisodeView, episode_advantages, episode_minibatches, episode_tensors
 from rewardlab.rl.losses import AGGREGATIONS, POLICY_LOSSES, aggregate, compute_policy_loss
@@ -223,6 +224,19 @@ def test_single_row_episodes_give_exactly_compute_advantages(name):
     got = episode_advantages(name, token_rewards=r, mask=m, group=g, episode=torch.tensor([1, 2, 3, 4, 5, 6]),
                              order=torch.zeros(6, dtype=torch.long), **kw)
     assert torch.equal(got, expected)
+
+
+def test_critic_returns_bootstrap_across_environment_tokens_and_rows():
+    # As in the gae test of test_split_invariance: V = [1, 2, (env), 3], outcome 1, gamma = 1, lam = 0.5:
+    # A = [1, 0, -, -2], so the returns A + V = [2, 2, 0, 1]; the same episode split into two rows gives the same.
+    critic = ValueModel.__new__(ValueModel)  # returns() reads no model
+    merged = critic.returns(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.tensor([[1.0, 1.0, 0.0, 1.0]]),
+                            torch.tensor([0]), torch.tensor([[1.0, 2.0, 0.0, 3.0]]), gamma=1.0, lam=0.5)
+    assert merged.tolist() == [[2.0, 2.0, 0.0, 1.0]]
+    split = critic.returns(torch.tensor([[0.0, 0.0], [1.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+                           torch.tensor([0, 0]), torch.tensor([[1.0, 2.0], [3.0, 0.0]]),
+                           episode=torch.tensor([4, 4]), order=torch.tensor([0, 1]), gamma=1.0, lam=0.5)
+    assert split.tolist() == [[2.0, 2.0], [1.0, 0.0]]
 
 
 # ------------------------------------------------------------------------------------------------ aggregations
