@@ -12,7 +12,9 @@
 
 A registered callable declares its options by name in its signature (keyword parameters, or the parameters of a
 class's `__init__`). The options of an entry are its parameters minus the registry's `reserved` inputs (the tensors
-or rows every caller passes, e.g. `token_rewards`, `mask`, `group`) and minus positional-only parameters. A callable
+or rows every caller passes, e.g. `token_rewards`, `mask`, `group`), minus the entry's own `inputs` (given at
+registration, `register("turn_grpo", inputs=("turn_index",))`: tensors only a caller such as the trainer computes,
+never a user's option) and minus positional-only parameters. A callable
 with `**kwargs` declares that it checks its options itself, and `check` accepts anything for it. `validate` also
 checks each value against the parameter's type annotation (pydantic's lax mode: "1e-3" reads as a float, "abc" is an
 error); a parameter annotated `Any`, or not at all, takes any value.
@@ -82,12 +84,21 @@ class Registry(Mapping[str, T], Generic[T]):
 
         ``meta`` holds facts about the entry that callers look up with ``meta(name)`` (e.g. the inputs an estimator
         needs that only a trainer can compute). ``register(name)(obj)`` registers a callable defined elsewhere.
+        ``meta["inputs"]`` (a tuple of parameter names, default ()) is special: those parameters are inputs that a
+        caller computes (e.g. an estimator's ``turn_index``), so they are not options (``options``, ``check`` and
+        ``validate`` leave them out: a user-given one is an unknown option); read them with ``inputs(name)``.
 
         Raises:
-            ValueError: if ``name`` is not a non-empty string or is already registered.
+            ValueError: if ``name`` is not a non-empty string or is already registered, or ``inputs`` is not a tuple
+                or list of strings.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+        if "inputs" in meta:
+            inputs = meta["inputs"]
+            if not isinstance(inputs, (tuple, list)) or not all(isinstance(k, str) for k in inputs):
+                raise ValueError(f"{self.kind} {name!r}: inputs must be a tuple of parameter names, got {inputs!r}")
+            meta["inputs"] = tuple(inputs)
 
         def decorator(obj: T) -> T:
             if name in self._entries:
@@ -134,10 +145,20 @@ class Registry(Mapping[str, T], Generic[T]):
         self.get(name)
         return self._meta[name]
 
+    def inputs(self, name: str) -> tuple[str, ...]:
+        """The caller-computed inputs of entry ``name`` beyond ``self.reserved`` (``meta(name)["inputs"]``; () when
+        it declares none): parameters that are not options.
+
+        Raises:
+            ValueError: if ``name`` is not registered (the message lists the valid names).
+        """
+        return tuple(self.meta(name).get("inputs", ()))
+
     def options(self, name: str, *, reserved: Iterable[str] = ()) -> tuple[str, ...] | None:
         """The option names entry ``name`` declares, in signature order, or None when it takes ``**kwargs``.
 
-        Options are the parameters that can be passed by keyword, minus ``self.reserved`` and ``reserved``.
+        Options are the parameters that can be passed by keyword, minus ``self.reserved``, the entry's ``inputs``
+        and ``reserved``.
 
         Raises:
             ValueError: if ``name`` is not registered (the message lists the valid names).
@@ -145,7 +166,7 @@ class Registry(Mapping[str, T], Generic[T]):
         params = inspect.signature(self.get(name)).parameters.values()
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             return None
-        skip = {*self.reserved, *reserved}
+        skip = {*self.reserved, *self.inputs(name), *reserved}
         keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         return tuple(p.name for p in params if p.kind in keyword and p.name not in skip)
 

@@ -14,6 +14,13 @@ Conventions shared by all estimators:
 - Sequence-level advantages are broadcast to every response token; outputs are 0 wherever ``mask`` is 0.
 - Process rewards arrive as options ``step_rewards`` [N, T] (a step's reward on its last token) and ``step_mask``
   [N, T] (1 on each step's last token).
+- Multi-turn episodes: the turn-level estimators (``turn_grpo``, ``gigpo``) also take trainer-supplied inputs,
+  ``turn_rewards`` [N, T] (each turn's reward on its last sampled token), ``turn_index`` [N, T] int64 (each sampled
+  token's turn, from 0) and ``turn_key`` [N, T] int64 (the id of the state each turn acted in); they are declared
+  with ``register_estimator(inputs=...)``, so they are never user options (``ESTIMATORS.inputs(name)``). Each row
+  is one whole episode: an episode split into several rows goes through ``rewardlab.rl.episodes
+  .episode_advantages``, which runs any estimator on the episode view (the sampled tokens of its rows,
+  concatenated) and scatters the result back.
 - Every estimator declares its options by name; ``compute_advantages`` refuses an option the estimator does not
   declare (a ValueError naming it and listing the valid ones), so nothing is silently ignored.
 - Inputs are upcast to float64 and every statistic (sums, means, stds, whitening) is computed in float64; the
@@ -53,13 +60,18 @@ ESTIMATORS: Registry[Callable[..., Tensor]] = Registry("advantage estimator", re
 DEFAULT_EPS = 1e-6
 
 
-def register_estimator(name: str, needs: tuple[str, ...] = (), *, min_group_size: int = 1,
-                       **meta: Any) -> Callable[[Callable], Callable]:
+def register_estimator(name: str, needs: tuple[str, ...] = (), *, inputs: tuple[str, ...] = (),
+                       min_group_size: int = 1, **meta: Any) -> Callable[[Callable], Callable]:
     """Register an advantage estimator in ``ESTIMATORS`` under ``name``.
 
     The decorated function must have the signature ``fn(*, token_rewards, mask, group, <options>) -> Tensor`` with
     every option declared by name (no ``**kwargs``). ``needs`` names the options it requires that only a trainer
     can compute (e.g. ``baseline``, ``values``, ``step_rewards``); they are recorded as ``meta(name)["needs"]``.
+    ``inputs`` names the trainer-supplied inputs that are never user options (e.g. ``turn_index``,
+    ``turn_rewards``), recorded as ``meta(name)["inputs"]`` (``ESTIMATORS.inputs(name)``), so that
+    ``ESTIMATORS.options``/``check``/``validate`` leave them out and refuse them as user options. Unlike ``needs``,
+    an estimator must run without them, giving them their single-turn meaning (one turn per row, no turn rewards):
+    a trainer supplies them for multi-turn episodes and may leave them out for single-turn rollouts.
     ``min_group_size`` (int >= 1, default 1) is the fewest rollouts per prompt group the estimator accepts,
     recorded as ``meta(name)["min_group_size"]``; any further ``meta`` is recorded too.
 
@@ -68,7 +80,7 @@ def register_estimator(name: str, needs: tuple[str, ...] = (), *, min_group_size
     """
     if isinstance(min_group_size, bool) or not isinstance(min_group_size, int) or min_group_size < 1:
         raise ValueError(f"advantage estimator {name!r}: min_group_size must be an int >= 1, got {min_group_size!r}")
-    return ESTIMATORS.register(name, needs=tuple(needs), min_group_size=min_group_size, **meta)
+    return ESTIMATORS.register(name, needs=tuple(needs), inputs=tuple(inputs), min_group_size=min_group_size, **meta)
 
 
 def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group: Tensor, **options: Any) -> Tensor:
@@ -79,7 +91,8 @@ def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group:
         token_rewards: [N, T] float, rewards on response tokens.
         mask: [N, T] bool/0-1, response tokens.
         group: [N] int64, prompt-group id of each rollout.
-        **options: estimator options; each must be declared by the estimator.
+        **options: estimator options, each declared by the estimator, and its trainer-supplied inputs
+            (``ESTIMATORS.inputs(name)``, e.g. ``turn_index``).
     Returns:
         [N, T] float32 advantages, 0 where mask is 0.
     Raises:
@@ -88,7 +101,8 @@ def compute_advantages(name: str, *, token_rewards: Tensor, mask: Tensor, group:
             for invalid inputs.
     """
     fn = ESTIMATORS.get(name)
-    ESTIMATORS.check(name, options)
+    inputs = ESTIMATORS.inputs(name)
+    ESTIMATORS.check(name, {k: v for k, v in options.items() if k not in inputs})
     return fn(token_rewards=token_rewards, mask=mask, group=group, **options)
 
 
@@ -629,3 +643,208 @@ def gae(*, token_rewards: Tensor, mask: Tensor, group: Tensor, values: Tensor | 
     delta = r + float(gamma) * v_next - v
     a = _reverse_discounted_sum(delta, m, float(gamma) * float(lam))
     return (_whiten_tokens(a, m, eps) if whiten else a).float()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# turn-level estimators (multi-turn episodes). Each row here is one whole episode: the trainer calls them through
+# `rewardlab.rl.episodes.episode_advantages`, which concatenates the sampled tokens of an episode's rows first.
+
+#: The trainer-supplied turn inputs (never user options): see `register_estimator(inputs=...)`.
+TURN_INPUTS = ("turn_rewards", "turn_index")
+
+
+class _Turns:
+    """Per-turn structure of a batch of episodes (rows = episodes, columns = sampled tokens).
+
+    Attributes:
+        index: [N, T] int64 turn of each response token (0 outside the mask).
+        count: K, the number of turn columns (1 + the largest turn index; 1 for an empty batch).
+        reached: [N, K] bool, episode i has a response token in turn k.
+        final: [N] int64, the last turn of each episode (its largest turn index; 0 without response tokens).
+    """
+
+    def __init__(self, m: Tensor, turn_index: Tensor | None):
+        on = m > 0
+        if turn_index is None:
+            index = torch.zeros(m.shape, dtype=torch.long, device=m.device)
+        else:
+            if tuple(turn_index.shape) != tuple(m.shape):
+                raise ValueError(f"input 'turn_index' must have shape {tuple(m.shape)}, got {tuple(turn_index.shape)}")
+            if turn_index.dtype.is_floating_point or turn_index.dtype == torch.bool:
+                raise ValueError(f"input 'turn_index' must be an integer tensor, got {turn_index.dtype}")
+            index = torch.where(on, turn_index.long(), 0)
+            bad = on & (index < 0)
+            if bool(bad.any()):
+                where = bad.nonzero()[0].tolist()
+                raise ValueError(f"input 'turn_index': negative turn {int(index[tuple(where)])} at index {where} "
+                                 "inside the mask; turns count from 0 on sampled tokens")
+        self.index = index
+        self.count = int(index.max()) + 1 if index.numel() else 1
+        n = m.shape[0]
+        hits = torch.zeros(n, self.count, dtype=_COMPUTE, device=m.device)
+        hits.scatter_add_(1, index, on.to(_COMPUTE))
+        self.reached = hits > 0
+        self.final = torch.where(on, index, -1).amax(dim=1).clamp(min=0) if m.shape[1] else torch.zeros(n).long()
+
+    def sum(self, x: Tensor) -> Tensor:
+        """Per-turn sums of x [N, T] (already 0 outside the mask) -> [N, K]."""
+        out = torch.zeros(x.shape[0], self.count, dtype=x.dtype, device=x.device)
+        return out.scatter_add_(1, self.index, x)
+
+    def spread(self, per_turn: Tensor, m: Tensor) -> Tensor:
+        """Each token gets its turn's value: [N, K] -> [N, T], 0 outside the mask."""
+        return per_turn.gather(1, self.index) * m
+
+
+def _turn_rewards(turn_rewards: Tensor | None, m: Tensor) -> Tensor:
+    """turn_rewards [N, T] as float64, checked finite on response tokens, 0 elsewhere (all 0 when None)."""
+    if turn_rewards is None:
+        return torch.zeros_like(m)
+    tr = _check_like("turn_rewards", turn_rewards, m.shape, m > 0)
+    return torch.where(m > 0, tr, 0.0)
+
+
+def _normalize_members(x: Tensor, member: Tensor, key: Tensor, eps: float, std: bool) -> Tensor:
+    """(x - mean) / (std + eps) of the entries of x [M] where ``member`` [M] is true, within groups of equal ``key``
+    [M] among the members (unbiased std; ``std=False``: x - mean only); 0 for non-members and for members of a
+    group of size 1. Equal values within a group give exactly 0 (as ``_Groups``)."""
+    out = torch.zeros_like(x)
+    if not bool(member.any()):
+        return out
+    groups = _Groups(key[member])
+    values = x[member]
+    centered = groups.center(values)
+    a = _scaled(centered, groups.std(values), eps) if std else centered
+    out[member] = torch.where(groups.size > 1, a, torch.zeros_like(a))
+    return out
+
+
+@register_estimator("turn_grpo", inputs=TURN_INPUTS, min_group_size=2)
+def turn_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, turn_rewards: Tensor | None = None,
+              turn_index: Tensor | None = None, lam: float = 1.0, eps: float = DEFAULT_EPS) -> Tensor:
+    """MT-GRPO, turn-level credit for multi-turn episodes (Zeng et al., 2025, "Reinforcing Multi-Turn Reasoning in
+    LLM Agents via Turn-Level Credit Assignment").
+
+    Each row is one episode with turns k = 0..K_i (K_i its last turn). With Â^O_i = ``grpo``'s advantage of the
+    outcome (token_rewards; this calls grpo, eps as given) and r_{i,k} = the sum of ``turn_rewards`` over turn k's
+    tokens (the environment's reward for that turn, placed on its last sampled token):
+        Â^T_{i,k} = (r_{i,k} - mean_j r_{j,k}) / (std_j r_{j,k} + eps), j over the episodes of i's group that
+                    reached turn k (unbiased std; 0 when only one episode of the group reached turn k, or all equal);
+        A_{i,t} = Â^O_i + lam * Â^T_{i,k(t)} on the tokens of turns k < K_i, and A_{i,t} = Â^O_i on the final turn.
+    Per-turn (immediate) rewards are normalised, not reward-to-go: the paper's turn-level advantage standardises the
+    reward of the turn itself and lets the outcome advantage carry the episode's result. The paper writes the
+    first-turn advantage as Â^T + lam * Â^O with lam = 1 in its experiments; lam here weights the turn term (the
+    two coincide at the default lam = 1). With all turn rewards 0, or one turn per episode, the result equals
+    ``grpo``'s exactly.
+
+    Args:
+        token_rewards: [N, T] float, the outcome reward on the episode's last sampled token.
+        mask: [N, T] bool/0-1, the episode's sampled tokens.
+        group: [N] int64, prompt-group id of each episode.
+        turn_rewards: [N, T] float, trainer input: each turn's reward on its last sampled token (None: all 0).
+        turn_index: [N, T] int64, trainer input: each sampled token's turn, from 0 (any value outside the mask;
+            None: one turn per episode).
+        lam: float, weight of the turn-level advantage (default 1.0).
+        eps: float, added to each std (default 1e-6).
+    Returns:
+        [N, T] float32 advantages, 0 where mask is 0.
+    Raises:
+        ValueError: on shape mismatch, a non-integer or negative turn index inside the mask, or a NaN/inf reward or
+            turn reward inside the mask.
+    """
+    outcome = grpo(token_rewards=token_rewards, mask=mask, group=group, eps=eps)
+    r, m = _check_inputs(token_rewards, mask, group)
+    turns = _Turns(m, turn_index)
+    per_turn = turns.sum(_turn_rewards(turn_rewards, m))  # [N, K]
+    n, k = per_turn.shape
+    episode_group = torch.unique(group, return_inverse=True)[1]
+    key = (episode_group[:, None] * k + torch.arange(k, device=m.device)[None, :]).reshape(-1)  # (group, turn)
+    a_turn = _normalize_members(per_turn.reshape(-1), turns.reached.reshape(-1), key, eps, True).view(n, k)
+    a_turn = torch.where(torch.arange(k, device=m.device)[None, :] < turns.final[:, None], a_turn, 0.0)
+    if not bool((a_turn != 0).any()):
+        return outcome  # exactly grpo's
+    return (outcome.to(_COMPUTE) + float(lam) * turns.spread(a_turn, m)).float()
+
+
+@register_estimator("gigpo", inputs=(*TURN_INPUTS, "turn_key"), min_group_size=2)
+def gigpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, turn_rewards: Tensor | None = None,
+          turn_index: Tensor | None = None, turn_key: Tensor | None = None, omega: float = 1.0, gamma: float = 0.95,
+          norm: str = "std", eps: float = DEFAULT_EPS) -> Tensor:
+    """GiGPO, group-in-group advantages for multi-turn episodes (Feng et al., 2025, "Group-in-Group Policy
+    Optimization for LLM Agent Training").
+
+    Each row is one episode with turns k = 0..K_i. A = A^E + omega * A^S, where
+    - A^E_i = ``grpo``'s advantage of the outcome (this calls grpo; scale "group" for norm="std", "none" for
+      norm="none"). The paper's episode return is the sum of the step rewards; here the environment's per-turn
+      rewards enter only A^S, so that omega = 0 gives grpo exactly.
+    - A^S_{i,k}: the step-level advantage of turn k of episode i within its anchor-state group, the turns of the
+      episodes of i's prompt group whose state key equals turn k's (``turn_key``):
+        r_{i,k} = sum over turn k's tokens of (token_rewards + turn_rewards)   (the outcome lands in the last turn);
+        G_{i,k} = sum_{k' >= k} gamma^(k' - k) r_{i,k'}   (the discounted return from turn k, as in the paper);
+        A^S_{i,k} = (G_{i,k} - mean G) / (std G + eps) over the anchor group (unbiased std; norm="none": minus the
+        mean only); 0 for an anchor group of one turn, or whose returns are all equal.
+    Token t of turn k gets A^E_i + omega * A^S_{i,k}. Defaults: omega = 1 and gamma = 0.95 as in the authors'
+    ALFWorld/WebShop runs, and norm = "std" (F_norm = std; their scripts also use "none", mean-only). With
+    omega = 0, or every anchor group of size 1 (e.g. ``turn_key`` None: every turn its own state), the result
+    equals ``grpo``'s exactly.
+
+    Args:
+        token_rewards: [N, T] float, the outcome reward on the episode's last sampled token.
+        mask: [N, T] bool/0-1, the episode's sampled tokens.
+        group: [N] int64, prompt-group id of each episode.
+        turn_rewards: [N, T] float, trainer input: each turn's reward on its last sampled token (None: all 0).
+        turn_index: [N, T] int64, trainer input: each sampled token's turn, from 0 (None: one turn per episode).
+        turn_key: [N, T] int64, trainer input: on every sampled token of a turn, the id of the state the turn acted
+            in (equal ids = the same state; the trainer maps `Rollout.turn_keys` strings to ids); None: every turn
+            its own state.
+        omega: float, weight of the step-level advantage (default 1.0).
+        gamma: float in [0, 1], discount of the step-level return (default 0.95).
+        norm: "std" (default) or "none".
+        eps: float, added to each std (default 1e-6).
+    Returns:
+        [N, T] float32 advantages, 0 where mask is 0.
+    Raises:
+        ValueError: on shape mismatch, an unknown ``norm``, gamma outside [0, 1], a bad turn index, a turn whose
+            tokens carry different keys, or a NaN/inf reward or turn reward inside the mask.
+    """
+    if norm not in ("std", "none"):
+        raise ValueError(f"gigpo: unknown norm {norm!r}; valid: none, std")
+    if not 0.0 <= float(gamma) <= 1.0:
+        raise ValueError(f"gigpo: gamma must be in [0, 1], got {gamma}")
+    episode_adv = grpo(token_rewards=token_rewards, mask=mask, group=group, eps=eps,
+                       scale="group" if norm == "std" else "none")
+    r, m = _check_inputs(token_rewards, mask, group)
+    turns = _Turns(m, turn_index)
+    n, k = m.shape[0], turns.count
+    if turn_key is None:
+        keys = torch.arange(n * k, device=m.device).view(n, k)
+    else:
+        if tuple(turn_key.shape) != tuple(m.shape):
+            raise ValueError(f"input 'turn_key' must have shape {tuple(m.shape)}, got {tuple(turn_key.shape)}")
+        key_tokens = torch.where(m > 0, turn_key.long(), 0)
+        big = torch.iinfo(torch.long)
+        high = torch.full((n, k), big.min, dtype=torch.long, device=m.device).scatter_reduce_(
+            1, turns.index, torch.where(m > 0, key_tokens, big.min), "amax")
+        low = torch.full((n, k), big.max, dtype=torch.long, device=m.device).scatter_reduce_(
+            1, turns.index, torch.where(m > 0, key_tokens, big.max), "amin")
+        split = turns.reached & (high != low)
+        if bool(split.any()):
+            i, j = split.nonzero()[0].tolist()
+            raise ValueError(f"input 'turn_key': the tokens of turn {j} of episode row {i} carry different keys "
+                             f"({int(low[i, j])} and {int(high[i, j])}); a turn acts in one state")
+        keys = high
+    per_turn = turns.sum(torch.where(m > 0, r + _turn_rewards(turn_rewards, m), 0.0))  # [N, K]
+    per_turn = torch.where(turns.reached, per_turn, 0.0)
+    returns = torch.zeros_like(per_turn)
+    running = torch.zeros_like(per_turn[:, 0])
+    for j in range(k - 1, -1, -1):
+        running = per_turn[:, j] + float(gamma) * running
+        returns[:, j] = running
+    episode_group = torch.unique(group, return_inverse=True)[1]
+    # anchor key = (prompt group, state key): ids made dense per column pair with torch.unique over the pairs
+    pairs = torch.stack([episode_group[:, None].expand(n, k).reshape(-1), keys.reshape(-1)], dim=1)
+    anchor = torch.unique(pairs, dim=0, return_inverse=True)[1] if pairs.numel() else pairs[:, 0]
+    a_step = _normalize_members(returns.reshape(-1), turns.reached.reshape(-1), anchor, eps, norm == "std").view(n, k)
+    if float(omega) == 0.0 or not bool((a_step != 0).any()):
+        return episode_adv  # exactly grpo's
+    return (episode_adv.to(_COMPUTE) + float(omega) * turns.spread(a_step, m)).float()

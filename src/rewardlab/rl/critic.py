@@ -16,7 +16,7 @@ from transformers import AutoModelForTokenClassification
 from rewardlab.optim import make_optimizer
 from rewardlab.policy.batch import Batch
 from rewardlab.policy.hf import Policy
-from rewardlab.rl.advantages import compute_advantages
+from rewardlab.rl.episodes import episode_advantages
 
 CRITIC_DIR = "critic"
 
@@ -58,10 +58,16 @@ class ValueModel:
         return v * batch.mask
 
     def returns(self, token_rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor, values: torch.Tensor,
+                *, episode: torch.Tensor | None = None, order: torch.Tensor | None = None,
                 **gae_options) -> torch.Tensor:
-        """GAE returns R_t = A_t + V_t with unwhitened advantages (the critic's regression target), [N, T]."""
+        """GAE returns R_t = A_t + V_t with unwhitened advantages (the critic's regression target), [N, T].
+
+        With ``episode`` (and ``order``) [N] int64, an episode split into several rows, or with environment tokens
+        (mask 0) between its turns, is one sequence: A_t bootstraps across them (`rl.episodes.episode_advantages`).
+        """
         options = {**gae_options, "whiten": False}
-        adv = compute_advantages("gae", token_rewards=token_rewards, mask=mask, group=group, values=values, **options)
+        adv = episode_advantages("gae", token_rewards=token_rewards, mask=mask, group=group, episode=episode,
+                                 order=order, values=values, **options)
         return (adv + values) * mask
 
     def update(self, batch: Batch, returns: torch.Tensor, old_values: torch.Tensor, mask: torch.Tensor,

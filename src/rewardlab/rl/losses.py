@@ -2,11 +2,16 @@
 
 Three registries of pure tensor functions, keyed by the names papers use:
 
-    POLICY_LOSSES[name](logprobs=, old_logprobs=, advantages=, mask=, **options) -> (per-token loss [N, T], stats)
+    POLICY_LOSSES[name](logprobs=, old_logprobs=, advantages=, mask=, episode=, **options) -> (loss [N, T], stats)
     KL_ESTIMATORS[name](logprobs=, ref_logprobs=) -> [N, T]
-    AGGREGATIONS[mode](per_token_loss=, mask=, **options) -> 0-dim loss
+    AGGREGATIONS[mode](per_token_loss=, mask=, episode=, **options) -> 0-dim loss
 
-All tensors are [N, T] over completion tokens (right-padded); ``mask`` (bool or 0/1) marks response tokens.
+All tensors are [N, T] over completion tokens (right-padded); ``mask`` (bool or 0/1) marks response tokens (for an
+episode: the tokens the policy sampled, never an environment token).
+``episode`` [N] int64 (optional, an input, never an option): the episode id of each row, when an episode is split
+into several rows; None means each row is its own episode (the single-turn case, computed exactly as before).
+Whatever reads a sequence counts an episode once, over its tokens across its rows: the ``seq-mean-*``
+aggregations and GSPO's sequence ratio; token-level losses and ``token-mean`` do not depend on it.
 Policy losses compute in float32 (inputs are upcast) and return 0 outside the mask. Every loss and aggregation
 declares its options by name; ``compute_policy_loss`` hands each option to the loss or the aggregation that declares
 it, and refuses one that neither declares (a ValueError naming it and listing the valid ones).
@@ -26,6 +31,7 @@ further clamped to [-10, 10]. ``kl_clamped`` counts the response tokens where a 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -51,9 +57,10 @@ __all__ = [
 ]
 
 POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, dict[str, float]]]] = Registry(
-    "policy loss", reserved=("logprobs", "old_logprobs", "advantages", "mask"))
+    "policy loss", reserved=("logprobs", "old_logprobs", "advantages", "mask", "episode"))
 KL_ESTIMATORS: Registry[Callable[..., Tensor]] = Registry("KL estimator", reserved=("logprobs", "ref_logprobs"))
-AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("aggregation mode", reserved=("per_token_loss", "mask"))
+AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("aggregation mode",
+                                                        reserved=("per_token_loss", "mask", "episode"))
 
 #: |log-ratio| bound (nats) of the policy losses and the KL estimators: exp(20) = 4.9e8 stays finite in float32.
 LOG_RATIO_BOUND = 20.0
@@ -64,8 +71,10 @@ KL_VALUE_BOUNDS: dict[str, float] = {"k3": K3_BOUND}
 
 
 def register_policy_loss(name: str) -> Callable:
-    """Register ``fn(*, logprobs, old_logprobs, advantages, mask, <options>) -> (loss [N, T], stats)`` in
-    ``POLICY_LOSSES``; every option is declared by name (no ``**kwargs``).
+    """Register ``fn(*, logprobs, old_logprobs, advantages, mask, episode=None, <options>) -> (loss [N, T], stats)``
+    in ``POLICY_LOSSES``; every option is declared by name (no ``**kwargs``). A loss that reads whole sequences
+    must use ``episode`` ([N] int64 or None) to treat the rows of one episode as one sequence; one without an
+    ``episode`` parameter is refused episode ids by ``compute_policy_loss``.
 
     Raises:
         ValueError: if ``name`` is already registered.
@@ -83,8 +92,8 @@ def register_kl_estimator(name: str) -> Callable:
 
 
 def register_aggregation(name: str) -> Callable:
-    """Register ``fn(*, per_token_loss, mask, <options>) -> 0-dim Tensor`` in ``AGGREGATIONS``; every option is
-    declared by name (no ``**kwargs``).
+    """Register ``fn(*, per_token_loss, mask, episode=None, <options>) -> 0-dim Tensor`` in ``AGGREGATIONS``; every
+    option is declared by name (no ``**kwargs``); ``episode`` as for ``register_policy_loss``.
 
     Raises:
         ValueError: if ``name`` is already registered.
@@ -127,7 +136,8 @@ def split_loss_options(name: str, agg: str, options: Mapping[str, Any], *,
 
 
 def compute_policy_loss(name: str, *, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                        agg: str = "token-mean", **options: Any) -> tuple[Tensor, dict[str, float]]:
+                        agg: str = "token-mean", episode: Tensor | None = None,
+                        **options: Any) -> tuple[Tensor, dict[str, float]]:
     """Per-token policy loss ``POLICY_LOSSES[name]`` reduced with ``AGGREGATIONS[agg]``.
 
     Each option goes to the loss (e.g. ``clip_low``) or the aggregation (e.g. ``max_len``) that declares it (see
@@ -140,18 +150,34 @@ def compute_policy_loss(name: str, *, logprobs: Tensor, old_logprobs: Tensor, ad
         advantages: [N, T] float.
         mask: [N, T] bool/0-1, response tokens.
         agg: aggregation mode (default ``"token-mean"``).
+        episode: [N] int64 episode id of each row, or None (default: each row its own episode).
         **options: options of the loss and of the aggregation.
     Returns:
         (loss, stats): 0-dim float32 Tensor, and dict[str, float] of the loss's stats.
     Raises:
         ValueError: if ``name`` or ``agg`` is unknown (the message lists the valid names), an option is declared by
-            neither (the message names it and lists the valid ones), or on bad inputs.
+            neither (the message names it and lists the valid ones), ``episode`` is given to a loss or aggregation
+            without an ``episode`` parameter, or on bad inputs.
     """
     loss_options, agg_options = split_loss_options(name, agg, options)
     per_token, stats = POLICY_LOSSES[name](logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                                           mask=mask, **loss_options)
-    loss = AGGREGATIONS[agg](per_token_loss=per_token, mask=mask, **agg_options)
+                                           mask=mask, **_episode_input(POLICY_LOSSES, name, episode),
+                                           **loss_options)
+    loss = AGGREGATIONS[agg](per_token_loss=per_token, mask=mask, **_episode_input(AGGREGATIONS, agg, episode),
+                             **agg_options)
     return loss, dict(stats)
+
+
+def _episode_input(registry: Registry, name: str, episode: Tensor | None) -> dict[str, Tensor]:
+    """{"episode": episode} for an entry that takes it, {} when episode is None.
+
+    Raises: ValueError if episode ids are given to an entry without an ``episode`` parameter."""
+    if episode is None:
+        return {}
+    if "episode" not in inspect.signature(registry.get(name)).parameters:
+        raise ValueError(f"{registry.kind} {name!r} takes no 'episode' input, so it cannot count the rows of a "
+                         "split episode as one; give it an episode parameter")
+    return {"episode": episode}
 
 
 def kl_penalty(name: str, logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -193,7 +219,8 @@ def kl_clamped(name: str, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) 
     return int((hit & (mask > 0)).sum())
 
 
-def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options: Any) -> Tensor:
+def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, *, episode: Tensor | None = None,
+              **options: Any) -> Tensor:
     """Reduce a per-token loss [N, T] to a scalar with ``AGGREGATIONS[mode]``.
 
     Args:
@@ -201,6 +228,7 @@ def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options: Any) -
         mask: [N, T] bool/0-1, response tokens.
         mode: ``"token-mean"``, ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or
             ``"seq-mean-token-sum-norm"``.
+        episode: [N] int64 episode id of each row, or None (each row its own episode).
         **options: options the mode declares (``max_len`` for ``seq-mean-token-sum-norm``).
     Returns:
         0-dim Tensor.
@@ -210,7 +238,7 @@ def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str, **options: Any) -
     """
     fn = AGGREGATIONS.get(mode)
     AGGREGATIONS.check(mode, options)
-    return fn(per_token_loss=per_token_loss, mask=mask, **options)
+    return fn(per_token_loss=per_token_loss, mask=mask, **_episode_input(AGGREGATIONS, mode, episode), **options)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -278,8 +306,9 @@ def _no_clip(m: Tensor) -> Tensor:
 
 
 @register_policy_loss("ppo_clip")
-def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_low: float = 0.2,
-             clip_high: float = 0.2, dual_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
+def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+             episode: Tensor | None = None, clip_low: float = 0.2, clip_high: float = 0.2,
+             dual_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate objective (Schulman et al., 2017, PPO), with asymmetric "clip-higher" bounds
     (Yu et al., 2025, DAPO) and optional dual clip (Ye et al., 2020).
 
@@ -292,6 +321,7 @@ def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         old_logprobs: [N, T] float, behaviour policy (treated as constant).
         advantages: [N, T] float (treated as constant).
         mask: [N, T] bool/0-1, response tokens.
+        episode: [N] int64 or None; a token-level loss does not depend on it.
         clip_low: float >= 0, epsilon of the lower bound (default 0.2).
         clip_high: float >= 0, epsilon of the upper bound (default 0.2).
         dual_clip: float > 1 or None (default None: off).
@@ -329,8 +359,9 @@ GSPO_CLIP_LOW, GSPO_CLIP_HIGH = 3e-4, 4e-4
 
 
 @register_policy_loss("gspo")
-def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip: float | None = None,
-         clip_low: float | None = None, clip_high: float | None = None) -> tuple[Tensor, dict[str, float]]:
+def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, episode: Tensor | None = None,
+         clip: float | None = None, clip_low: float | None = None,
+         clip_high: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Group Sequence Policy Optimization (Zheng et al., 2025, GSPO).
 
     Sequence-level, length-normalized ratio s_i = exp(mean_{t in mask_i} d_t), d = clamp(logprobs - old_logprobs,
@@ -339,13 +370,15 @@ def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Te
     l_{i,t} = -min(s_i * A_i, clip(s_i, 1 - clip_low, 1 + clip_high) * A_i) on every response token of i.
     ``clip = eps`` is the symmetric form of the paper's formula, clip(s_i, 1 - eps, 1 + eps): clip_low = clip_high
     = eps. Defaults are the paper's clip range (clip_low 3e-4, clip_high 4e-4). Ratio stats describe s_i (counted
-    once per token).
+    once per token). With ``episode``, the sequence i is the episode: s_i and A_i are taken over the episode's
+    response tokens across all its rows, and every token of the episode gets its l.
 
     Args:
         logprobs: [N, T] float, current policy (carries gradient).
         old_logprobs: [N, T] float, behaviour policy (treated as constant).
         advantages: [N, T] float (treated as constant).
         mask: [N, T] bool/0-1, response tokens.
+        episode: [N] int64 episode id of each row, or None (each row its own sequence).
         clip: float >= 0 or None, symmetric epsilon; exclusive with clip_low/clip_high (default None).
         clip_low: float >= 0 (default 3e-4).
         clip_high: float >= 0 (default 4e-4).
@@ -364,9 +397,15 @@ def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Te
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"gspo: clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
     m, _lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
-    lengths = m.sum(dim=1).clamp(min=1)
-    seq_ratio = torch.exp((log_ratio * m).sum(dim=1) / lengths)  # [N]
-    seq_adv = (adv * m).sum(dim=1) / lengths  # [N]
+    if episode is None:
+        lengths = m.sum(dim=1).clamp(min=1)
+        seq_ratio = torch.exp((log_ratio * m).sum(dim=1) / lengths)  # [N]
+        seq_adv = (adv * m).sum(dim=1) / lengths  # [N]
+    else:  # the sums of an episode's rows, gathered back to each of its rows
+        inverse = _episode_inverse(episode, m.shape[0])
+        lengths = _per_episode_sum(m.sum(dim=1), inverse)[inverse].clamp(min=1)
+        seq_ratio = torch.exp(_per_episode_sum((log_ratio * m).sum(dim=1), inverse)[inverse] / lengths)
+        seq_adv = _per_episode_sum((adv * m).sum(dim=1), inverse)[inverse] / lengths
     unclipped = -seq_adv * seq_ratio
     clipped = -seq_adv * torch.clamp(seq_ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)[:, None] * m
@@ -379,7 +418,8 @@ def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Te
 
 
 @register_policy_loss("cispo")
-def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_high: float = 0.2,
+def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+          episode: Tensor | None = None, clip_high: float = 0.2,
           clip_low: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """Clipped IS-weight Policy Optimization (MiniMax, 2025, MiniMax-M1).
 
@@ -394,6 +434,7 @@ def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
         old_logprobs: [N, T] float, behaviour policy (treated as constant).
         advantages: [N, T] float (treated as constant).
         mask: [N, T] bool/0-1, response tokens.
+        episode: [N] int64 or None; a token-level loss does not depend on it.
         clip_high: float >= 0 (default 0.2).
         clip_low: float in [0, 1] or None (default None: no lower bound).
     Returns:
@@ -421,7 +462,7 @@ def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
 
 @register_policy_loss("reinforce")
 def reinforce(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-              mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+              mask: Tensor, episode: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """Vanilla policy gradient, REINFORCE (Williams, 1992).
 
     l = -A * logprobs (no importance weight; on-policy). Its gradient equals ppo_clip's when logprobs ==
@@ -432,6 +473,7 @@ def reinforce(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
         old_logprobs: [N, T] float, used only for the ratio stats.
         advantages: [N, T] float (treated as constant).
         mask: [N, T] bool/0-1, response tokens.
+        episode: [N] int64 or None; a token-level loss does not depend on it.
     Returns:
         ([N, T] float32 per-token loss, 0 off the mask; dict of stats, clip fractions 0).
     Raises:
@@ -501,11 +543,25 @@ def _agg_inputs(per_token_loss: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(m > 0, per_token_loss, torch.zeros_like(per_token_loss)), m
 
 
+def _episode_inverse(episode: Tensor, n: int) -> Tensor:
+    """The dense episode index [N] in 0..E-1 of each row. Raises ValueError if episode is not [N]."""
+    if tuple(episode.shape) != (n,):
+        raise ValueError(f"episode must be [N] = [{n}], got shape {tuple(episode.shape)}")
+    return torch.unique(episode, return_inverse=True)[1]
+
+
+def _per_episode_sum(x: Tensor, inverse: Tensor) -> Tensor:
+    """Per-episode sums of a per-row x [N] -> [E]."""
+    size = int(inverse.max()) + 1 if inverse.numel() else 0
+    return torch.zeros(size, dtype=x.dtype, device=x.device).index_add(0, inverse, x)
+
+
 @register_aggregation("token-mean")
-def token_mean(*, per_token_loss: Tensor, mask: Tensor) -> Tensor:
+def token_mean(*, per_token_loss: Tensor, mask: Tensor, episode: Tensor | None = None) -> Tensor:
     """sum_{i,t} l*m / sum_{i,t} m: every response token weighs the same (DAPO, Yu et al., 2025).
 
-    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1. Returns: 0-dim Tensor (0 for an empty mask).
+    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1; episode [N] int64 or None (not used: a token counts
+    once whichever row it is in). Returns: 0-dim Tensor (0 for an empty mask).
     Raises: ValueError if shapes differ.
     """
     lm, m = _agg_inputs(per_token_loss, mask)
@@ -513,37 +569,47 @@ def token_mean(*, per_token_loss: Tensor, mask: Tensor) -> Tensor:
 
 
 @register_aggregation("seq-mean-token-mean")
-def seq_mean_token_mean(*, per_token_loss: Tensor, mask: Tensor) -> Tensor:
+def seq_mean_token_mean(*, per_token_loss: Tensor, mask: Tensor, episode: Tensor | None = None) -> Tensor:
     """mean_i (sum_t l*m / sum_t m): every sequence weighs the same (GRPO, Shao et al., 2024).
 
-    Rows with an empty mask contribute 0 and still count in the mean over N.
-    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1. Returns: 0-dim Tensor.
+    Rows with an empty mask contribute 0 and still count in the mean over N. With ``episode``, i runs over the
+    E episodes and the sums over t over each episode's tokens in all its rows (an episode counts once).
+    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1; episode [N] int64 or None. Returns: 0-dim Tensor.
     Raises: ValueError if shapes differ.
     """
     lm, m = _agg_inputs(per_token_loss, mask)
-    return (lm.sum(dim=1) / m.sum(dim=1).clamp(min=1)).mean()
+    if episode is None:
+        return (lm.sum(dim=1) / m.sum(dim=1).clamp(min=1)).mean()
+    inverse = _episode_inverse(episode, lm.shape[0])
+    return (_per_episode_sum(lm.sum(dim=1), inverse) / _per_episode_sum(m.sum(dim=1), inverse).clamp(min=1)).mean()
 
 
 @register_aggregation("seq-mean-token-sum")
-def seq_mean_token_sum(*, per_token_loss: Tensor, mask: Tensor) -> Tensor:
-    """mean_i sum_t l*m.
+def seq_mean_token_sum(*, per_token_loss: Tensor, mask: Tensor, episode: Tensor | None = None) -> Tensor:
+    """mean_i sum_t l*m; with ``episode``, i runs over the E episodes and t over each one's tokens in all its rows.
 
-    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1. Returns: 0-dim Tensor.
+    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1; episode [N] int64 or None. Returns: 0-dim Tensor.
     Raises: ValueError if shapes differ.
     """
     lm, _m = _agg_inputs(per_token_loss, mask)
-    return lm.sum(dim=1).mean()
+    if episode is None:
+        return lm.sum(dim=1).mean()
+    return _per_episode_sum(lm.sum(dim=1), _episode_inverse(episode, lm.shape[0])).mean()
 
 
 @register_aggregation("seq-mean-token-sum-norm")
-def seq_mean_token_sum_norm(*, per_token_loss: Tensor, mask: Tensor, max_len: int | None = None) -> Tensor:
+def seq_mean_token_sum_norm(*, per_token_loss: Tensor, mask: Tensor, episode: Tensor | None = None,
+                            max_len: int | None = None) -> Tensor:
     """sum_{i,t} l*m / (N * max_len): a constant normalizer, free of length bias (Liu et al., 2025, Dr. GRPO).
 
-    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1; max_len: int tokens > 0 (default T).
-    Returns: 0-dim Tensor. Raises: ValueError if shapes differ or max_len <= 0.
+    With ``episode``, N is the number of episodes E. The default max_len is the row width T, which depends on
+    how episodes were split into rows: give max_len (the trainer does) for split-invariance.
+    Args: per_token_loss [N, T] float; mask [N, T] bool/0-1; episode [N] int64 or None; max_len: int tokens > 0
+    (default T). Returns: 0-dim Tensor. Raises: ValueError if shapes differ or max_len <= 0.
     """
     lm, _m = _agg_inputs(per_token_loss, mask)
     length = per_token_loss.shape[1] if max_len is None else max_len
     if not length > 0:
         raise ValueError(f"seq-mean-token-sum-norm: max_len must be > 0, got {length}")
-    return lm.sum() / (max(per_token_loss.shape[0], 1) * length)
+    count = per_token_loss.shape[0] if episode is None else int(_episode_inverse(episode, lm.shape[0]).unique().numel())
+    return lm.sum() / (max(count, 1) * length)
