@@ -93,7 +93,7 @@ class HermesParser:
                 calls.append(_call(None, body, "malformed", "<tool_call> is never closed by </tool_call>"))
                 continue
             try:
-                obj = json.loads(body)
+                obj = json.loads(body, strict=False)  # a raw newline inside a string (code) is fine
             except json.JSONDecodeError as exc:
                 calls.append(_call(None, body, "malformed", f"not JSON ({exc.msg} at char {exc.pos}): {_quote(body)}"))
                 continue
@@ -103,7 +103,7 @@ class HermesParser:
             arguments = obj.get("arguments", {})
             if isinstance(arguments, str):
                 try:
-                    arguments = json.loads(arguments) if arguments.strip() else {}
+                    arguments = json.loads(arguments, strict=False) if arguments.strip() else {}
                 except json.JSONDecodeError:
                     pass
             if not isinstance(arguments, dict):
@@ -318,7 +318,10 @@ class ToolEnv(MultiTurnEnv):
             raise ValueError(f"ToolEnv.timeout_s: expected a positive number of seconds, got {timeout_s!r}")
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(f"ToolEnv.workers: expected an integer >= 1 or None, got {workers!r}")
-        self.parser = TOOL_PARSERS.get(parser)()
+        try:
+            self.parser = TOOL_PARSERS.get(parser)()
+        except ValueError as exc:
+            raise ValueError(f"ToolEnv.parser: {exc}") from None
         schemas, functions = [], {}
         for tool in tools:
             schema = tool_schema(tool)
