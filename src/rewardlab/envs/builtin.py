@@ -195,7 +195,6 @@ class CalculatorEnv(ToolEnv):
         if dataset not in _CALC_DATASETS:
             raise ValueError(f"env calculator.dataset: expected one of {', '.join(_CALC_DATASETS)}, got {dataset!r}")
         super().__init__([calc], parser=parser, timeout_s=timeout_s, workers=workers)
-        self.parser_name = parser
         self.dataset = dataset
         self.config = {"min_terms": min_terms, "max_terms": max_terms, "min_digits": min_digits,
                        "max_digits": max_digits}

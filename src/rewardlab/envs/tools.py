@@ -285,8 +285,8 @@ class ToolEnv(MultiTurnEnv):
     did not run). On the turn that reaches `max_turns`, the calls are parsed and recorded but not run (nobody would
     read their results): status as parsed, seconds 0.0, the episode ends with termination "max_turns".
 
-    Tools must be picklable top-level callables (module-level functions, or instances of module-level classes):
-    they run in worker processes (pebble, via `rewardlab.rewards.executor.Executor`), so a call that hangs is really
+    Tools must be picklable top-level callables (functions defined at a module's top level, not lambdas or nested
+    functions): they run in worker processes (pebble, via `rewardlab.rewards.executor.Executor`), so a call that hangs is really
     stopped - its worker is killed and replaced. Each needs type hints and a docstring with an Args section (its
     JSON schema comes from `transformers.utils.get_json_schema`). A tool's result is sent back as `str(result)`; an
     exception it raises becomes status "error" with "ExceptionType: message".
@@ -301,7 +301,8 @@ class ToolEnv(MultiTurnEnv):
         timeout_s: wall seconds one call may run (> 0).
         workers: worker processes of the pool (default: min(4, the run's thread budget)).
     Attributes:
-        tools: [K] JSON schemas (for `apply_chat_template(..., tools=...)`); stop: the parser's closing strings.
+        tools: [K] JSON schemas (for `apply_chat_template(..., tools=...)`); stop: the parser's closing strings;
+        parser_name: the parser's name.
     Raises:
         ValueError: one line: no tools, a tool that is not callable, has no schema (missing hints or docstring), is
             not picklable, or shares a name; an unknown parser; a parser that cannot serve the tools ("compact" with
@@ -336,6 +337,7 @@ class ToolEnv(MultiTurnEnv):
             schemas.append(schema)
             functions[name] = tool
         self.parser.check(schemas)
+        self.parser_name = parser
         self.tools = schemas
         self.stop = tuple(self.parser.stop)
         self.timeout_s = float(timeout_s)
