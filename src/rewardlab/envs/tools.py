@@ -232,7 +232,8 @@ def check_arguments(schema: dict[str, Any], arguments: dict[str, Any]) -> str | 
             want = " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
             return f"{key} must be {want}, got {_quote(json.dumps(value))}"
         if "enum" in spec and value not in spec["enum"]:
-            return f"{key} must be one of {', '.join(json.dumps(v) for v in spec['enum'])}, got {_quote(json.dumps(value))}"
+            allowed = ", ".join(json.dumps(v) for v in spec["enum"])
+            return f"{key} must be one of {allowed}, got {_quote(json.dumps(value))}"
     return None
 
 
@@ -286,8 +287,8 @@ class ToolEnv(MultiTurnEnv):
     read their results): status as parsed, seconds 0.0, the episode ends with termination "max_turns".
 
     Tools must be picklable top-level callables (functions defined at a module's top level, not lambdas or nested
-    functions): they run in worker processes (pebble, via `rewardlab.rewards.executor.Executor`), so a call that hangs is really
-    stopped - its worker is killed and replaced. Each needs type hints and a docstring with an Args section (its
+    functions): they run in worker processes (pebble, via `rewardlab.rewards.executor.Executor`), so a call that
+    hangs is really stopped - its worker is killed and replaced. Each needs type hints and a docstring with an Args section (its
     JSON schema comes from `transformers.utils.get_json_schema`). A tool's result is sent back as `str(result)`; an
     exception it raises becomes status "error" with "ExceptionType: message".
 
