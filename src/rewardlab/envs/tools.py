@@ -289,8 +289,8 @@ class ToolEnv(MultiTurnEnv):
     Tools must be picklable top-level callables (functions defined at a module's top level, not lambdas or nested
     functions): they run in worker processes (pebble, via `rewardlab.rewards.executor.Executor`), so a call that
     hangs is really stopped - its worker is killed and replaced. Each needs type hints and a docstring with an Args
-    section (its JSON schema comes from `transformers.utils.get_json_schema`). A tool's result is sent back as `str(result)`; an
-    exception it raises becomes status "error" with "ExceptionType: message".
+    section (its JSON schema comes from `transformers.utils.get_json_schema`). A tool's result is sent back as
+    `str(result)`; an exception it raises becomes status "error" with "ExceptionType: message".
 
     The pool starts on the first call, is reused across calls and episodes, and is stopped by `close()`, by leaving
     a `with` block, or at interpreter exit.
