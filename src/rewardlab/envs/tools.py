@@ -1,0 +1,451 @@
+"""Tools: `ToolEnv`, the tool-call parsers (`TOOL_PARSERS`) and how a call is checked and run.
+
+    def calc(expression: str) -> str:
+        '''Evaluate an arithmetic expression.
+
+        Args:
+            expression: e.g. "12*34"
+        '''
+        ...
+
+    env = ToolEnv([calc], parser="hermes", timeout_s=5.0)
+    env.tools      # [JSON schema of calc] (transformers.utils.get_json_schema), for the chat template
+    env.stop       # ("</tool_call>",): a model turn ends where a call closes
+    state = env.reset({"prompt": "What is 12*34?"})
+    env.step(state, '<tool_call>{"name": "calc", "arguments": {"expression": "12*34"}}</tool_call>')
+    # StepResult([{"role": "tool", "name": "calc", "content": "408"}], done=False,
+    #            info={"tool_calls": [{"name": "calc", "arguments": {...}, "status": "ok", "seconds": 0.001}]})
+
+Call formats (parsers, by name):
+    hermes   `<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`, as Hermes and Qwen chat templates write
+             them; several calls per turn. A tool message is rendered in a raw prompt as
+             `<tool_response>\\nCONTENT\\n</tool_response>\\n`.
+    compact  `<c>TEXT</c>` calls the environment's single tool with TEXT as its one argument (read as the
+             argument's JSON type: "32" is 32 for an integer argument), answered by `<o>RESULT</o>`. For the embedded
+             tiny model, whose vocabulary is printable ASCII: `<c>12*34</c><o>408</o>`. Several calls per turn.
+
+Statuses of a call: ok (it ran and returned), malformed (not parseable: bad JSON, no "name", an unclosed tag),
+unknown_tool, bad_arguments (a required argument missing, an unknown one, a value of the wrong JSON type),
+error (the tool raised, or its worker process died), timeout (it ran past `timeout_s` and its worker was killed).
+Every call that is not ok becomes a tool message whose content says what was wrong, in one short line starting with
+"error:"; a bad call never raises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rewardlab.envs.base import State, StepResult
+from rewardlab.envs.multiturn import MultiTurnEnv
+from rewardlab.registry import Registry
+
+__all__ = ["CALL_STATUSES", "CompactParser", "HermesParser", "TOOL_PARSERS", "ToolEnv", "check_arguments",
+           "tool_schema"]
+
+#: The status of a parsed call, as `info["tool_calls"][i]["status"]` and `Rollout.tool_calls` record it.
+CALL_STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout")
+
+#: name -> tool-call parser class (no options). A parser has `stop` (the strings that close a call), `check(schemas)`
+#: (raises ValueError when it cannot serve these tools), `parse(text, schemas) -> list[dict]` and `raw_text(message)`.
+TOOL_PARSERS: Registry[Callable[[], Any]] = Registry("tool-call parser")
+
+#: Longest text of a bad call quoted back in its error observation (characters).
+_QUOTE = 40
+
+
+def _quote(text: str) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= _QUOTE else text[:_QUOTE] + "...")
+
+
+def _call(name: Any, arguments: Any, status: str = "ok", error: str = "") -> dict[str, Any]:
+    return {"name": name, "arguments": arguments, "status": status, "error": error}
+
+
+@TOOL_PARSERS.register("hermes")
+class HermesParser:
+    """Hermes/Qwen tool calls: `<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`, any number per turn.
+
+    "arguments" may be missing (no arguments) or a JSON string that holds an object (OpenAI style). A call whose
+    body is not JSON, is not an object, has no str "name" or non-object "arguments" is `malformed`, and so is a
+    `<tool_call>` that never closes.
+    """
+
+    name = "hermes"
+    stop = ("</tool_call>",)
+    _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+
+    def check(self, schemas: Sequence[dict[str, Any]]) -> None:
+        """Any set of tools works."""
+
+    def parse(self, text: str, schemas: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The calls in one model turn, in order: {"name", "arguments", "status" ("ok" or "malformed"), "error"}."""
+        calls = []
+        for match in self._CALL.finditer(text):
+            body, closed = match.group(1).strip(), bool(match.group(2))
+            if not closed:
+                calls.append(_call(None, body, "malformed", "<tool_call> is never closed by </tool_call>"))
+                continue
+            try:
+                obj = json.loads(body, strict=False)  # a raw newline inside a string (code) is fine
+            except json.JSONDecodeError as exc:
+                calls.append(_call(None, body, "malformed", f"not JSON ({exc.msg} at char {exc.pos}): {_quote(body)}"))
+                continue
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+                calls.append(_call(None, body, "malformed", 'expected {"name": ..., "arguments": {...}}'))
+                continue
+            arguments = obj.get("arguments", {})
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments, strict=False) if arguments.strip() else {}
+                except json.JSONDecodeError:
+                    pass
+            if not isinstance(arguments, dict):
+                calls.append(_call(obj["name"], arguments, "malformed", '"arguments" must be a JSON object'))
+                continue
+            calls.append(_call(obj["name"], arguments))
+        return calls
+
+    def raw_text(self, message: dict[str, Any]) -> str:
+        """A tool message as Hermes templates write it: `<tool_response>\\nCONTENT\\n</tool_response>\\n`."""
+        if message.get("role") == "tool":
+            return f"<tool_response>\n{message.get('content', '')}\n</tool_response>\n"
+        return str(message.get("content", ""))
+
+
+#: JSON types `compact` can read its argument text as, and how.
+_FROM_TEXT: dict[str, Callable[[str], Any]] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": lambda s: {"true": True, "false": False}[s.lower()],
+}
+
+
+@TOOL_PARSERS.register("compact")
+class CompactParser:
+    """The compact raw form: `<c>TEXT</c>` calls the environment's single tool with TEXT (stripped) as its one
+    argument, read as the argument's JSON type (string as is; integer, number, boolean parsed: "32" -> 32);
+    answered by `<o>RESULT</o>`. Any number of calls per turn. An unclosed `<c>` is `malformed`; TEXT that does not
+    read as the argument's type is `bad_arguments`.
+    """
+
+    name = "compact"
+    stop = ("</c>",)
+    _CALL = re.compile(r"<c>(.*?)(</c>|$)", re.DOTALL)
+
+    def check(self, schemas: Sequence[dict[str, Any]]) -> None:
+        """Raises ValueError unless there is exactly one tool and it has exactly one parameter of type string,
+        integer, number or boolean."""
+        names = [s["function"]["name"] for s in schemas]
+        if len(schemas) != 1:
+            raise ValueError(f"ToolEnv: parser 'compact' calls the environment's single tool; got {len(schemas)} "
+                             f"tools ({', '.join(names)}): use parser 'hermes'")
+        params = schemas[0]["function"].get("parameters", {}).get("properties", {})
+        if len(params) != 1:
+            raise ValueError(f"ToolEnv: parser 'compact' passes one argument; tool {names[0]!r} has "
+                             f"{len(params)} ({', '.join(params) or 'none'})")
+        (spec,) = params.values()
+        if spec.get("type") not in _FROM_TEXT:
+            raise ValueError(f"ToolEnv: parser 'compact' reads its argument as one of {', '.join(_FROM_TEXT)}; "
+                             f"tool {names[0]!r} takes {spec.get('type', 'an untyped value')}")
+
+    def parse(self, text: str, schemas: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The calls in one model turn: {"name", "arguments", "status" (ok / malformed / bad_arguments), "error"}."""
+        function = schemas[0]["function"]
+        (param, spec), = function["parameters"]["properties"].items()
+        calls = []
+        for match in self._CALL.finditer(text):
+            body, closed = match.group(1).strip(), bool(match.group(2))
+            if not closed:
+                calls.append(_call(None, body, "malformed", "<c> is never closed by </c>"))
+                continue
+            try:
+                value = _FROM_TEXT[spec["type"]](body)
+            except (ValueError, KeyError):
+                calls.append(_call(function["name"], {param: body}, "bad_arguments",
+                                   f"{param} must be {_TYPE_WORDS[spec['type']]}, got {_quote(body)}"))
+                continue
+            calls.append(_call(function["name"], {param: value}))
+        return calls
+
+    def raw_text(self, message: dict[str, Any]) -> str:
+        """A tool message as `<o>CONTENT</o>`; any other message as its content."""
+        if message.get("role") == "tool":
+            return f"<o>{message.get('content', '')}</o>"
+        return str(message.get("content", ""))
+
+
+_TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
+               "array": "a list", "object": "an object", "null": "null"}
+
+
+def _is_type(value: Any, kind: str) -> bool:
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "array":
+        return isinstance(value, list)
+    if kind == "object":
+        return isinstance(value, dict)
+    if kind == "null":
+        return value is None
+    return True  # a type this check does not know: not checked
+
+
+def check_arguments(schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+    """Why `arguments` do not fit the tool `schema` (a `tool_schema`), or None when they do.
+
+    Checked: every required parameter present, no parameter the tool does not declare, each value of its declared
+    JSON type (integer, number, string, boolean, array, object, null; a list of types means any of them; an int is a
+    number, a bool is neither), and in its `enum` when there is one. Nested structure is not checked.
+
+    Returns:
+        None, or one short line, e.g. "missing argument 'expression'", "unknown argument 'x' (takes: expression)",
+        "expression must be a string, got 12".
+    """
+    parameters = schema["function"].get("parameters", {})
+    properties = parameters.get("properties", {})
+    missing = [k for k in parameters.get("required", []) if k not in arguments]
+    if missing:
+        return f"missing argument{'s' if len(missing) > 1 else ''} {', '.join(repr(k) for k in missing)}"
+    unknown = [k for k in arguments if k not in properties]
+    if unknown:
+        return (f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(repr(k) for k in unknown)} "
+                f"(takes: {', '.join(properties) or 'none'})")
+    for key, value in arguments.items():
+        spec = properties[key]
+        kinds = spec.get("type")
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
+        if kinds and not any(_is_type(value, k) for k in kinds):
+            want = " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
+            return f"{key} must be {want}, got {_quote(json.dumps(value))}"
+        if "enum" in spec and value not in spec["enum"]:
+            allowed = ", ".join(json.dumps(v) for v in spec["enum"])
+            return f"{key} must be one of {allowed}, got {_quote(json.dumps(value))}"
+    return None
+
+
+def _tool_name(tool: Any) -> str:
+    return getattr(tool, "__name__", None) or type(tool).__name__
+
+
+def tool_schema(tool: Callable[..., Any]) -> dict[str, Any]:
+    """The JSON schema of a tool, by `transformers.utils.get_json_schema` (from its type hints and its Google-style
+    docstring, whose Args section describes every parameter).
+
+    Raises:
+        ValueError: one line naming the tool when it is not callable or its hints or docstring do not give a schema,
+            e.g. "tool 'calc': Cannot generate JSON schema for calc because it has no docstring!".
+    """
+    from transformers.utils import get_json_schema
+
+    name = _tool_name(tool)
+    if not callable(tool):
+        raise ValueError(f"tool {name!r}: expected a callable, got {type(tool).__name__}")
+    try:
+        return get_json_schema(tool)
+    except Exception as exc:  # noqa: BLE001 - transformers' TypeHintParsingException / DocstringParsingException
+        text = f"{exc}".splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"tool {name!r}: {text} (a tool needs type hints and a docstring with an Args section)"
+                         ) from None
+
+
+def _run_tool(item: tuple[Callable[..., Any], dict[str, Any]]) -> tuple[bool, str, float]:
+    """Worker side of one call: (True, str(result), seconds) or (False, "ExceptionType: message", seconds)."""
+    fn, arguments = item
+    start = time.perf_counter()
+    try:
+        result = fn(**arguments)
+        return True, str(result), time.perf_counter() - start
+    except Exception as exc:  # noqa: BLE001 - reported to the model as an error observation
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return False, text.splitlines()[0] if text.strip() else type(exc).__name__, time.perf_counter() - start
+
+
+class ToolEnv(MultiTurnEnv):
+    """An environment whose model calls Python tools until it answers without a call.
+
+    Each model turn is parsed with the parser; a turn without a call ends the episode (info["termination"] =
+    "stop": the model answered). Otherwise each call is checked (known tool, arguments fitting its schema) and the
+    good ones run at once in a process pool, each under `timeout_s`; the observation is one role "tool" message per
+    call, in call order, {"role": "tool", "name": NAME, "content": str(result)} or, for a bad call, content
+    "error: <what was wrong>". info["tool_calls"] lists the calls, each {"name", "arguments", "status", "seconds"}
+    (status one of CALL_STATUSES; seconds the tool's own run time, `timeout_s` for a timeout, 0.0 for a call that
+    did not run). On the turn that reaches `max_turns`, the calls are parsed and recorded but not run (nobody would
+    read their results): status as parsed, seconds 0.0, the episode ends with termination "max_turns".
+
+    Tools must be picklable top-level callables (functions defined at a module's top level, not lambdas or nested
+    functions): they run in worker processes (pebble, via `rewardlab.rewards.executor.Executor`), so a call that
+    hangs is really stopped - its worker is killed and replaced. Each needs type hints and a docstring with an Args
+    section (its JSON schema comes from `transformers.utils.get_json_schema`). A tool's result is sent back as
+    `str(result)`; an exception it raises becomes status "error" with "ExceptionType: message".
+
+    The pool starts on the first call, is reused across calls and episodes, and is stopped by `close()`, by leaving
+    a `with` block, or at interpreter exit.
+
+    Args:
+        tools: the callables (at least one; names unique).
+        max_turns: end the episode after this many model turns, or None (the episode loop's limit only).
+        parser: a name in TOOL_PARSERS: "hermes" (default) or "compact" (one one-argument tool).
+        timeout_s: wall seconds one call may run (> 0).
+        workers: worker processes of the pool (default: min(4, the run's thread budget)).
+    Attributes:
+        tools: [K] JSON schemas (for `apply_chat_template(..., tools=...)`); stop: the parser's closing strings;
+        parser_name: the parser's name.
+    Raises:
+        ValueError: one line: no tools, a tool that is not callable, has no schema (missing hints or docstring), is
+            not picklable, or shares a name; an unknown parser; a parser that cannot serve the tools ("compact" with
+            several tools); timeout_s or workers out of range.
+    """
+
+    def __init__(self, tools: Sequence[Callable[..., Any]], *, max_turns: int | None = None, parser: str = "hermes",
+                 timeout_s: float = 10.0, workers: int | None = None) -> None:
+        super().__init__(max_turns=max_turns)
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence) or not tools:
+            raise ValueError(f"ToolEnv.tools: expected a non-empty list of callables, got {tools!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
+                math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"ToolEnv.timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+            raise ValueError(f"ToolEnv.workers: expected an integer >= 1 or None, got {workers!r}")
+        try:
+            self.parser = TOOL_PARSERS.get(parser)()
+        except ValueError as exc:
+            raise ValueError(f"ToolEnv.parser: {exc}") from None
+        schemas, functions = [], {}
+        for tool in tools:
+            schema = tool_schema(tool)
+            name = schema["function"]["name"]
+            if name in functions:
+                raise ValueError(f"ToolEnv.tools: two tools are named {name!r}")
+            try:
+                pickle.dumps(tool)
+            except Exception as exc:  # noqa: BLE001 - PicklingError, AttributeError, TypeError
+                raise ValueError(f"tool {name!r} cannot be pickled ({type(exc).__name__}); tools run in worker "
+                                 "processes: define it at module top level") from None
+            schemas.append(schema)
+            functions[name] = tool
+        self.parser.check(schemas)
+        self.parser_name = parser
+        self.tools = schemas
+        self.stop = tuple(self.parser.stop)
+        self.timeout_s = float(timeout_s)
+        self._functions = functions
+        self._schemas = {s["function"]["name"]: s for s in schemas}
+        self._workers = workers
+        self._executor = None
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    def _get_executor(self):
+        if self._executor is None:
+            from rewardlab.rewards.executor import Executor
+            from rewardlab.sandbox import default_workers
+
+            self._executor = Executor(self._workers or min(4, default_workers()))
+        return self._executor
+
+    def close(self) -> None:
+        """Stop the tool workers (idempotent; a later call starts a new pool)."""
+        if self._executor is not None:
+            self._executor.close()
+
+    def __enter__(self) -> ToolEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def raw_text(self, message: dict[str, Any]) -> str:
+        """How an observation message is appended to a raw prompt: the parser's form (`<o>...</o>` for compact)."""
+        return self.parser.raw_text(message)
+
+    # ---------------------------------------------------------------------------------------- calls
+    def parse(self, text: str) -> list[dict[str, Any]]:
+        """The calls in a model turn, checked but not run: each {"name", "arguments", "status", "error"} with
+        status ok, malformed, unknown_tool or bad_arguments, and a one-line `error` for a bad one."""
+        calls = self.parser.parse(text, self.tools)
+        for call in calls:
+            if call["status"] == "ok":
+                if call["name"] not in self._schemas:
+                    call["status"] = "unknown_tool"
+                    call["error"] = f"unknown tool {_quote(call['name'])}; tools: {', '.join(self._schemas)}"
+                    continue
+                why = check_arguments(self._schemas[call["name"]], call["arguments"])
+                if why is None:
+                    continue
+                call["status"], call["error"] = "bad_arguments", why
+            if call["status"] == "malformed":
+                call["error"] = f"malformed tool call: {call['error']}"
+            elif call["status"] == "bad_arguments":
+                call["error"] = f"bad arguments for {call['name']}: {call['error']}"
+        return calls
+
+    def run_calls(self, calls: list[dict[str, Any]]) -> list[str]:
+        """Run the ok calls of `calls` (from `parse`) in the pool, at once; set each call's status and `seconds`
+        in place. Returns the content of each call's tool message, in order (a bad call's is "error: ...")."""
+        contents = ["" for _ in calls]
+        jobs = []
+        for i, call in enumerate(calls):
+            call.setdefault("seconds", 0.0)
+            if call["status"] == "ok":
+                jobs.append(i)
+            else:
+                contents[i] = f"error: {call['error']}"
+        if jobs:
+            from rewardlab.rewards.executor import TaskError
+
+            results = self._get_executor().map(
+                _run_tool, [(self._functions[calls[i]["name"]], calls[i]["arguments"]) for i in jobs],
+                timeout=self.timeout_s)
+            for i, result in zip(jobs, results):
+                call = calls[i]
+                if isinstance(result, TaskError):
+                    if result.kind == "timeout":
+                        call["status"], call["seconds"] = "timeout", self.timeout_s
+                        contents[i] = f"error: {call['name']} timed out after {self.timeout_s:g} s"
+                    else:
+                        call["status"] = "error"
+                        contents[i] = f"error: {call['name']} failed: {result.message}"
+                    continue
+                ok, text, seconds = result
+                call["seconds"] = seconds
+                if ok:
+                    contents[i] = text
+                else:
+                    call["status"] = "error"
+                    contents[i] = f"error: {text}"
+        return contents
+
+    def env_response(self, messages: list[dict[str, Any]], state: State) -> StepResult:
+        """Parse the model's latest turn and run its calls (see the class docstring)."""
+        calls = self.parse(messages[-1]["content"])
+        state["calls"] = calls
+        if not calls:
+            return StepResult(None, True, None, {"termination": "stop", "tool_calls": []})
+        if self.max_turns is not None and state["turn"] >= self.max_turns:
+            contents = [f"error: {c['error']}" if c["status"] != "ok" else "" for c in calls]
+            for call in calls:
+                call["seconds"] = 0.0
+        else:
+            contents = self.run_calls(calls)
+        observation = [{"role": "tool", "name": c["name"] if isinstance(c["name"], str) else "", "content": text}
+                       for c, text in zip(calls, contents)]
+        record = [{"name": c["name"], "arguments": c["arguments"], "status": c["status"], "seconds": c["seconds"]}
+                  for c in calls]
+        return StepResult(observation, False, None, {"tool_calls": record})
+
+    def is_done(self, messages: list[dict[str, Any]], state: State) -> bool:
+        """True when the model's latest turn had no tool call (it answered)."""
+        return not state.get("calls")

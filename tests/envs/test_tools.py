@@ -1,0 +1,285 @@
+"""ToolEnv: parsing (hermes, compact), argument checks, every bad-call status as its observation, the process pool
+with its per-call timeout, and the one-line construction errors."""
+
+import time
+
+import pytest
+from transformers.utils import get_json_schema
+
+from rewardlab.envs import CALL_STATUSES, TOOL_PARSERS, ToolEnv, check_arguments
+
+
+# Tools must be picklable module-level callables with type hints and an Args docstring.
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first term
+        b: the second term
+    """
+    return a + b
+
+
+def shout(text: str) -> str:
+    """Upper-case a text.
+
+    Args:
+        text: the text
+    """
+    return text.upper()
+
+
+def boom(text: str) -> str:
+    """Always fails.
+
+    Args:
+        text: anything
+    """
+    raise KeyError(text)
+
+
+def hang(text: str) -> str:
+    """Never returns.
+
+    Args:
+        text: anything
+    """
+    time.sleep(120)
+    return text
+
+
+def square(x: int) -> int:
+    """Square an integer.
+
+    Args:
+        x: the integer
+    """
+    return x * x
+
+
+def no_doc(x: int) -> int:
+    return x
+
+
+def no_hints(x):
+    """No hints.
+
+    Args:
+        x: a value
+    """
+    return x
+
+
+def call(name, **arguments):
+    import json
+
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def env():
+    with ToolEnv([add, shout, boom], parser="hermes", timeout_s=10.0, workers=1) as e:
+        yield e
+
+
+# ------------------------------------------------------------------------------------------------ construction
+def test_schemas_come_from_get_json_schema_and_stop_is_the_parsers_closing_string(env):
+    assert env.tools == [get_json_schema(add), get_json_schema(shout), get_json_schema(boom)]
+    assert env.stop == ("</tool_call>",)
+    assert ToolEnv([square], parser="compact").stop == ("</c>",)
+    assert set(TOOL_PARSERS) == {"hermes", "compact"}
+    assert CALL_STATUSES == ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout")
+
+
+@pytest.mark.parametrize("tool,match", [(no_doc, "tool 'no_doc': .*docstring"), (no_hints, "tool 'no_hints': ")])
+def test_a_tool_without_docstring_or_hints_is_a_one_line_error_naming_it(tool, match):
+    with pytest.raises(ValueError, match=match) as info:
+        ToolEnv([tool])
+    assert "\n" not in str(info.value)
+
+
+def test_an_unpicklable_tool_is_a_one_line_error():
+    def local(x: int) -> int:
+        """A local function cannot be pickled by reference.
+
+        Args:
+            x: a value
+        """
+        return x
+
+    with pytest.raises(ValueError, match="tool 'local' cannot be pickled.*module top level") as info:
+        ToolEnv([local])
+    assert "\n" not in str(info.value)
+
+
+def test_bad_construction_arguments_are_one_line_errors():
+    with pytest.raises(ValueError, match="ToolEnv.parser: unknown tool-call parser 'xml'; valid: compact, hermes"):
+        ToolEnv([add], parser="xml")
+    with pytest.raises(ValueError, match="parser 'compact' calls the environment's single tool; got 2 tools"):
+        ToolEnv([square, shout], parser="compact")
+    with pytest.raises(ValueError, match="parser 'compact' passes one argument; tool 'add' has 2"):
+        ToolEnv([add], parser="compact")
+    with pytest.raises(ValueError, match="two tools are named 'add'"):
+        ToolEnv([add, add])
+    with pytest.raises(ValueError, match="ToolEnv.timeout_s"):
+        ToolEnv([add], timeout_s=0)
+    with pytest.raises(ValueError, match="ToolEnv.tools"):
+        ToolEnv([])
+
+
+# ------------------------------------------------------------------------------------------------ hermes parsing
+def test_hermes_parses_zero_one_and_two_calls(env):
+    assert env.parse("The answer is 5.") == []
+    (one,) = env.parse("Let me add. " + call("add", a=2, b=3))
+    assert (one["name"], one["arguments"], one["status"]) == ("add", {"a": 2, "b": 3}, "ok")
+    two = env.parse(call("add", a=1, b=1) + "\n" + call("shout", text="hi"))
+    assert [(c["name"], c["arguments"]) for c in two] == [("add", {"a": 1, "b": 1}), ("shout", {"text": "hi"})]
+
+
+def test_hermes_accepts_arguments_as_a_json_string_and_raw_newlines_in_strings(env):
+    (c,) = env.parse('<tool_call>{"name": "shout", "arguments": "{\\"text\\": \\"a\\"}"}</tool_call>')
+    assert (c["status"], c["arguments"]) == ("ok", {"text": "a"})
+    (c,) = env.parse('<tool_call>{"name": "shout", "arguments": {"text": "line1\nline2"}}</tool_call>')
+    assert (c["status"], c["arguments"]) == ("ok", {"text": "line1\nline2"})
+
+
+def test_no_call_ends_the_episode_as_stop(env):
+    state = env.reset({"prompt": "q"})
+    result = env.step(state, "42")
+    assert result.done and result.observation is None
+    assert result.info == {"termination": "stop", "tool_calls": []}
+
+
+# ------------------------------------------------------------------------------------------------ statuses
+def _one(env, action):
+    state = env.reset({"prompt": "q"})
+    result = env.step(state, action)
+    assert not result.done
+    (message,) = result.observation
+    (record,) = result.info["tool_calls"]
+    assert set(record) == {"name", "arguments", "status", "seconds"}
+    return message, record
+
+
+def test_an_ok_call_returns_str_of_the_result(env):
+    message, record = _one(env, call("add", a=20, b=22))
+    assert message == {"role": "tool", "name": "add", "content": "42"}
+    assert record["status"] == "ok" and record["arguments"] == {"a": 20, "b": 22} and record["seconds"] >= 0.0
+
+
+@pytest.mark.parametrize("action,status,content", [
+    ("<tool_call>{bad json}</tool_call>", "malformed", "error: malformed tool call: not JSON"),
+    ('<tool_call>{"arguments": {}}</tool_call>', "malformed", "error: malformed tool call: expected {\"name\""),
+    ('<tool_call>["add"]</tool_call>', "malformed", "error: malformed tool call: expected {\"name\""),
+    ('<tool_call>{"name": "add", "arguments": 3}</tool_call>', "malformed",
+     'error: malformed tool call: "arguments" must be a JSON object'),
+    ('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}', "malformed",
+     "error: malformed tool call: <tool_call> is never closed"),
+    (call("mul", a=1, b=2), "unknown_tool", "error: unknown tool 'mul'; tools: add, shout, boom"),
+    (call("add", a=1), "bad_arguments", "error: bad arguments for add: missing argument 'b'"),
+    (call("add", a=1, b=2, c=3), "bad_arguments", "error: bad arguments for add: unknown argument 'c' (takes: a, b)"),
+    (call("add", a="1", b=2), "bad_arguments", "error: bad arguments for add: a must be an integer, got '\"1\"'"),
+    (call("add", a=True, b=2), "bad_arguments", "error: bad arguments for add: a must be an integer, got 'true'"),
+    (call("add", a=1.5, b=2), "bad_arguments", "error: bad arguments for add: a must be an integer, got '1.5'"),
+    (call("boom", text="x"), "error", "error: KeyError: 'x'"),
+])
+def test_every_bad_call_becomes_an_error_observation_with_its_status(env, action, status, content):
+    message, record = _one(env, action)
+    assert record["status"] == status
+    assert message["role"] == "tool" and message["content"].startswith(content), message["content"]
+    assert "\n" not in message["content"]
+    if status != "error":
+        assert record["seconds"] == 0.0  # it never ran
+
+
+def test_good_and_bad_calls_of_one_turn_keep_their_order(env):
+    state = env.reset({"prompt": "q"})
+    result = env.step(state, call("shout", text="a") + call("nope") + call("add", a=1, b=2))
+    assert [m["content"] for m in result.observation] == ["A", "error: unknown tool 'nope'; tools: add, shout, boom",
+                                                          "3"]
+    assert [c["status"] for c in result.info["tool_calls"]] == ["ok", "unknown_tool", "ok"]
+
+
+def test_a_hanging_tool_is_stopped_by_its_timeout_and_the_pool_keeps_working():
+    with ToolEnv([hang, shout], timeout_s=1.0, workers=1) as env:
+        message, record = _one(env, call("hang", text="x"))
+        assert record["status"] == "timeout" and record["seconds"] == 1.0
+        assert message["content"] == "error: hang timed out after 1 s"
+        message, record = _one(env, call("shout", text="after"))  # the killed worker was replaced
+        assert (record["status"], message["content"]) == ("ok", "AFTER")
+
+
+def test_close_stops_the_pool_and_a_later_call_starts_a_new_one():
+    env = ToolEnv([shout], workers=1)
+    assert _one(env, call("shout", text="a"))[0]["content"] == "A"
+    env.close()
+    env.close()  # idempotent
+    assert _one(env, call("shout", text="b"))[0]["content"] == "B"
+    env.close()
+
+
+def test_the_turn_that_reaches_max_turns_ends_the_episode_without_running_its_calls():
+    with ToolEnv([boom], max_turns=2, workers=1) as env:
+        state = env.reset({"prompt": "q"})
+        first = env.step(state, call("boom", text="1"))
+        assert not first.done and first.info["tool_calls"][0]["status"] == "error"
+        last = env.step(state, call("boom", text="2"))
+        assert last.done and last.observation is None and last.info["termination"] == "max_turns"
+        assert last.info["tool_calls"] == [{"name": "boom", "arguments": {"text": "2"}, "status": "ok",
+                                            "seconds": 0.0}]
+
+
+def test_the_transcript_holds_the_model_turns_and_the_tool_messages(env):
+    state = env.reset({"prompt": "q"})
+    env.step(state, call("shout", text="a"))
+    env.step(state, "done")
+    assert state["messages"] == [{"role": "user", "content": "q"},
+                                 {"role": "assistant", "content": call("shout", text="a")},
+                                 {"role": "tool", "name": "shout", "content": "A"},
+                                 {"role": "assistant", "content": "done"}]
+    assert state["turn"] == 2
+
+
+# ------------------------------------------------------------------------------------------------ compact form
+def test_compact_calls_the_single_tool_with_its_argument_read_as_its_type():
+    with ToolEnv([square], parser="compact", workers=1) as env:
+        state = env.reset({"prompt": "12*12="})
+        result = env.step(state, "<c>12</c>")
+        assert result.observation == [{"role": "tool", "name": "square", "content": "144"}]
+        assert result.info["tool_calls"][0]["arguments"] == {"x": 12}
+        assert env.raw_text(result.observation[0]) == "<o>144</o>"
+        assert env.raw_text({"role": "user", "content": "hi"}) == "hi"
+        bad = env.step(state, "<c>twelve</c>")
+        assert bad.info["tool_calls"][0]["status"] == "bad_arguments"
+        assert bad.observation[0]["content"] == "error: bad arguments for square: x must be an integer, got 'twelve'"
+        assert env.raw_text(bad.observation[0]) == ("<o>error: bad arguments for square: x must be an integer, "
+                                                    "got 'twelve'</o>")
+        unclosed = env.step(state, "<c>12")
+        assert unclosed.info["tool_calls"][0]["status"] == "malformed"
+        assert env.parse("<c>1</c><c>2</c>") == [
+            {"name": "square", "arguments": {"x": 1}, "status": "ok", "error": ""},
+            {"name": "square", "arguments": {"x": 2}, "status": "ok", "error": ""}]
+        assert env.step(state, "144").info["termination"] == "stop"
+
+
+def test_compact_passes_a_string_argument_stripped():
+    env = ToolEnv([shout], parser="compact")
+    assert env.parse("<c> ab </c>")[0]["arguments"] == {"text": "ab"}
+
+
+def test_hermes_raw_text_wraps_a_tool_message_in_tool_response(env):
+    assert env.raw_text({"role": "tool", "name": "add", "content": "3"}) == "<tool_response>\n3\n</tool_response>\n"
+
+
+# ------------------------------------------------------------------------------------------------ argument checks
+def test_check_arguments_by_hand():
+    schema = {"function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "n": {"type": "number"}, "flag": {"type": "boolean"}, "mode": {"type": "string", "enum": ["a", "b"]},
+        "maybe": {"type": ["integer", "null"]}}, "required": ["n"]}}}
+    assert check_arguments(schema, {"n": 1}) is None  # an int is a number
+    assert check_arguments(schema, {"n": 1.5, "flag": False, "mode": "b", "maybe": None}) is None
+    assert check_arguments(schema, {"n": True}) == "n must be a number, got 'true'"
+    assert check_arguments(schema, {"n": 1, "flag": 1}) == "flag must be true or false, got '1'"
+    assert check_arguments(schema, {"n": 1, "mode": "c"}) == 'mode must be one of "a", "b", got \'"c"\''
+    assert check_arguments(schema, {"n": 1, "maybe": 2.5}) == "maybe must be an integer or null, got '2.5'"
+    assert check_arguments(schema, {}) == "missing argument 'n'"
