@@ -5,5 +5,6 @@ Public API (being built in steps): `Environment`, `StepResult` here; `MultiTurnE
 """
 
 from rewardlab.envs.base import Environment, State, StepResult
+from rewardlab.envs.render import ChatRenderer, RawRenderer, Renderer, make_renderer
 
-__all__ = ["Environment", "State", "StepResult"]
+__all__ = ["Environment", "State", "StepResult", "Renderer", "RawRenderer", "ChatRenderer", "make_renderer"]
