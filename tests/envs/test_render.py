@@ -286,3 +286,24 @@ def test_clip_property_on_byte_level_bpe(text, budget, keep):
         assert out.endswith(DEFAULT_MARKER) and text.startswith(out[: -len(DEFAULT_MARKER)])
     else:
         assert out.startswith(DEFAULT_MARKER) and text.endswith(out[len(DEFAULT_MARKER) :])
+
+
+def test_chat_extend_keeps_the_sampled_ids_of_a_subword_tokenizer():
+    # a byte-level BPE merges "408" into fewer tokens than the model sampled (one per character): the row keeps the
+    # sampled ids, and only the new text is tokenized, so the row still decodes to the template's rendering
+    tok = _byte_bpe()
+    tok.add_special_tokens({"eos_token": "<|im_end|>", "additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = CHATML
+    r = make_renderer(tok, "chat")
+    history = [USER]
+    sampled = [i for c in "408" for i in tok(c, add_special_tokens=False)["input_ids"]]
+    assert sampled != tok("408", add_special_tokens=False)["input_ids"]  # not the canonical tokenization
+    row = r.start(history) + sampled
+    history.append({"role": "assistant", "content": r.turn_text(sampled)})
+    new = [{"role": "tool", "content": "ok"}]
+    ids = r.extend(row, history, new)
+    whole = render(tok, history + new)
+    assert decode(tok, row + ids) == whole
+    assert ids == tok("<|im_end|>\n<|im_start|>tool\nok<|im_end|>\n<|im_start|>assistant\n",
+                      add_special_tokens=False)["input_ids"]
+    assert tok(whole, add_special_tokens=False)["input_ids"] != row + ids  # re-tokenizing would have changed the row
