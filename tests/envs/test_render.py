@@ -307,3 +307,33 @@ def test_chat_extend_keeps_the_sampled_ids_of_a_subword_tokenizer():
     assert ids == tok("<|im_end|>\n<|im_start|>tool\nok<|im_end|>\n<|im_start|>assistant\n",
                       add_special_tokens=False)["input_ids"]
     assert tok(whole, add_special_tokens=False)["input_ids"] != row + ids  # re-tokenizing would have changed the row
+
+
+class _PairTokenizer:
+    """A slow tokenizer (no offsets) with one token per two characters; `broken` pieces decode to U+FFFD, as a piece
+    holding part of a multi-byte character does."""
+
+    is_fast = False
+
+    def __init__(self, broken=()):
+        self.pieces, self.broken = [], set(broken)
+
+    def __call__(self, text, add_special_tokens=False):
+        parts = [text[i : i + 2] for i in range(0, len(text), 2)]
+        for p in parts:
+            if p not in self.pieces:
+                self.pieces.append(p)
+        return {"input_ids": [self.pieces.index(p) for p in parts]}
+
+    def decode(self, ids, skip_special_tokens=False, clean_up_tokenization_spaces=False):
+        return "".join("\ufffd" if self.pieces[i] in self.broken else self.pieces[i] for i in ids)
+
+
+def test_clip_with_a_slow_tokenizer():
+    r = RawRenderer(_PairTokenizer(), marker="~")
+    assert r.clip("abcdefgh", 4) == "abcdefgh"  # 4 tokens: fits exactly
+    assert r.clip("abcdefghi", 4) == "abcdef~"  # 5 tokens: 3 kept + the marker
+    assert r.clip("abcdefghi", 4, keep="end") == "~efghi"
+    # a kept piece that does not decode to the text's own characters is given up, never shown as U+FFFD
+    r = RawRenderer(_PairTokenizer(broken={"ef"}), marker="~")
+    assert r.clip("abcdefghi", 4) == "abcd~"

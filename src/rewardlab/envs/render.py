@@ -109,14 +109,16 @@ class _Base:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < self.marker_tokens:
             raise ValueError(f"max_tool_tokens: must be an int >= {self.marker_tokens} (the truncation marker "
                              f"{self.marker!r} takes {self.marker_tokens} tokens), got {max_tokens!r}")
-        ids = _encode(self.tokenizer, text)
+        if not text:
+            return text
+        fast = bool(getattr(self.tokenizer, "is_fast", False))
+        enc = self.tokenizer(text, add_special_tokens=False, **({"return_offsets_mapping": True} if fast else {}))
+        ids = list(enc["input_ids"])
         if len(ids) <= max_tokens:
             return text
-        offsets = None
-        if getattr(self.tokenizer, "is_fast", False):
-            offsets = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-            if len(offsets) != len(ids):
-                offsets = None
+        offsets = enc.get("offset_mapping") if fast else None
+        if offsets is not None and len(offsets) != len(ids):
+            offsets = None
         n = max_tokens - self.marker_tokens
         while True:
             out = self._cut(text, ids, offsets, n, keep)
