@@ -9,8 +9,10 @@ from rewardlab.envs.multiturn import MultiTurnEnv, initial_messages
 from rewardlab.envs.tools import CALL_STATUSES, TOOL_PARSERS, ToolEnv, check_arguments, tool_schema
 from rewardlab.envs.builtin import (ENVIRONMENTS, CalculatorEnv, GuessNumberEnv, PythonEnv, calc,
                                     evaluate_arithmetic, make_env, parse_guess, run_python)
+from rewardlab.envs.render import ChatRenderer, RawRenderer, Renderer, make_renderer
 
 __all__ = ["Environment", "State", "StepResult",
            "CALL_STATUSES", "ENVIRONMENTS", "TOOL_PARSERS", "CalculatorEnv", "GuessNumberEnv", "MultiTurnEnv",
            "PythonEnv", "ToolEnv", "calc", "check_arguments", "evaluate_arithmetic", "initial_messages", "make_env",
-           "parse_guess", "run_python", "tool_schema"]
+           "parse_guess", "run_python", "tool_schema",
+           "Renderer", "RawRenderer", "ChatRenderer", "make_renderer"]
