@@ -5,5 +5,8 @@ Public API (being built in steps): `Environment`, `StepResult` here; `MultiTurnE
 """
 
 from rewardlab.envs.base import Environment, State, StepResult
+from rewardlab.envs.episode import Episode, EpisodeLimits, run_episodes
+from rewardlab.envs.replay import episode_record, replay
 
-__all__ = ["Environment", "State", "StepResult"]
+__all__ = ["Environment", "State", "StepResult", "Episode", "EpisodeLimits", "run_episodes", "episode_record",
+           "replay"]
