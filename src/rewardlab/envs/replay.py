@@ -5,7 +5,7 @@ batch tensors (`rewardlab.policy.rollout_batch`, the loss masks, the turns) equa
 
     {"episode_id": int, "group": int, "row": {task row}, "termination": str, "truncated": bool,
      "completion": str (the episode's final model turn), "messages": [the whole transcript],
-     "turns": int (model turns, across rows), "tool_calls": [per turn, the calls],
+     "n_turns": int (model turns, across rows), "tool_calls": [per turn, the calls],
      "turn_rewards": [per turn, float], "turn_keys": [per turn, str],
      "reward": float | None, "components": {name: float}, "error": str | None,   (the reward output, when given)
      "advantages": [per turn, float] | None,
@@ -61,7 +61,7 @@ def episode_record(rollouts: Sequence[Rollout], reward_output: RewardOutput | No
     rec: dict[str, Any] = {
         "episode_id": last.episode_id, "group": last.group, "row": dict(last.row), "termination": last.termination,
         "truncated": last.truncated, "completion": last.completion, "messages": [dict(m) for m in last.messages],
-        "turns": turns, "tool_calls": [list(c) for r in rollouts for c in r.tool_calls],
+        "n_turns": turns, "tool_calls": [list(c) for r in rollouts for c in r.tool_calls],
         "turn_rewards": [float(x) for r in rollouts for x in r.turn_rewards],
         "turn_keys": [str(k) for r in rollouts for k in r.turn_keys],
         "reward": None, "components": {}, "error": None,
