@@ -30,13 +30,14 @@ def lp(e, t, k):
 
 
 def test_a_tool_episode_is_one_row_of_model_and_environment_ids_with_the_loss_mask_on_sampled_ids_only():
-    (r,), sampler = run({0: ["<c>2+3</c>", "#5$"]}, seed=7, step=3, round=2)
-    call, obs, answer = enc("<c>2+3</c>"), enc("<o>5</o>"), [UNK, 25, EOS]
+    # "#" samples <unk>, which decodes to nothing: a loop that re-rendered the history would lose it
+    (r,), sampler = run({0: ["#<c>2+3</c>", "#5$"]}, seed=7, step=3, round=2)
+    call, obs, answer = [UNK] + enc("<c>2+3</c>"), enc("<o>5</o>"), [UNK, 25, EOS]
     assert r.prompt_ids == [BOS, 53, 30] and r.prompt == "Q:"
-    assert r.completion_ids == call + obs + answer  # <unk> kept: the history is never decoded and re-encoded
-    assert r.loss_mask == [1] * 10 + [0] * 8 + [1] * 3
-    assert r.logprobs == lp(0, 0, 10) + [0.0] * 8 + lp(0, 1, 3)
-    assert r.turns == [(0, 10), (18, 21)]
+    assert r.completion_ids == call + obs + answer
+    assert r.loss_mask == [1] * 11 + [0] * 8 + [1] * 3
+    assert r.logprobs == lp(0, 0, 11) + [0.0] * 8 + lp(0, 1, 3)
+    assert r.turns == [(0, 11), (19, 22)]
     assert r.turn_rewards == [0.5, 0.0]
     assert r.tool_calls == [[{"name": "calc", "arguments": {"expression": "2+3"}, "status": "ok", "seconds": 0.0}],
                             []]
@@ -44,7 +45,7 @@ def test_a_tool_episode_is_one_row_of_model_and_environment_ids_with_the_loss_ma
     assert r.completion == "5"  # the final model turn, never the tool's output
     assert r.messages == [{"role": "user", "content": "Q:"}, {"role": "assistant", "content": "<c>2+3</c>"},
                           {"role": "tool", "name": "calc", "content": "5"}, {"role": "assistant", "content": "5"}]
-    assert r.row == ROW and r.group == 0 and r.sampled_tokens == 13
+    assert r.row == ROW and r.group == 0 and r.sampled_tokens == 14
     # one sample_ids call per turn, streams (seed, step, episode, round, turn), the env's stop strings passed
     assert [c["streams"] for c in sampler.calls] == [[(7, 3, 0, 2, 0)], [(7, 3, 0, 2, 1)]]
     assert [c["budgets"] for c in sampler.calls] == [[16], [16]]
