@@ -141,6 +141,29 @@ def test_an_env_done_step_ends_the_episode_as_env_done_with_its_reward():
     assert r.termination == "env_done" and r.turn_rewards == [0.25, 1.0] and r.completion == "7"
 
 
+@pytest.mark.parametrize("info, termination", [({"termination": "max_turns"}, "max_turns"),
+                                                ({"termination": "stop"}, "stop"), ({}, "env_done")])
+def test_a_done_step_ends_the_episode_with_the_termination_its_info_gives(info, termination):
+    class Done:
+        def reset(self, row):
+            return {}
+
+        def step(self, state, action):
+            return StepResult(None, True, None, info)
+
+    (r,), _ = run({0: ["a$"]}, env=Done())
+    assert r.termination == termination and not r.truncated
+
+
+def test_a_done_step_cannot_claim_a_token_budget_termination():
+    class Liar(CalcEnv):
+        def step(self, state, action):
+            return StepResult(None, True, None, {"termination": "context"})
+
+    with pytest.raises(ValueError, match="env step info termination 'context': expected one of stop, env_done"):
+        run({0: ["a$"]}, env=Liar())
+
+
 def test_empty_observations_work():
     # an empty tool output still renders its tags; an empty message list appends nothing
     (r,), _ = run({0: ["<c>1+1</c>", "2$"]}, env=CalcEnv([[{"role": "tool", "name": "calc", "content": ""}]]))

@@ -28,8 +28,8 @@ Budgets and termination (one contract):
   it is appended and the next turn has no budget: the episode ends with that cap's reason.
 - `max_turns` counts model turns: after the environment answered turn `max_turns` without ending the episode, the
   episode ends `max_turns` (the observation is not appended).
-- A `StepResult` with done=True ends the episode: `stop` when its info says {"termination": "stop"} (the model
-  answered without a tool call), else `env_done`.
+- A `StepResult` with done=True ends the episode with its info["termination"]: "stop" (the model answered without
+  a tool call), "max_turns" (an environment's own turn limit) or, when info has none, `env_done`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ from rewardlab.types import Rollout, Sampled
 
 #: How `Renderer.clip` may keep a tool output that is too long: its start or its end.
 TOOL_KEEP = ("start", "end")
+#: The terminations a done `StepResult` may give in info["termination"] (the token budgets are the loop's).
+ENV_TERMINATIONS = ("stop", "env_done", "max_turns")
 #: What a `Sampled.finish` may be.
 FINISHES = ("eos", "stop", "length")
 
@@ -136,7 +138,7 @@ def history_key(rows: Sequence[_Row]) -> str:
     return h.hexdigest()
 
 
-def initial_messages(row: dict[str, Any], where: str = "row") -> list[dict[str, Any]]:
+def _initial_messages(row: dict[str, Any], where: str = "row") -> list[dict[str, Any]]:
     """The chat messages an episode starts from: the row's `messages` (a chat row), else one user turn holding its
     `prompt`.
 
@@ -158,7 +160,7 @@ class Episode:
 
     States: "sample" (a model turn is due: `next_request()` returns it, the same one until it is fed) and "done"
     (`next_request()` returns None; `termination` says why). The constructor resets the environment and renders the
-    first prompt (`renderer.start(initial_messages(row))`).
+    first prompt: `renderer.start` of the row's chat `messages`, else of one user message holding its `prompt`.
 
     Args:
         env: the `Environment` (reset, step; optional state_key).
@@ -171,7 +173,7 @@ class Episode:
         group: stored as `Rollout.group` (the row's group).
     Raises:
         ValueError: the row's first prompt leaves no room in the context window (names the lengths); the errors of
-            `initial_messages`.
+            `_initial_messages`.
     """
 
     def __init__(self, env: Environment, row: dict[str, Any], renderer: Any, limits: EpisodeLimits, *,
@@ -183,7 +185,7 @@ class Episode:
         self.stream = tuple(stream)
         self.episode_id = episode_id
         self.group = group
-        self.messages = initial_messages(self.row, f"episode {episode_id}: row")
+        self.messages = _initial_messages(self.row, f"episode {episode_id}: row")
         self.state = env.reset(self.row)
         prompt = list(renderer.start(self.messages))
         ctx = limits.context_window
@@ -234,8 +236,9 @@ class Episode:
 
         Raises:
             ValueError: no request pending; a `Sampled` whose ids and log-probs differ in length, longer than the
-                budget, with an unknown finish, or "length" with fewer tokens than the budget; an environment
-                info "termination" other than "stop"/"env_done".
+                budget, with an unknown finish, or "length" with fewer tokens than the budget; a done step whose
+                info "termination" is not one of ENV_TERMINATIONS; an env step that returns no StepResult or a
+                malformed observation.
         """
         req = self._pending
         if req is None:
@@ -278,9 +281,9 @@ class Episode:
         row.tool_calls.append([dict(c) for c in (result.info or {}).get("tool_calls", [])])
         if result.done:
             reason = (result.info or {}).get("termination", "env_done")
-            if reason not in ("stop", "env_done"):
-                raise ValueError(f"episode {self.episode_id}: env step info termination {reason!r}: expected "
-                                 "'stop' or 'env_done'")
+            if reason not in ENV_TERMINATIONS:
+                raise ValueError(f"episode {self.episode_id}: env step info termination {reason!r}: expected one of "
+                                 f"{', '.join(ENV_TERMINATIONS)}")
             self._end(reason)
             return
         if self.turn >= self.limits.max_turns:
