@@ -9,6 +9,8 @@ import pytest
 from episode_fakes import BOS, EOS, UNK, CalcEnv, RawRenderer, ScriptedSampler, assert_prefixes, enc
 
 from rewardlab.envs import Episode, EpisodeLimits, StepResult, run_episodes
+from rewardlab.envs.episode import prompt_text
+from rewardlab.policy.tiny import build_tokenizer
 from rewardlab.types import Sampled
 
 ROW = {"prompt": "Q:", "answer": "5"}
@@ -288,3 +290,15 @@ def test_a_chat_row_starts_from_its_messages():
     rows = [{"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}], "prompt": "Q"}]
     (r,), _ = run({0: ["a$"]}, rows=rows)
     assert r.prompt_ids == [BOS] + enc("SQ") and r.messages[:2] == rows[0]["messages"]
+
+
+def test_prompt_text_keeps_a_templates_special_tokens_but_not_a_raw_prompts_bos():
+    class WithTokenizer:
+        def __init__(self, tokenizer):
+            self.tokenizer = tokenizer
+
+    raw = build_tokenizer()
+    assert prompt_text(WithTokenizer(raw), [BOS, 53, 30]) == "Q:"  # as the single-turn path's prompt text
+    chat = build_tokenizer()
+    chat.chat_template = "{{ messages[0].content }}"
+    assert prompt_text(WithTokenizer(chat), [BOS, 53, 30, EOS]) == "<s>Q:</s>"  # a template's markers are text

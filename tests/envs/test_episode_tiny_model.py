@@ -72,6 +72,7 @@ def test_tiny_model_episodes_are_token_exact_and_their_logprobs_are_the_models()
             assert list(ids) == r.prompt_ids + r.completion_ids[:a] and s.ids == r.completion_ids[a:b]
     for r in out:
         assert r.prompt_ids == policy.encode_prompt(r.row["prompt"])  # the single-turn path's prompt ids
+        assert r.prompt == r.row["prompt"]
         assert r.termination in ("env_done", "max_new_tokens", "max_episode_tokens")
         sampled = [i for a, b in r.turns for i in range(a, b)]
         assert [k for k, m in enumerate(r.loss_mask) if m] == sampled

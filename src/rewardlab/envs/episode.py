@@ -138,6 +138,20 @@ def history_key(rows: Sequence[_Row]) -> str:
     return h.hexdigest()
 
 
+def prompt_text(renderer: Any, ids: list[int]) -> str:
+    """A row's prompt as text, as the model reads it: the renderer's tokenizer's decoding of `ids` with special
+    tokens kept (a chat template's markers), without the BOS token that the tokenizer itself prepends to a raw
+    prompt (a leading bos_token_id when the tokenizer has no chat template), so a raw row's prompt is the
+    single-turn path's prompt text. A renderer without a `tokenizer`: `renderer.turn_text(ids)`."""
+    tok = getattr(renderer, "tokenizer", None)
+    if tok is None:
+        return renderer.turn_text(ids)
+    ids = list(ids)
+    if ids and ids[0] == tok.bos_token_id and not getattr(tok, "chat_template", None):
+        ids = ids[1:]
+    return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
 def _initial_messages(row: dict[str, Any], where: str = "row") -> list[dict[str, Any]]:
     """The chat messages an episode starts from: the row's `messages` (a chat row), else one user turn holding its
     `prompt`.
@@ -165,7 +179,8 @@ class Episode:
     Args:
         env: the `Environment` (reset, step; optional state_key).
         row: the task row (`prompt` or `messages`, `answer`, ...); stored on every rollout.
-        renderer: the `Renderer` (start, extend, turn_text, clip; optional decode for the prompt text).
+        renderer: the `Renderer` (start, extend, turn_text, clip; an optional decode(ids) gives the rows' prompt
+            text, else `prompt_text`).
         limits: the budgets (`EpisodeLimits`).
         stream: the episode's random stream key, e.g. (seed, step, episode index, round); each turn samples from
             stream + (turn,).
@@ -346,7 +361,7 @@ class Episode:
         """
         if not self.done:
             raise ValueError(f"episode {self.episode_id}: rollouts() before the episode is done")
-        decode = getattr(self.renderer, "decode", None) or self.renderer.turn_text
+        decode = getattr(self.renderer, "decode", None) or (lambda ids: prompt_text(self.renderer, ids))
         out = []
         for k, row in enumerate(self.rows):
             last = k == len(self.rows) - 1
@@ -394,7 +409,7 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
     Returns:
         The rows of every episode, episode-major and prompt-major: episode k = row k // n, j-th sample k % n; an
         episode gives one rollout per row (more than one when the renderer had to start a new row). Each rollout:
-        `prompt_ids`/`prompt` (the row's prompt, decoded with renderer.decode if it has one, else turn_text),
+        `prompt_ids`/`prompt` (the row's prompt; its text from renderer.decode if it has one, else `prompt_text`),
         `completion_ids` (model and environment turns interleaved), `loss_mask` (1 exactly on sampled ids),
         `logprobs` (behaviour log-probs on sampled ids, 0.0 elsewhere), `turns` (spans of model turns in
         completion_ids), `turn_rewards` (StepResult.reward, 0.0 for none or for a turn that ended the episode
