@@ -1,4 +1,5 @@
-"""The episode loop end to end with the embedded tiny model (`Policy.sample_ids`) and the default renderer.
+"""The episode loop end to end with the embedded tiny model (`Policy.sample_ids`) and the default renderer, raw and
+with a ChatML-like chat template (written here; the tiny tokenizer spells its markers character by character).
 
 The random model's turns are kept short by stop strings (every lowercase letter and digit ends a turn), and the
 environment answers every turn with a tool message until the third, so every episode has several turns."""
@@ -13,6 +14,11 @@ from conftest import TINY_ARCH
 
 from rewardlab.envs import StepResult, run_episodes
 from rewardlab.policy import Policy, load_policy, rollout_batch
+from rewardlab.policy.tiny import build_model, build_tokenizer
+
+#: ChatML-style and append-only, with the tiny tokenizer's <s> and </s> as its markers.
+CHAT = ("{% for m in messages %}<s>{{ m.role }}\n{{ m.content }}</s>\n{% endfor %}"
+        "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
 
 pytestmark = pytest.mark.skipif(
     not hasattr(Policy, "sample_ids") or importlib.util.find_spec("rewardlab.envs.render") is None,
@@ -55,12 +61,21 @@ class Recording:
 
 def episodes(policy, seed=0):
     rows = [{"prompt": "Q: 12+34=?\n", "answer": "46"}, {"prompt": "Q: 5*6=?\n", "answer": "30"}]
-    return run_episodes(policy, Echo(), rows, n=2, max_turns=4, max_new_tokens=12, max_episode_tokens=60,
+    return run_episodes(policy, Echo(), rows, n=2, max_turns=4, max_new_tokens=12, max_episode_tokens=100,
                         temperature=1.0, seed=seed, step=1)
 
 
-def test_tiny_model_episodes_are_token_exact_and_their_logprobs_are_the_models():
-    policy = load_policy("tiny", seed=0, tiny_arch=TINY_ARCH)
+def tiny(fmt):
+    if fmt == "raw":
+        return load_policy("tiny", seed=0, tiny_arch=TINY_ARCH)
+    tok = build_tokenizer()
+    tok.chat_template = CHAT
+    return Policy(build_model(tok, seed=0, **TINY_ARCH), tok, "chat")
+
+
+@pytest.mark.parametrize("fmt", ["raw", "chat"])
+def test_tiny_model_episodes_are_token_exact_and_their_logprobs_are_the_models(fmt):
+    policy = tiny(fmt)
     rec = Recording(policy)
     out = episodes(rec)
     assert len(out) == 4 and [r.group for r in out] == [0, 0, 1, 1]
@@ -71,8 +86,8 @@ def test_tiny_model_episodes_are_token_exact_and_their_logprobs_are_the_models()
             a, b = r.turns[stream[4]]
             assert list(ids) == r.prompt_ids + r.completion_ids[:a] and s.ids == r.completion_ids[a:b]
     for r in out:
-        assert r.prompt_ids == policy.encode_prompt(r.row["prompt"])  # the single-turn path's prompt ids
-        assert r.prompt == r.row["prompt"]
+        formatted = policy.format_prompt(r.row["prompt"])
+        assert r.prompt_ids == policy.encode_prompt(formatted) and r.prompt == formatted  # the single-turn path's
         assert r.termination in ("env_done", "max_new_tokens", "max_episode_tokens")
         sampled = [i for a, b in r.turns for i in range(a, b)]
         assert [k for k, m in enumerate(r.loss_mask) if m] == sampled
