@@ -272,6 +272,7 @@ def test_an_episode_is_a_state_machine_that_can_be_driven_by_hand():
     ({"max_turns": 0}, "episode.max_turns: must be an int >= 1"),
     ({"max_tool_tokens": 0}, "episode.max_tool_tokens: must be an int >= 1"),
     ({"tool_keep": "middle"}, "tool_keep: expected one of start, end"),
+    ({"tool_keep": "end"}, "tool_keep: 'end' has no effect without max_tool_tokens"),
 ])
 def test_bad_options_are_refused_in_one_line_naming_them(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -65,7 +65,7 @@ class EpisodeLimits:
         tool_keep: "start" keeps the beginning of a clipped tool output, "end" its end.
     Raises:
         ValueError: one line naming the field: a value < 1, max_new_tokens > max_episode_tokens, an unknown
-            tool_keep.
+            tool_keep, or tool_keep "end" without max_tool_tokens (a setting that would do nothing).
     """
 
     max_turns: int
@@ -87,6 +87,9 @@ class EpisodeLimits:
                              f"({self.max_episode_tokens}): a model turn is part of its episode")
         if self.tool_keep not in TOOL_KEEP:
             raise ValueError(f"episode.tool_keep: expected one of {', '.join(TOOL_KEEP)}, got {self.tool_keep!r}")
+        if self.tool_keep != "start" and self.max_tool_tokens is None:
+            raise ValueError(f"episode.tool_keep: {self.tool_keep!r} has no effect without max_tool_tokens (tool "
+                             "output is not clipped)")
 
 
 @dataclass(frozen=True)
