@@ -87,6 +87,7 @@ def test_an_observation_that_fills_max_episode_tokens_exactly_is_appended_and_th
     assert r.completion_ids == enc("<c>1+1</c>") + enc("<o>2</o>")
     assert r.loss_mask == [1] * 10 + [0] * 8 and r.termination == "max_episode_tokens"
     assert len(sampler.calls) == 1  # no budget left for a second turn
+    assert [m["role"] for m in r.messages] == ["user", "assistant", "tool"]  # the transcript has the observation
 
 
 def test_a_turn_is_capped_by_what_is_left_of_the_episode():
@@ -107,7 +108,7 @@ def test_the_context_window_caps_a_turn_and_an_observation():
     (r,), _ = run({0: ["<c>1+1</c>", "2$"]}, context_window=20)  # the observation would make the row 21 long
     assert r.completion_ids == enc("<c>1+1</c>") and r.termination == "context"
     (r,), _ = run({0: ["<c>1+1</c>", "2$"]}, context_window=21)  # fits exactly: appended, then no room
-    assert len(r.completion_ids) == 18 and r.termination == "context"
+    assert len(r.completion_ids) == 18 and r.termination == "context" and len(r.messages) == 3
     # a turn that hits the window before max_new_tokens ends as context
     (r,), _ = run({0: ["abcdef$"]}, context_window=6)
     assert r.completion_ids == enc("abc") and r.termination == "context"

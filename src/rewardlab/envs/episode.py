@@ -237,10 +237,10 @@ class Episode:
         left_episode = lim.max_episode_tokens - self.tokens
         left_ctx = None if lim.context_window is None else lim.context_window - row.length
         if left_episode <= 0:
-            self.termination = "max_episode_tokens"
+            self._end("max_episode_tokens")
             return None
         if left_ctx is not None and left_ctx <= 0:
-            self.termination = "context"
+            self._end("context")
             return None
         budget = min(lim.max_new_tokens, left_episode, left_ctx if left_ctx is not None else left_episode)
         self._caps = (lim.max_new_tokens, left_episode, left_ctx)
