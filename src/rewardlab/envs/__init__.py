@@ -10,9 +10,12 @@ from rewardlab.envs.tools import CALL_STATUSES, TOOL_PARSERS, ToolEnv, check_arg
 from rewardlab.envs.builtin import (ENVIRONMENTS, CalculatorEnv, GuessNumberEnv, PythonEnv, calc,
                                     evaluate_arithmetic, make_env, parse_guess, run_python)
 from rewardlab.envs.render import ChatRenderer, RawRenderer, Renderer, make_renderer
+from rewardlab.envs.episode import Episode, EpisodeLimits, run_episodes
+from rewardlab.envs.replay import episode_record, replay
 
 __all__ = ["Environment", "State", "StepResult",
            "CALL_STATUSES", "ENVIRONMENTS", "TOOL_PARSERS", "CalculatorEnv", "GuessNumberEnv", "MultiTurnEnv",
            "PythonEnv", "ToolEnv", "calc", "check_arguments", "evaluate_arithmetic", "initial_messages", "make_env",
            "parse_guess", "run_python", "tool_schema",
-           "Renderer", "RawRenderer", "ChatRenderer", "make_renderer"]
+           "Renderer", "RawRenderer", "ChatRenderer", "make_renderer",
+           "Episode", "EpisodeLimits", "run_episodes", "episode_record", "replay"]
