@@ -349,7 +349,9 @@ class Policy:
                                                 words=words, watch=watch)
             if result is None:
                 n = N // len(prompt_ids)
-                if n * len(prompt_ids) != N or node != [k // n for k in range(N)]:  # not n rows per prompt in order
+                # one row per prompt unless n rows per prompt in order and transformers samples (its greedy search,
+                # which stream draws run through, takes one sequence per prompt)
+                if words is not None or n * len(prompt_ids) != N or node != [k // n for k in range(N)]:
                     batch, n = self.collate([prompt_ids[j] for j in node], [[] for _ in node]), 1
                 result = sample_with_generate(self.model, self.tokenizer, batch, n=n, temperature=temperature,
                                               top_p=top_p, budgets=budget_t, greedy=greedy, words=words, watch=watch)
