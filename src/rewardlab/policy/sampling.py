@@ -94,8 +94,9 @@ class StopWatch:
     """Tells, token by token, which rows have completed a stop string, so a sampler can stop running them.
 
     Each row's new tokens are pushed as they are sampled. A cheap check decodes only the last few tokens (enough
-    for the longest stop string) and, when it finds a stop string, the row's whole text is checked with `stop_end`
-    (so the answer is never wrong; at worst a stop is noticed late, and the caller's final `stop_end` cut is exact).
+    for the longest stop string, so its cost per token does not grow with the row) and, when it finds a stop
+    string, the row's whole text is checked with `stop_end` (so the answer is never wrong; at worst a stop is
+    noticed late, and the caller's final `stop_end` cut is exact).
 
     Args:
         tokenizer: decodes the ids.
@@ -106,7 +107,9 @@ class StopWatch:
     def __init__(self, tokenizer: Any, stops: Sequence[str], befores: Sequence[str]) -> None:
         self.tokenizer, self.stops, self.befores = tokenizer, list(stops), list(befores)
         self.ids: list[list[int]] = [[] for _ in befores]
-        self.window = max(len(s) for s in self.stops) + 2  # tokens decoded by the cheap check
+        # tokens decoded by the cheap check: twice the longest stop string's characters, plus 2, leaves room for
+        # tokens that decode to no text or to part of a character
+        self.window = 2 * max(len(s) for s in self.stops) + 2
 
     def push(self, rows: Sequence[int], tokens: Sequence[int]) -> list[bool]:
         """Append `tokens[j]` to row `rows[j]`; returns, per pushed row, whether its new text now completes a stop
