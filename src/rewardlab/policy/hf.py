@@ -15,11 +15,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rewardlab.modeldir import check_model_dir, load_pretrained
 from rewardlab.policy.batch import Batch, collate, mark_steps
 from rewardlab.policy.sampling import (
+    StopWatch,
     expandable_cache,
     group_rows,
     sample_prefix_tree,
     sample_with_generate,
-    StopWatch,
     shared_prefix_logits,
     stop_end,
 )
