@@ -4,6 +4,7 @@ log-probs. Packing and step marking are in `rewardlab.policy.batch`, the sampler
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rewardlab.modeldir import check_model_dir, load_pretrained
 from rewardlab.policy.batch import Batch, collate, mark_steps
 from rewardlab.policy.sampling import (
+    StopWatch,
     expandable_cache,
     group_rows,
     sample_prefix_tree,
     sample_with_generate,
     shared_prefix_logits,
+    stop_end,
 )
-from rewardlab.types import Rollout
+from rewardlab.policy.streams import stream_words
+from rewardlab.types import Rollout, Sampled
 
 PROMPT_FORMATS = ("auto", "raw", "chat")
 
@@ -128,6 +132,18 @@ class Policy:
         return mark_steps(self.tokenizer, rollout, separator)
 
     # ------------------------------------------------------------------ sampling
+    @property
+    def eos_token_id(self) -> int:
+        """The tokenizer's end-of-sequence token id (`TokenSampler`)."""
+        return self.tokenizer.eos_token_id
+
+    @property
+    def context_window(self) -> int | None:
+        """The most tokens (prompt + completion) the model attends to: its config's `max_position_embeddings`, or
+        None when the config has none (`TokenSampler`)."""
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if value else None
+
     @torch.no_grad()
     def generate(
         self,
@@ -142,6 +158,7 @@ class Policy:
         batch_size: int | None = None,
         prefixes: Sequence[str] | None = None,
         stop: str | None = None,
+        streams: Sequence[tuple[int, ...]] | None = None,
     ) -> list[Rollout]:
         """Sample `n` completions of each task prompt.
 
@@ -159,98 +176,199 @@ class Policy:
                 (step-level search). The rollout's `prompt` is then formatted prompt + prefix, and its `completion`
                 only the new text.
             stop: a stop string: each completion ends right after the first occurrence of `stop` in the text it
-                adds to prompt + prefix (transformers `stop_strings`), e.g. "\n" to sample one reasoning step.
+                adds to prompt + prefix (a stop string that starts in the prompt's tail and ends in the new text
+                counts), e.g. "\n" to sample one reasoning step.
+            streams: one random stream key (a tuple of ints) per rollout, prompt-major (len(prompts) * n): rollout
+                k's t-th token is drawn by inverse CDF at a uniform hashed from (streams[k], t)
+                (`rewardlab.policy.streams`), so it does not depend on the batch, `batch_size`, the other rollouts or
+                torch's global generator. None: draws from torch's global generator.
         Returns:
             len(prompts) * n rollouts, prompt-major: rollout k belongs to prompt k // n and has group k // n.
             `logprobs` are log softmax(logits / temperature) of the sampled tokens (temperature 1 when greedy).
             `truncated` is True when a completion ended at `max_new_tokens`, with neither EOS nor `stop`.
         Raises:
-            ValueError: temperature <= 0, top_p outside (0, 1], n < 1, greedy with n > 1, an empty `stop`, or
-                `prefixes` of another length than `prompts`.
+            ValueError: temperature <= 0, top_p outside (0, 1], n < 1, greedy with n > 1, max_new_tokens < 1, an
+                empty `stop`, `prefixes` of another length than `prompts`, or `streams` of another length than
+                len(prompts) * n or with a key that is not a tuple of ints.
         """
         if n < 1 or (greedy and n != 1):
             raise ValueError(f"generation: n must be >= 1 (and 1 when greedy), got {n}")
-        if not greedy and temperature <= 0:
-            raise ValueError(f"generation.temperature: must be > 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"generation.top_p: must be in (0, 1], got {top_p}")
+        self._check_sampling(temperature, top_p, greedy)
+        if max_new_tokens < 1:
+            raise ValueError(f"generation.max_new_tokens: must be >= 1, got {max_new_tokens}")
         if stop is not None and not stop:
             raise ValueError("generation.stop: must be a non-empty string or None")
         if prefixes is not None and len(prefixes) != len(prompts):
             raise ValueError(f"generation: {len(prefixes)} prefixes for {len(prompts)} prompts")
+        if streams is not None and len(streams) != len(prompts) * n:
+            raise ValueError(f"generation.streams: expected one per rollout ({len(prompts)} prompts x {n}), "
+                             f"got {len(streams)}")
+        words = stream_words(streams) if streams is not None and not greedy else None
         tok = self.tokenizer
         convs = [rows[i].get("messages") if rows is not None else None for i in range(len(prompts))]
         texts = [self.format_prompt(p, convs[i]) + (prefixes[i] if prefixes is not None else "")
                  for i, p in enumerate(prompts)]
         ids = [self.encode_prompt(t) for t in texts]
         step = batch_size or len(prompts) or 1
-        was_training = self.model.training
-        self.model.eval()
         rollouts: list[Rollout] = []
-        eos = tok.eos_token_id
         for start in range(0, len(prompts), step):
             chunk = ids[start : start + step]
-            gen, logps = self._sample(chunk, n=n, temperature=temperature, top_p=top_p,
-                                      max_new_tokens=max_new_tokens, greedy=greedy, stop=stop)
-            for k, row_ids in enumerate(gen.tolist()):
+            B = len(chunk)
+            befores = [texts[start + k // n][max(0, len(texts[start + k // n]) - len(stop) + 1) :] if stop else ""
+                       for k in range(B * n)]
+            sampled = self._sample(chunk, node=[k // n for k in range(B * n)], budgets=[max_new_tokens] * (B * n),
+                                   temperature=temperature, top_p=top_p, greedy=greedy,
+                                   stops=[stop] if stop is not None else None, befores=befores,
+                                   words=None if words is None else words[start * n : (start + B) * n])
+            for k, s in enumerate(sampled):
                 p_idx = start + k // n
-                end = row_ids.index(eos) + 1 if eos in row_ids else len(row_ids)
-                stopped = False
-                if stop is not None:
-                    cut = self._stop_end(row_ids[:end], stop, texts[p_idx][-(len(stop) - 1) :] if len(stop) > 1 else "")
-                    if cut is not None:
-                        end, stopped = cut, True
-                comp = row_ids[:end]
                 rollouts.append(
                     Rollout(
                         prompt=texts[p_idx],
                         prompt_ids=ids[p_idx],
-                        completion=tok.decode(comp, skip_special_tokens=True),
-                        completion_ids=comp,
-                        logprobs=logps[k, :end].tolist(),
+                        completion=tok.decode(s.ids, skip_special_tokens=True),
+                        completion_ids=s.ids,
+                        logprobs=s.logprobs,
                         row=dict(rows[p_idx]) if rows is not None else {},
                         group=p_idx,
-                        truncated=not stopped and eos not in comp,
+                        truncated=s.finish == "length",
                     )
                 )
-        self.model.train(was_training)
         return rollouts
 
-    def _stop_end(self, ids: list[int], stop: str, before: str) -> int | None:
-        """Tokens of `ids` up to the one that completes the first `stop` in `before` + decoded text, or None.
+    @torch.no_grad()
+    def sample_ids(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
+                   temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                   stop: Sequence[str] | str | None = None,
+                   streams: Sequence[tuple[int, ...]] | None = None) -> list[Sampled]:
+        """Continue each prefix in `prompts` by one sample: token ids in, ids and behaviour log-probs out
+        (`rewardlab.types.TokenSampler`). The ids are given to the model exactly as they are (never decoded and
+        re-encoded); identical prompts share their forward passes (prefix-tree sampler).
 
-        `before` is the tail of the prompt (len(stop) - 1 characters), so a stop string that starts in the prompt
-        and ends in the first new token counts, as it does for transformers' `stop_strings`.
+        Args:
+            prompts: N token-id prefixes (each non-empty, ids in the model's vocabulary).
+            max_new_tokens: each continuation's token budget (>= 1), one int for all or one per prompt. A budget
+                that would run past `context_window` is clamped to the room left (context_window - len(prompt)),
+                so a continuation that fills the window ends with finish "length" (the caller can tell it by
+                len(prompt) + len(ids) == context_window).
+            temperature: sampling temperature (> 0); ignored when `greedy`.
+            top_p: nucleus sampling mass in (0, 1].
+            greedy: argmax decoding (no draws; `streams` is then not used).
+            stop: strings (a single str is one stop string) that end a continuation once the decoded new text
+                (special tokens skipped) contains one: it ends with the token that completes the earliest-ending
+                stop string, that whole token kept (`sampling.stop_end`). Text of the prompt does not count.
+            streams: one key (a tuple of ints) per prompt: the t-th new token of prompt i is drawn by inverse CDF
+                from softmax(logits / temperature) after top-p filtering, at the uniform u = H(streams[i], t) (a
+                counter-based hash, `rewardlab.policy.streams.hashed_uniform`), so it depends only on (streams[i],
+                t) and the model's logits, never on the batch, the other rows or torch's global generator. None:
+                draws from torch's global generator (`torch.multinomial`).
+        Returns:
+            N `Sampled` in the order of `prompts`: `ids` (int token ids, up to and including EOS or the token that
+            completed a stop string), `logprobs` (float, same length: log softmax(logits / temperature) of each
+            sampled token before top-p filtering, natural log; temperature 1 when greedy) and `finish`: "eos",
+            "stop" (also when the last budget token completes a stop string) or "length".
+        Raises:
+            ValueError: one line for an empty prompt, an id outside the vocabulary, a prompt that fills the context
+                window, a budget < 1 or a budget list of the wrong length, temperature <= 0, top_p outside (0, 1],
+                an empty stop string, or `streams` of the wrong length or with a key that is not a tuple of ints.
         """
-        text = before + self.tokenizer.decode(ids, skip_special_tokens=True)
-        at = text.find(stop)
-        if at < 0:
-            return None
-        need = at + len(stop) - len(before)  # characters of new text up to the end of the stop string
-        for k in range(1, len(ids) + 1):
-            if len(self.tokenizer.decode(ids[:k], skip_special_tokens=True)) >= need:
-                return k
-        return len(ids)
+        self._check_sampling(temperature, top_p, greedy)
+        N = len(prompts)
+        if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
+            budgets = [int(max_new_tokens)] * N
+        else:
+            budgets = [int(b) for b in max_new_tokens]
+            if len(budgets) != N:
+                raise ValueError(f"sample_ids.max_new_tokens: {len(budgets)} budgets for {N} prompts")
+        if any(b < 1 for b in budgets):
+            raise ValueError(f"sample_ids.max_new_tokens: every budget must be >= 1, got {min(budgets)}")
+        stops = [stop] if isinstance(stop, str) else (list(stop) if stop is not None else None)
+        if stops is not None and (not stops or not all(isinstance(s, str) and s for s in stops)):
+            raise ValueError(f"sample_ids.stop: expected non-empty strings, got {stop!r}")
+        if streams is not None and len(streams) != N:
+            raise ValueError(f"sample_ids.streams: {len(streams)} streams for {N} prompts")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        window = self.context_window
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"sample_ids.prompts[{i}]: empty prompt (no token ids)")
+            if min(p) < 0 or max(p) >= vocab:
+                raise ValueError(f"sample_ids.prompts[{i}]: token id outside the vocabulary [0, {vocab})")
+            if window is not None:
+                if len(p) >= window:
+                    raise ValueError(f"sample_ids.prompts[{i}]: {len(p)} tokens leave no room in the context "
+                                     f"window of {window}")
+                budgets[i] = min(budgets[i], window - len(p))
+        words = stream_words(streams) if streams is not None and not greedy else None
+        if N == 0:
+            return []
+        distinct: dict[tuple[int, ...], int] = {}
+        node = [distinct.setdefault(tuple(int(x) for x in p), len(distinct)) for p in prompts]
+        return self._sample([list(p) for p in distinct], node=node, budgets=budgets, temperature=temperature,
+                            top_p=top_p, greedy=greedy, stops=stops, befores=[""] * N, words=words)
 
-    def _sample(self, prompt_ids: list[list[int]], *, n: int, temperature: float, top_p: float, max_new_tokens: int,
-                greedy: bool, stop: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample `n` completions of each prompt: [B*n, L] int64 token ids (pad after EOS, L <= max_new_tokens) and
-        [B*n, L] float32 behaviour log-probs, prompt-major. The shared-prefix sampler when the model's cache allows
-        it, else transformers' `generate`. With `stop`, `generate` ends a row at the stop string (`stop_strings`); the
-        shared-prefix sampler runs on to the limit and the caller cuts at the stop string, which gives the same
-        distribution."""
-        batch = self.collate(prompt_ids, [[] for _ in prompt_ids])
-        P = batch.prompt_len
-        if self.shared_prefix is not False:
-            prefill = self.model(input_ids=batch.input_ids[:, :P], attention_mask=batch.attention_mask[:, :P],
-                                 position_ids=batch.position_ids[:, :P], use_cache=True, logits_to_keep=1)
-            self.shared_prefix = expandable_cache(prefill.past_key_values)
-            if self.shared_prefix:
-                return sample_prefix_tree(self.model, batch, prefill, eos_id=self.tokenizer.eos_token_id,
-                                          pad_id=self.tokenizer.pad_token_id, n=n, temperature=temperature,
-                                          top_p=top_p, max_new_tokens=max_new_tokens, greedy=greedy)
-        return sample_with_generate(self.model, self.tokenizer, batch, n=n, temperature=temperature, top_p=top_p,
-                                    max_new_tokens=max_new_tokens, greedy=greedy, stop=stop)
+    @staticmethod
+    def _check_sampling(temperature: float, top_p: float, greedy: bool) -> None:
+        if not greedy and temperature <= 0:
+            raise ValueError(f"generation.temperature: must be > 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"generation.top_p: must be in (0, 1], got {top_p}")
+
+    def _stop_end(self, ids: list[int], stop: str | Sequence[str], before: str) -> int | None:
+        """Tokens of `ids` up to the one that completes the first stop string in `before` + decoded text, or None
+        (`sampling.stop_end`). `before` is the tail of the prompt, so a stop string that starts in the prompt and
+        ends in the first new token counts."""
+        return stop_end(self.tokenizer, ids, [stop] if isinstance(stop, str) else stop, before)
+
+    def _sample(self, prompt_ids: list[list[int]], *, node: list[int], budgets: list[int], temperature: float,
+                top_p: float, greedy: bool, stops: list[str] | None, befores: list[str],
+                words: torch.Tensor | None) -> list[Sampled]:
+        """The one sampling path of `generate` and `sample_ids`: N rows, row r continuing prompt `node[r]` of
+        `prompt_ids` for at most `budgets[r]` tokens, drawn from stream `words[r]` (or torch's generator when None),
+        ending at EOS, the budget or a stop string (`befores[r]`: text before its new tokens, see
+        `sampling.stop_end`). The shared-prefix sampler when the model's cache allows it, else transformers'
+        `generate`; both run a row no further than its end, and the exact stop cut is made here."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            N = len(node)
+            batch = self.collate(prompt_ids, [[] for _ in prompt_ids])
+            P = batch.prompt_len
+            node_t = torch.tensor(node, dtype=torch.long)
+            budget_t = torch.tensor(budgets, dtype=torch.long)
+            watch = StopWatch(self.tokenizer, stops, befores) if stops else None
+            eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+            result = None
+            if self.shared_prefix is not False:
+                prefill = self.model(input_ids=batch.input_ids[:, :P], attention_mask=batch.attention_mask[:, :P],
+                                     position_ids=batch.position_ids[:, :P], use_cache=True, logits_to_keep=1)
+                self.shared_prefix = expandable_cache(prefill.past_key_values)
+                if self.shared_prefix:
+                    result = sample_prefix_tree(self.model, batch, prefill, node=node_t, budgets=budget_t, eos_id=eos,
+                                                pad_id=pad, temperature=temperature, top_p=top_p, greedy=greedy,
+                                                words=words, watch=watch)
+            if result is None:
+                n = N // len(prompt_ids)
+                # one row per prompt unless n rows per prompt in order and transformers samples (its greedy search,
+                # which stream draws run through, takes one sequence per prompt)
+                if words is not None or n * len(prompt_ids) != N or node != [k // n for k in range(N)]:
+                    batch, n = self.collate([prompt_ids[j] for j in node], [[] for _ in node]), 1
+                result = sample_with_generate(self.model, self.tokenizer, batch, n=n, temperature=temperature,
+                                              top_p=top_p, budgets=budget_t, greedy=greedy, words=words, watch=watch)
+        finally:
+            self.model.train(was_training)
+        tokens, logps, lengths = result
+        out = []
+        for r, (row, lp, length) in enumerate(zip(tokens.tolist(), logps.tolist(), lengths.tolist())):
+            ids, finish = row[:length], "length"
+            if ids and ids[-1] == eos:
+                finish = "eos"
+            if stops:
+                cut = stop_end(self.tokenizer, ids, stops, befores[r])
+                if cut is not None:
+                    ids, finish = ids[:cut], "stop"
+            out.append(Sampled(ids, lp[: len(ids)], finish))
+        return out
 
     # ------------------------------------------------------------------ scoring
     def token_logprobs(

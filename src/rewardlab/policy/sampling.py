@@ -7,13 +7,15 @@ transformers' `generate`, nucleus filtering, and completion logits with each dis
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from rewardlab.policy.batch import Batch
+from rewardlab.policy.streams import hashed_uniform, inverse_cdf
 
 
 class _BehaviourLogprobs(LogitsProcessor):
@@ -66,22 +68,98 @@ def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(drop, float("-inf"))
 
 
-def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, *, eos_id: int, pad_id: int, n: int, temperature: float,
-                       top_p: float, max_new_tokens: int, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def stop_end(tokenizer: Any, ids: list[int], stops: Sequence[str], before: str = "") -> int | None:
+    """How many tokens of `ids` to keep so the continuation ends with the token that completes the first stop
+    string, or None when no stop string is completed.
+
+    The text searched is `before` + decode(ids) (special tokens skipped); `before` is text preceding the ids (e.g.
+    the prompt's tail), so a stop string that starts there and ends in the new text counts, while one lying wholly
+    inside `before` does not. "First" is the stop string whose first occurrence ends earliest in the text.
+    """
+    text = before + tokenizer.decode(ids, skip_special_tokens=True)
+    need = None  # characters of new text up to the end of the earliest-ending stop string
+    for stop in stops:
+        at = text.find(stop, max(0, len(before) - len(stop) + 1))
+        if at >= 0 and (need is None or at + len(stop) - len(before) < need):
+            need = at + len(stop) - len(before)
+    if need is None:
+        return None
+    for k in range(1, len(ids) + 1):
+        if len(tokenizer.decode(ids[:k], skip_special_tokens=True)) >= need:
+            return k
+    return len(ids)
+
+
+class StopWatch:
+    """Tells, token by token, which rows have completed a stop string, so a sampler can stop running them.
+
+    Each row's new tokens are pushed as they are sampled. A cheap check decodes only the last few tokens (enough
+    for the longest stop string, so its cost per token does not grow with the row) and, when it finds a stop
+    string, the row's whole text is checked with `stop_end` (so the answer is never wrong; at worst a stop is
+    noticed late, and the caller's final `stop_end` cut is exact).
+
+    Args:
+        tokenizer: decodes the ids.
+        stops: the stop strings (non-empty).
+        befores: per row, the text before its new tokens (see `stop_end`).
+    """
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], befores: Sequence[str]) -> None:
+        self.tokenizer, self.stops, self.befores = tokenizer, list(stops), list(befores)
+        self.ids: list[list[int]] = [[] for _ in befores]
+        # tokens decoded by the cheap check: twice the longest stop string's characters, plus 2, leaves room for
+        # tokens that decode to no text or to part of a character
+        self.window = 2 * max(len(s) for s in self.stops) + 2
+
+    def push(self, rows: Sequence[int], tokens: Sequence[int]) -> list[bool]:
+        """Append `tokens[j]` to row `rows[j]`; returns, per pushed row, whether its new text now completes a stop
+        string."""
+        out = []
+        for r, tok in zip(rows, tokens):
+            ids = self.ids[r]
+            ids.append(int(tok))
+            tail = self.tokenizer.decode(ids[-self.window:], skip_special_tokens=True)
+            if len(ids) <= self.window:
+                tail = self.befores[r] + tail
+            out.append(any(s in tail for s in self.stops)
+                       and stop_end(self.tokenizer, ids, self.stops, self.befores[r]) is not None)
+        return out
+
+
+def stream_draw(scaled: torch.Tensor, top_p: float, u: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+    """Tokens drawn by inverse CDF (`streams.inverse_cdf`) from softmax(`scaled`) after nucleus filtering
+    (`top_p_filter`), the softmax and cumulative sum in float64. `scaled` is [M, V] logits / temperature, `u` [R]
+    float64 uniforms, `index` [R] the row of `scaled` of each draw (None: R == M). Returns [R] int64."""
+    return inverse_cdf(top_p_filter(scaled, top_p).double().softmax(dim=-1), u, index)
+
+
+def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, *, node: torch.Tensor, budgets: torch.Tensor,
+                       eos_id: int, pad_id: int, temperature: float, top_p: float, greedy: bool,
+                       words: torch.Tensor | None = None,
+                       watch: StopWatch | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Autoregressive sampling over a prefix tree: rows that share a prefix share its forward pass.
 
-    The model runs once per distinct (prompt, tokens so far), not once per row: the n samples of a prompt start
-    as one node (the prompt is prefilled once), and after each step the rows still generating are regrouped by
-    (parent node, sampled token); the key/value cache keeps one row per node (`batch_select_indices` with each
-    child's parent). Rows that sampled EOS leave. This is exact: rows with the same prefix have the same
-    next-token distribution. Each row still draws its own token, one `torch.multinomial` draw per row from
-    softmax(logits / temperature) after nucleus filtering (`top_p_filter`) - the distribution of `generate`;
-    greedy takes the argmax. The behaviour log-prob is log softmax(logits / temperature) of the drawn token,
-    before nucleus filtering (temperature 1 when greedy).
+    The model runs once per distinct (prompt, tokens so far), not once per row: the rows of a prompt start as one
+    node (the prompt is prefilled once), and after each step the rows still generating are regrouped by (parent
+    node, sampled token); the key/value cache keeps one row per node (`batch_select_indices` with each child's
+    parent). A row leaves when it samples EOS, reaches its budget, or (with `watch`) completes a stop string. This
+    is exact: rows with the same prefix have the same next-token distribution. Each row still draws its own token
+    from softmax(logits / temperature) after nucleus filtering (`top_p_filter`) - the distribution of `generate`:
+    with `words`, row r's t-th token by inverse CDF at the uniform `hashed_uniform(words[r], t)` (`stream_draw`),
+    else one `torch.multinomial` draw per row from torch's global generator; greedy takes the argmax. The behaviour
+    log-prob is log softmax(logits / temperature) of the drawn token, before nucleus filtering (temperature 1 when
+    greedy).
 
-    `prefill` is the model's output over the prompt part of `batch` (use_cache=True, logits_to_keep=1), whose
-    key/value cache must be expandable (`expandable_cache`); it is modified in place. Returns [B*n, L] int64 token
-    ids (`pad_id` after EOS, L <= max_new_tokens) and [B*n, L] float32 behaviour log-probs, prompt-major, on the CPU.
+    Args:
+        prefill: the model's output over the prompt part of `batch` (use_cache=True, logits_to_keep=1), whose
+            key/value cache must be expandable (`expandable_cache`); it is modified in place.
+        node: [N] int64, the prompt (row of `batch`) of each sampled row.
+        budgets: [N] int64 >= 1, each row's max new tokens.
+        words: [N, 4] int64 stream words (`streams.stream_words`) or None.
+        watch: stop-string detection over the N rows (`StopWatch`) or None.
+    Returns:
+        [N, L] int64 token ids (`pad_id` after a row's end, L = the longest row), [N, L] float32 behaviour
+        log-probs and [N] int64 lengths (tokens sampled by each row), on the CPU.
     """
     eos, pad = eos_id, pad_id
     P = batch.prompt_len
@@ -89,28 +167,41 @@ def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, *, eos_id: int, p
     logits = prefill.logits[:, -1]  # [nodes, V]: next-token logits of each node
     attention = batch.attention_mask[:, :P]  # [nodes, P + t]
     position = batch.position_ids[:, P - 1]  # [nodes]: position of each node's last token
-    B, V = logits.shape
+    V = logits.shape[1]
     dev = logits.device
-    N = B * n
-    tokens = torch.full((N, max_new_tokens), pad, dtype=torch.long, device=dev)
-    logps = torch.zeros((N, max_new_tokens), dtype=torch.float32, device=dev)
+    N = node.shape[0]
+    node = node.to(dev)
+    budgets = budgets.to(dev)
+    words = words.to(dev) if words is not None else None
+    L = int(budgets.max())
+    tokens = torch.full((N, L), pad, dtype=torch.long, device=dev)
+    logps = torch.zeros((N, L), dtype=torch.float32, device=dev)
+    lengths = torch.zeros(N, dtype=torch.long, device=dev)
     rows = torch.arange(N, device=dev)  # the rows still generating ...
-    node = torch.arange(B, device=dev).repeat_interleave(n)  # ... and the node each one is at
+    # ... and `node`: the node each one is at
     temp = 1.0 if greedy else temperature
     length = 0
-    for t in range(max_new_tokens):
+    for t in range(L):
         scaled = logits.float() / temp
         logp_all = torch.log_softmax(scaled, dim=-1)
         if greedy:
             nxt = logits.argmax(dim=-1)[node]
+        elif words is not None:
+            nxt = stream_draw(scaled, top_p, hashed_uniform(words.index_select(0, rows), t), node)
         else:
             probs = logp_all.exp() if top_p >= 1.0 else top_p_filter(scaled, top_p).softmax(dim=-1)
             nxt = torch.multinomial(probs.index_select(0, node), num_samples=1).squeeze(1)
         tokens[rows, t] = nxt
         logps[rows, t] = logp_all[node, nxt]
+        lengths[rows] = t + 1
         length = t + 1
-        going = nxt != eos
-        if t == max_new_tokens - 1 or not bool(going.any()):
+        going = (nxt != eos) & (budgets.index_select(0, rows) > t + 1)
+        if watch is not None:
+            live = going.nonzero().squeeze(1)
+            if live.numel():
+                hit = watch.push(rows[live].tolist(), nxt[live].tolist())
+                going[live] = ~torch.tensor(hit, dtype=torch.bool, device=dev)
+        if not bool(going.any()):
             break
         rows, node, nxt = rows[going], node[going], nxt[going]
         children, node = torch.unique(node * V + nxt, return_inverse=True)  # distinct (parent, token)
@@ -123,41 +214,89 @@ def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, *, eos_id: int, p
         out = model(input_ids=token[:, None], attention_mask=attention, position_ids=position[:, None],
                     past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1]
-    return tokens[:, :length].cpu(), logps[:, :length].cpu()
+    return tokens[:, :length].cpu(), logps[:, :length].cpu(), lengths.cpu()
+
+
+class _StreamDraws(LogitsProcessor):
+    """Inside `generate` (placed after `_BehaviourLogprobs`, with do_sample off): draws each row's token from its
+    stream (`stream_draw` on scores / temperature) and masks every other token to -inf, so the argmax is the draw."""
+
+    def __init__(self, words: torch.Tensor, prompt_len: int, temperature: float, top_p: float) -> None:
+        self.words, self.prompt_len, self.temperature, self.top_p = words, prompt_len, temperature, top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        t = input_ids.shape[1] - self.prompt_len
+        picked = stream_draw(scores.float() / self.temperature, self.top_p,
+                             hashed_uniform(self.words.to(scores.device), t))
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter(1, picked[:, None], 0.0)
+
+
+class _RowEnds(StoppingCriteria):
+    """Inside `generate`: a row is done at EOS, at its own budget, or (with a `StopWatch`) at a completed stop
+    string; records each row's length (tokens sampled) when it is first done."""
+
+    def __init__(self, budgets: torch.Tensor, prompt_len: int, eos_id: int, watch: StopWatch | None) -> None:
+        self.budgets, self.prompt_len, self.eos_id, self.watch = budgets, prompt_len, eos_id, watch
+        self.lengths = torch.zeros_like(budgets)
+        self.done = torch.zeros(budgets.shape, dtype=torch.bool)
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        t = input_ids.shape[1] - self.prompt_len  # tokens generated so far
+        last = input_ids[:, -1].cpu()
+        done = (last == self.eos_id) | (self.budgets <= t)
+        live = (~self.done & ~done).nonzero().squeeze(1)
+        if self.watch is not None and live.numel():
+            hit = self.watch.push(live.tolist(), last[live].tolist())
+            done[live] = torch.tensor(hit, dtype=torch.bool)
+        new = done & ~self.done
+        self.lengths[new] = t
+        self.done |= done
+        return self.done.to(input_ids.device)
 
 
 def sample_with_generate(
-    model: Any, tokenizer: Any, batch: Batch, *, n: int, temperature: float, top_p: float, max_new_tokens: int,
-    greedy: bool, stop: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model: Any, tokenizer: Any, batch: Batch, *, n: int, temperature: float, top_p: float, budgets: torch.Tensor,
+    greedy: bool, words: torch.Tensor | None = None, watch: StopWatch | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """transformers' `generate` with the behaviour log-probs recorded by a logits processor (any model).
 
-    Returns [B*n, L] int64 token ids and [B*n, L] float32 behaviour log-probs, prompt-major, on the CPU.
+    `n` samples of each prompt of `batch`; `budgets` [B*n] int64, `words` ([B*n, 4] stream words: draws as in
+    `sample_prefix_tree`, so both samplers give the same ids; None: transformers' multinomial sampling) and
+    `watch` (stop strings) are per row, prompt-major. Returns [B*n, L] int64 token ids, [B*n, L] float32 behaviour
+    log-probs and [B*n] int64 lengths (tokens sampled by each row), on the CPU.
     """
     tok = tokenizer
     P = batch.prompt_len
-    recorder = _BehaviourLogprobs(1.0 if greedy else temperature)
+    temp = 1.0 if greedy else temperature
+    recorder = _BehaviourLogprobs(temp)
+    processors = [recorder]
+    sample = not greedy and words is None
+    if not greedy and words is not None:
+        processors.append(_StreamDraws(words, P, temperature, top_p))
+    ends = _RowEnds(budgets.cpu(), P, tok.eos_token_id, watch)
     config = GenerationConfig(
-        do_sample=not greedy,
-        temperature=None if greedy else temperature,
-        top_p=None if greedy or top_p >= 1.0 else top_p,
-        top_k=0,  # no top-k (None would mean transformers' default of 50)
-        max_new_tokens=max_new_tokens,
+        do_sample=sample,
+        temperature=temperature if sample else None,
+        top_p=top_p if sample and top_p < 1.0 else None,
+        top_k=0 if sample else None,  # no top-k (None would mean transformers' default of 50 when sampling)
+        max_new_tokens=int(budgets.max()),
         num_return_sequences=n,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
         bos_token_id=tok.bos_token_id,
         return_dict_in_generate=True,
-        stop_strings=[stop] if stop is not None else None,
     )
     out = model.generate(
         input_ids=batch.input_ids[:, :P],
         attention_mask=batch.attention_mask[:, :P],
         generation_config=config,
-        logits_processor=LogitsProcessorList([recorder]),
-        tokenizer=tok if stop is not None else None,
+        logits_processor=LogitsProcessorList(processors),
+        stopping_criteria=StoppingCriteriaList([ends]),
     )
-    return out.sequences[:, P:].cpu(), recorder.finish(out.sequences).cpu()
+    gen = out.sequences[:, P:].cpu()
+    lengths = torch.where(ends.done, ends.lengths, torch.full_like(ends.lengths, gen.shape[1]))
+    return gen, recorder.finish(out.sequences).cpu(), lengths
 
 
 def group_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

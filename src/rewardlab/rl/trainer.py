@@ -500,8 +500,11 @@ def collect(state: TrainState) -> Collected:
         indices = sampler.next_indices(need)
         rows = [state.task.train[i] for i in indices]
         tg = time.perf_counter()
+        # each rollout draws from its own stream (seed, step, index in this round's batch, round), so what it
+        # samples does not depend on the batch it shares or on torch's global generator
+        streams = [(state.cfg.seed, state.step, k, rounds) for k in range(need * rl.group_size)]
         new = policy.generate([r["prompt"] for r in rows], n=rl.group_size, temperature=rl.temperature,
-                              top_p=rl.top_p, max_new_tokens=rl.max_new_tokens, rows=rows)
+                              top_p=rl.top_p, max_new_tokens=rl.max_new_tokens, rows=rows, streams=streams)
         gen_s += time.perf_counter() - tg
         for r in new:
             r.group += next_group
