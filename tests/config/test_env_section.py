@@ -41,3 +41,12 @@ def test_mask_truncated_by_reason_takes_mask_keep_or_a_weight():
 def test_mask_truncated_refuses_unknown_reasons_and_weights_outside_0_1(value, message):
     with pytest.raises(ConfigError, match=message):
         load_config(TrainConfig, None, [f"rl.mask_truncated={value}"])
+
+
+@pytest.mark.parametrize("verb", ["search", "rm pairs", "prm label"])
+def test_verbs_that_sample_single_completions_refuse_environment_tasks(verb):
+    from rewardlab.commands import COMMANDS
+
+    with pytest.raises(ConfigError, match=rf"task.spec: {verb} samples single completions and does not run "
+                                          r"environment tasks \('env:calculator'\)"):
+        load_config(COMMANDS[verb].config, None, ["task.spec=env:calculator"])

@@ -127,6 +127,14 @@ def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | No
                          "env.max_episode_tokens")
 
 
+def refuse_environment(task: TaskConfig, verb: str) -> None:
+    """For a verb that samples single completions (`search`, `rm pairs`, `prm label`): an environment task
+    (task.spec env:NAME, multi-turn episodes) is a one-line ValueError naming task.spec and the verbs that run one."""
+    if task.spec.startswith("env:"):
+        raise ValueError(f"task.spec: {verb} samples single completions and does not run environment tasks "
+                         f"({task.spec!r}); train, sft and evaluate do")
+
+
 class RLConfig(_Base):
     """GRPO-family settings (Shao et al. 2024): G rollouts per prompt, group-relative advantages, clipped ratio."""
 
@@ -399,6 +407,11 @@ class SearchConfig(_Verb):
         "default: the task's own verifier (an oracle: best-of-N then equals pass@N)")
     split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
 
+    @model_validator(mode="after")
+    def _single_turn_only(self):
+        refuse_environment(self.task, "search")
+        return self
+
 
 # Reward models: rm train|eval|pairs, prm label|train. Sources: Bradley–Terry (Bradley & Terry 1952; Ouyang et al.
 # 2022), margin (Touvron et al. 2023), centering (Eisenstein et al. 2023), Math-Shepherd MC labels (Wang et al. 2024),
@@ -500,6 +513,11 @@ class RmPairsConfig(_Verb):
     pairs: PairsParams = Field(default_factory=PairsParams, description="pair generation settings")
 
     @model_validator(mode="after")
+    def _single_turn_only(self):
+        refuse_environment(self.task, "rm pairs")
+        return self
+
+    @model_validator(mode="after")
     def _mutants_take_no_model(self):
         # pairs.source=mutants samples nothing, so any model setting given with it would be silently unused. This
         # checks the top level's fields_set: a partly given section is filled from its defaults before validation,
@@ -540,6 +558,11 @@ class PrmLabelConfig(_Checkpoints, _Verb):
                             "(label.question_batch questions each; and at the end): a resume starts after the last one")
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
     label: LabelParams = Field(default_factory=LabelParams, description="labelling settings")
+
+    @model_validator(mode="after")
+    def _single_turn_only(self):
+        refuse_environment(self.task, "prm label")
+        return self
 
 
 class ScorerModel(_Base):
