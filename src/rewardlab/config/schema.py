@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rewardlab.types import TERMINATIONS, TRUNCATIONS
 
 
 #: Descriptions shared by several sections.
@@ -87,6 +89,52 @@ class SFTParams(_Base):
     eval_n: int = Field(200, gt=0, description="held-out questions per evaluation (the first N of the test split)")
 
 
+class EnvConfig(_Base):
+    """Episode budgets of an environment task (`task.spec: env:NAME`, rewardlab.envs): one contract, read by `train`,
+    `sft` and `evaluate` alike. The per-turn limit is the verb's max_new_tokens; the model's context window is the
+    hard limit. On a task that is not an environment, a key set to other than its default is refused, naming it."""
+
+    max_turns: int = Field(4, gt=0, description="model turns per episode at most; an episode that reaches it ends "
+                           "(termination max_turns)")
+    max_episode_tokens: int = Field(
+        256, gt=0, description="tokens of an episode after its prompt at most: model, tool and chat-template tokens "
+        "of all its rows; an observation that would overflow it is not appended and the episode ends (termination "
+        "max_episode_tokens, truncated). Must be >= the per-turn max_new_tokens")
+    max_tool_tokens: int = Field(64, gt=0, description="a tool's output is cut to this many tokens (counted with "
+                                 "the model's tokenizer, never in characters), the truncation marker included")
+    tool_keep: Literal["start", "end"] = Field("start", description="which part of an overlong tool output is kept")
+    tool_timeout_s: float = Field(5.0, gt=0, description="seconds a tool call may run; a call past it is stopped "
+                                  "and the model reads a timeout error (tool status timeout)")
+
+
+def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | None, key: str | None) -> None:
+    """The `env` section's rules, shared by the verbs that have one: on a task that is not an environment
+    (task.spec not env:NAME) every env key must keep its default; on one that is, the per-turn token limit
+    (`key`, e.g. rl.max_new_tokens; None for a verb without one) must fit in env.max_episode_tokens.
+
+    Raises:
+        ValueError: one line naming the key(s).
+    """
+    if not task.spec.startswith("env:"):
+        given = [f"env.{k}" for k, v in env.model_dump().items() if v != EnvConfig.model_fields[k].default]
+        if given:
+            raise ValueError(f"{', '.join(given)}: applies to environment tasks only (task.spec env:NAME), and "
+                             f"task.spec is {task.spec!r}; drop the setting")
+        return
+    if max_new_tokens is not None and max_new_tokens > env.max_episode_tokens:
+        raise ValueError(f"{key}: {max_new_tokens} tokens per model turn is more than env.max_episode_tokens "
+                         f"({env.max_episode_tokens}), the budget of the whole episode; lower it or raise "
+                         "env.max_episode_tokens")
+
+
+def refuse_environment(task: TaskConfig, verb: str) -> None:
+    """For a verb that samples single completions (`search`, `rm pairs`, `prm label`): an environment task
+    (task.spec env:NAME, multi-turn episodes) is a one-line ValueError naming task.spec and the verbs that run one."""
+    if task.spec.startswith("env:"):
+        raise ValueError(f"task.spec: {verb} samples single completions and does not run environment tasks "
+                         f"({task.spec!r}); train, sft and evaluate do")
+
+
 class RLConfig(_Base):
     """GRPO-family settings (Shao et al. 2024): G rollouts per prompt, group-relative advantages, clipped ratio."""
 
@@ -128,8 +176,11 @@ class RLConfig(_Base):
         None, gt=0, description="copy the policy's weights into the reference model every N steps (None: never)"
     )
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus: loss -= coef * aggregated token entropy")
-    mask_truncated: bool = Field(False, description="drop truncated completions (no EOS within max_new_tokens) "
-                                 "from the loss (DAPO overlong filtering, Yu et al. 2025)")
+    mask_truncated: bool | dict[str, Literal["mask", "keep"] | float] = Field(
+        False, description="drop truncated completions from the loss (DAPO overlong filtering, Yu et al. 2025): true "
+        "masks every truncated episode (termination max_new_tokens, max_episode_tokens or context), false none; or "
+        "by termination reason, e.g. {max_new_tokens: mask, max_turns: 0.5}: mask, keep, or a weight in [0, 1] on "
+        "the episode's loss (reasons: " + ", ".join(TERMINATIONS) + ")")
     group_filter: str | None = Field(
         None, description="a key of rl.filters.GROUP_FILTERS, e.g. 'dapo' (DAPO dynamic sampling, Yu et al. 2025: "
         "drop groups whose filter_metric has zero std and generate more); None: keep every group"
@@ -160,6 +211,27 @@ class RLConfig(_Base):
                             "eval_n held-out (test split) questions under the task's verifier (max_new_tokens "
                             "tokens), logged as eval/accuracy and plotted (TRL's eval_strategy=steps); 0: off")
     eval_n: int = Field(200, gt=0, description="held-out questions per evaluation (the first N of the test split)")
+
+    @field_validator("mask_truncated")
+    @classmethod
+    def _mask_by_reason(cls, value):
+        if isinstance(value, dict):
+            for reason, rule in value.items():
+                if reason not in TERMINATIONS:
+                    raise ValueError(f"unknown termination reason {reason!r}; reasons: {', '.join(TERMINATIONS)}")
+                if not isinstance(rule, str) and not 0.0 <= rule <= 1.0:
+                    raise ValueError(f"{reason}: a loss weight must be in [0, 1], got {rule}")
+        return value
+
+    def truncation_weights(self) -> dict[str, float]:
+        """`mask_truncated` as a loss weight per termination reason (mask: 0, keep: 1; reasons not named: 1)."""
+        rules = self.mask_truncated
+        if isinstance(rules, bool):
+            rules = {reason: "mask" for reason in TRUNCATIONS} if rules else {}
+        weight = {reason: 1.0 for reason in TERMINATIONS}
+        weight.update({reason: {"mask": 0.0, "keep": 1.0}.get(rule, rule) if isinstance(rule, str) else float(rule)
+                       for reason, rule in rules.items()})
+        return weight
 
 
 class EvalParams(_Base):
@@ -221,6 +293,12 @@ class SFTConfig(_Checkpoints, _Verb):
 
     out: str = _out("runs/sft")
     sft: SFTParams = Field(default_factory=SFTParams, description="supervised fine-tuning settings")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="episode budgets of an environment task")
+
+    @model_validator(mode="after")
+    def _env_applies(self):
+        check_env_section(self.env, self.task, None, None)
+        return self
 
 
 class TrainConfig(_Checkpoints, _Verb):
@@ -228,6 +306,7 @@ class TrainConfig(_Checkpoints, _Verb):
 
     out: str = _out("runs/train")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL settings")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="episode budgets of an environment task")
     rewards: list[dict[str, Any] | str] | None = Field(
         None, description="reward specs [{name, weight, ...options}] or bare names; a name MODULE:FUNCTION or "
         "PATH.py:FUNCTION imports your own reward; default: the task's own verifier"
@@ -235,6 +314,11 @@ class TrainConfig(_Checkpoints, _Verb):
     on_error: Literal["zero", "skip", "raise"] = Field(
         "zero", description="a rollout whose reward fails (an exception, NaN or inf): zero scores it 0, skip also "
         "drops it from the batch, raise stops the run naming the reward and cause")
+
+    @model_validator(mode="after")
+    def _env_applies(self):
+        check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
+        return self
 
 
 #: The rule shared by `evaluate` and `search` for which rows they score.
@@ -251,7 +335,13 @@ class EvaluateConfig(_Verb):
 
     out: str = _out("runs/eval")
     eval: EvalParams = Field(default_factory=EvalParams, description="evaluation settings")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="episode budgets of an environment task")
     split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
+
+    @model_validator(mode="after")
+    def _env_applies(self):
+        check_env_section(self.env, self.task, self.eval.max_new_tokens, "eval.max_new_tokens")
+        return self
 
 
 def _quickstart_task() -> TaskConfig:
@@ -316,6 +406,11 @@ class SearchConfig(_Verb):
         "them (a weighted sum); "
         "default: the task's own verifier (an oracle: best-of-N then equals pass@N)")
     split: Literal["all", "train", "test"] | None = Field(None, description=EVAL_SPLIT_DESCRIPTION)
+
+    @model_validator(mode="after")
+    def _single_turn_only(self):
+        refuse_environment(self.task, "search")
+        return self
 
 
 # Reward models: rm train|eval|pairs, prm label|train. Sources: Bradley–Terry (Bradley & Terry 1952; Ouyang et al.
@@ -418,6 +513,11 @@ class RmPairsConfig(_Verb):
     pairs: PairsParams = Field(default_factory=PairsParams, description="pair generation settings")
 
     @model_validator(mode="after")
+    def _single_turn_only(self):
+        refuse_environment(self.task, "rm pairs")
+        return self
+
+    @model_validator(mode="after")
     def _mutants_take_no_model(self):
         # pairs.source=mutants samples nothing, so any model setting given with it would be silently unused. This
         # checks the top level's fields_set: a partly given section is filled from its defaults before validation,
@@ -458,6 +558,11 @@ class PrmLabelConfig(_Checkpoints, _Verb):
                             "(label.question_batch questions each; and at the end): a resume starts after the last one")
     split: Literal["train", "test"] = Field("train", description="which task split the questions come from")
     label: LabelParams = Field(default_factory=LabelParams, description="labelling settings")
+
+    @model_validator(mode="after")
+    def _single_turn_only(self):
+        refuse_environment(self.task, "prm label")
+        return self
 
 
 class ScorerModel(_Base):

@@ -280,7 +280,8 @@ class Credit:
     Attributes:
         packed: the rollouts as tensors. old_logprobs: behaviour log-probs [N, T] float32.
         ref_logprobs: the reference's log-probs [N, T] float32 (rl.beta > 0), else None.
-        loss_mask: [N, T] float32, `packed.mask` with truncated rollouts zeroed when rl.mask_truncated.
+        loss_mask: [N, T] float32, `packed.mask` times each rollout's weight for its termination reason
+            (`rl.truncation_weights()`: truncated rollouts zeroed when rl.mask_truncated is true).
         advantages: [N, T] float32. values, returns: the critic's V_t and its targets [N, T] float32 (estimators
             that need values), else None.
         metrics: the KL-in-reward metrics (policy/kl_reward, policy/kl_clamped) when rl.kl_in = reward.
@@ -607,9 +608,10 @@ def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
         values = options["values"]
         returns = state.critic.returns(token_rewards, mask, group, values, **rl.estimator_options)
     loss_mask = mask
-    if rl.mask_truncated:
-        keep_rows = torch.tensor([not r.truncated for r in batch.rollouts], dtype=mask.dtype)
-        loss_mask = mask * keep_rows[:, None]
+    if rl.mask_truncated:  # a loss weight per termination reason (0 masks the rollout)
+        weight = rl.truncation_weights()
+        rows = torch.tensor([weight[r.termination or "stop"] for r in batch.rollouts], dtype=mask.dtype)
+        loss_mask = mask * rows[:, None]
     return Credit(packed, old_logprobs, ref_logprobs, loss_mask, advantages, values, returns, metrics)
 
 
