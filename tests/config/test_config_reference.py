@@ -104,4 +104,4 @@ def test_reward_model_training_verbs_keep_their_key_order():
         assert list(VERB_CONFIGS[verb].model_fields) == ["save_every", "keep_checkpoints", "out", "seed", "threads",
                                                         "model", "data", "eval_data", "train"]
     assert list(VERB_CONFIGS["train"].model_fields) == ["model", "task", "out", "seed", "threads",
-                                                       "save_every", "keep_checkpoints", "rl", "rewards", "on_error"]
+                                                       "save_every", "keep_checkpoints", "rl", "env", "rewards", "on_error"]
