@@ -12,10 +12,12 @@ from rewardlab.envs.builtin import (ENVIRONMENTS, CalculatorEnv, GuessNumberEnv,
 from rewardlab.envs.render import ChatRenderer, RawRenderer, Renderer, make_renderer
 from rewardlab.envs.episode import Episode, EpisodeLimits, run_episodes
 from rewardlab.envs.replay import episode_record, replay
+from rewardlab.envs.sampling import EpisodeSettings, episode_ends, episode_rows, sample_rollouts
 
 __all__ = ["Environment", "State", "StepResult",
            "CALL_STATUSES", "ENVIRONMENTS", "TOOL_PARSERS", "CalculatorEnv", "GuessNumberEnv", "MultiTurnEnv",
            "PythonEnv", "ToolEnv", "calc", "check_arguments", "evaluate_arithmetic", "initial_messages", "make_env",
            "parse_guess", "run_python", "tool_schema",
            "Renderer", "RawRenderer", "ChatRenderer", "make_renderer",
-           "Episode", "EpisodeLimits", "run_episodes", "episode_record", "replay"]
+           "Episode", "EpisodeLimits", "run_episodes", "episode_record", "replay",
+           "EpisodeSettings", "episode_ends", "episode_rows", "sample_rollouts"]

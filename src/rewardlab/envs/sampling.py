@@ -1,0 +1,118 @@
+"""One call for every verb that samples a task: single completions (`Policy.generate`) or, for an environment task,
+episodes (`run_episodes`), and the bookkeeping between an episode's rows and the episode.
+
+    rows_out = sample_rollouts(policy, rows, episodes=settings_or_None, n=8, max_new_tokens=16, stream=(seed, step, 1))
+    ends = episode_ends(rows_out)          # one rollout per episode (its last row): what rewards and counts see
+    by_episode = episode_rows(rows_out)    # id(end) -> the episode's rows, in order
+
+A single-turn rollout is an episode of one row: `episode_ends` returns it and `episode_rows` maps it to [itself].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rewardlab.envs.base import Environment
+from rewardlab.envs.episode import run_episodes
+from rewardlab.types import Rollout
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """The episodes of an environment task: the environment and the budgets of the `env` config section.
+
+    Attributes:
+        env: the environment (`rewardlab.envs.make_env`).
+        max_turns: model turns per episode at most.
+        max_episode_tokens: tokens after the first prompt at most (all rows, model and environment turns).
+        max_tool_tokens: tool outputs are clipped to this many tokens (marker included); None: not clipped.
+        tool_keep: "start" or "end", the part of a clipped tool output that is kept.
+    """
+
+    env: Environment
+    max_turns: int
+    max_episode_tokens: int
+    max_tool_tokens: int | None = None
+    tool_keep: str = "start"
+
+
+def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: EpisodeSettings | None, n: int = 1,
+                    max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                    stream: tuple[int, int, int] | None = None, batch_size: int | None = None) -> list[Rollout]:
+    """Sample `n` rollouts of each row: single completions, or with `episodes` whole episodes.
+
+    Args:
+        policy: a `rewardlab.policy.Policy` (or any object with `generate` and, for episodes, `sample_ids`).
+        rows: task rows (`prompt`, or chat `messages`; `answer`, ...).
+        episodes: the environment and its budgets; None for a single-turn task.
+        n: samples (episodes) per row, prompt-major; 1 when greedy.
+        max_new_tokens: the token limit of a completion, or of one model turn of an episode.
+        temperature, top_p, greedy: as in `Policy.generate`.
+        stream: (seed, step, round): sample k of the call (k = row index * n + j) draws from its own random stream,
+            (seed, step, k, round) for a single completion and (seed, step, k, round, turn) for each turn of an
+            episode, so what it samples depends neither on the rows it is batched with nor on torch's global
+            generator. None: torch's global generator (single completions) or stream (0, 0, k, 0, turn) (episodes).
+        batch_size: rows per sampling call (default all at once); results do not depend on it when `stream` is set.
+    Returns:
+        Single-turn: len(rows) * n rollouts, rollout k of row k // n with group k // n. Episodes: the rows of each
+        episode in episode order (episode k of row k // n), one rollout per row, every row with its `episode_id`
+        (k) and group k // n; read them per episode with `episode_ends` / `episode_rows`.
+    Raises:
+        ValueError: what `Policy.generate` or `run_episodes` raise for bad settings.
+    """
+    step = batch_size or len(rows) or 1
+    out: list[Rollout] = []
+    for start in range(0, len(rows), step):
+        chunk = list(rows[start:start + step])
+        offset = start * n
+        if episodes is None:
+            streams = ([(stream[0], stream[1], offset + k, stream[2]) for k in range(len(chunk) * n)]
+                       if stream is not None and not greedy else None)
+            new = policy.generate([r["prompt"] for r in chunk], n=n, temperature=temperature, top_p=top_p,
+                                  max_new_tokens=max_new_tokens, greedy=greedy, rows=chunk, streams=streams)
+        else:
+            seed, at, rnd = stream if stream is not None else (0, 0, 0)
+            new = run_episodes(policy, episodes.env, chunk, n=n, max_turns=episodes.max_turns,
+                               max_new_tokens=max_new_tokens, max_episode_tokens=episodes.max_episode_tokens,
+                               temperature=temperature, top_p=top_p, greedy=greedy,
+                               max_tool_tokens=episodes.max_tool_tokens, tool_keep=episodes.tool_keep, seed=seed,
+                               step=at, round=rnd, episode_offset=offset)
+        for r in new:
+            r.group += start
+        out += new
+    return out
+
+
+def episode_ends(rollouts: Sequence[Rollout]) -> list[Rollout]:
+    """The last row of each episode, in episode order: the rollout its outcome reward reads (its `completion` is the
+    episode's final model turn) and that counts it once. A rollout without `episode_id` is its own episode."""
+    return [r for r in rollouts if r.episode_id is None or r.termination is not None]
+
+
+def episode_rows(rollouts: Sequence[Rollout]) -> dict[int, list[Rollout]]:
+    """id(last row) -> the rows of its episode, in order (rows of one episode are consecutive, as `run_episodes`
+    returns them; a rollout without `episode_id` maps to [itself]).
+
+    Raises:
+        ValueError: an episode whose rows are not consecutive or that has no last row (termination unset).
+    """
+    out: dict[int, list[Rollout]] = {}
+    pending: list[Rollout] = []
+    for r in rollouts:
+        if r.episode_id is None:
+            if pending:
+                raise ValueError(f"episode {pending[0].episode_id}: its rows are not followed by its last row")
+            out[id(r)] = [r]
+            continue
+        if pending and pending[0].episode_id != r.episode_id:
+            raise ValueError(f"episode {pending[0].episode_id}: no last row (termination unset) before episode "
+                             f"{r.episode_id} begins")
+        pending.append(r)
+        if r.termination is not None:
+            out[id(r)] = pending
+            pending = []
+    if pending:
+        raise ValueError(f"episode {pending[0].episode_id}: no last row (termination unset)")
+    return out

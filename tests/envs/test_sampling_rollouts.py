@@ -1,0 +1,63 @@
+"""`sample_rollouts`: single completions and episodes through one call, independent of batching; `episode_ends`
+and `episode_rows` read a batch of rows per episode."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY_ARCH
+
+from rewardlab.envs import make_env
+from rewardlab.envs.sampling import EpisodeSettings, episode_ends, episode_rows, sample_rollouts
+from rewardlab.policy import load_policy
+from rewardlab.types import Rollout
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy("tiny", seed=0, tiny_arch=TINY_ARCH)
+
+
+ROWS = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "3+4=", "answer": "7"}, {"prompt": "2+2=", "answer": "4"}]
+
+
+def _key(r: Rollout):
+    return (r.group, r.prompt_ids, r.completion_ids, r.episode_id, r.termination)
+
+
+def test_single_completions_are_the_trainers_streams_and_do_not_depend_on_batching(policy):
+    whole = sample_rollouts(policy, ROWS, episodes=None, n=2, max_new_tokens=5, stream=(3, 7, 1))
+    chunked = sample_rollouts(policy, ROWS, episodes=None, n=2, max_new_tokens=5, stream=(3, 7, 1), batch_size=1)
+    direct = policy.generate([r["prompt"] for r in ROWS], n=2, max_new_tokens=5, rows=ROWS,
+                             streams=[(3, 7, k, 1) for k in range(6)])
+    assert [_key(r) for r in whole] == [_key(r) for r in chunked] == [_key(r) for r in direct]
+    assert [r.group for r in whole] == [0, 0, 1, 1, 2, 2]
+    assert episode_ends(whole) == whole and all(v == [r] for r, v in zip(whole, episode_rows(whole).values()))
+
+
+def test_episodes_are_grouped_by_row_and_do_not_depend_on_batching(policy):
+    env = make_env("guess_number", n=8, size=4, test_size=1)
+    rows = env.rows("train", n=3)
+    settings = EpisodeSettings(env, max_turns=3, max_episode_tokens=40)
+    whole = sample_rollouts(policy, rows, episodes=settings, n=2, max_new_tokens=6, stream=(0, 1, 1))
+    chunked = sample_rollouts(policy, rows, episodes=settings, n=2, max_new_tokens=6, stream=(0, 1, 1),
+                              batch_size=2)
+    assert [_key(r) for r in whole] == [_key(r) for r in chunked]
+    ends = episode_ends(whole)
+    assert [r.episode_id for r in ends] == [0, 1, 2, 3, 4, 5] and [r.group for r in ends] == [0, 0, 1, 1, 2, 2]
+    assert all(r.termination is not None for r in ends)
+
+
+def _row(episode, last):
+    return Rollout(prompt="p", prompt_ids=[1], completion="c", completion_ids=[5], logprobs=[0.0], episode_id=episode,
+                   termination="stop" if last else None)
+
+
+def test_episode_rows_groups_consecutive_rows_and_refuses_an_episode_without_its_last_row():
+    a0, a1, b0, single = _row(0, False), _row(0, True), _row(1, True), Rollout("p", [1], "c", [5], [0.0])
+    rows = episode_rows([a0, a1, single, b0])
+    assert list(rows.values()) == [[a0, a1], [single], [b0]]
+    assert episode_ends([a0, a1, single, b0]) == [a1, single, b0]
+    with pytest.raises(ValueError, match="episode 0: no last row"):
+        episode_rows([a0, b0])
+    with pytest.raises(ValueError, match="episode 0: no last row"):
+        episode_rows([a0])
