@@ -38,6 +38,26 @@ class EpisodeSettings:
     tool_keep: str = "start"
 
 
+def episode_settings(task: Any, *, max_turns: int, max_episode_tokens: int, max_tool_tokens: int | None = None,
+                     tool_keep: str = "start", tool_timeout_s: float | None = None) -> EpisodeSettings | None:
+    """The episodes of `task` (a `rewardlab.tasks.Task`): None for a single-turn task (`task.env` is None), else its
+    environment (`make_env(task.env["name"], **task.env["options"])`, with `timeout_s=tool_timeout_s` for an
+    environment that runs tools) and these budgets (the `env` config section).
+
+    Raises:
+        ValueError: what `make_env` raises.
+    """
+    if getattr(task, "env", None) is None:
+        return None
+    from rewardlab.envs.builtin import ENVIRONMENTS, make_env
+
+    name, options = task.env["name"], dict(task.env.get("options") or {})
+    if tool_timeout_s is not None and "timeout_s" in (ENVIRONMENTS.options(name) or ()):
+        options.setdefault("timeout_s", tool_timeout_s)
+    return EpisodeSettings(make_env(name, **options), max_turns=max_turns, max_episode_tokens=max_episode_tokens,
+                           max_tool_tokens=max_tool_tokens, tool_keep=tool_keep)
+
+
 def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: EpisodeSettings | None, n: int = 1,
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                     stream: tuple[int, int, int] | None = None, batch_size: int | None = None) -> list[Rollout]:

@@ -33,6 +33,8 @@ class Task:
             prompts, split seed 0)"); "" when unknown.
         origins: `row_key(row)` -> where each row comes from: "PATH:LINE" of its line for tasks read from files
             (HumanEval: its task id); empty for generated tasks. Errors about a row name it (`where`).
+        env: for an environment task (spec env:NAME), {"name": NAME, "options": the environment's options}: the
+            verbs build it with `rewardlab.envs.episode_settings` and run episodes in it; None for a single-turn task.
     """
 
     name: str
@@ -43,6 +45,7 @@ class Task:
     all_rows: list[Row] | None = None
     source: str = ""
     origins: dict[str, str] = field(default_factory=dict)
+    env: dict[str, Any] | None = None
 
     def where(self, row: Row, index: int | None = None) -> str:
         """Where `row` comes from, for error messages: its "PATH:LINE" when the task was read from a file,
