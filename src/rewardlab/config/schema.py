@@ -206,6 +206,9 @@ class RLConfig(_Base):
         None, description="split completions into steps at this string (rollout.steps/step_text) so process "
         "rewards can score them; needed by the 'pure' and 'process_sum' estimators"
     )
+    log_samples: int | None = Field(
+        None, ge=0, description="rollouts (episodes, for an environment task) per step written to samples.jsonl: the "
+        "first N the step generated; null: all of them (an episode's line holds its token ids, which adds up)")
     # Held-out evaluation during training (rewardlab.evaluation.heldout).
     eval_every: int = Field(0, ge=0, description="every N RL steps and at the last, greedy accuracy on the first "
                             "eval_n held-out (test split) questions under the task's verifier (max_new_tokens "
