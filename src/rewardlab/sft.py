@@ -31,24 +31,112 @@ from rewardlab.threads import apply_threads
 from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
 
 
-def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[int]]) -> tuple[torch.Tensor, int]:
-    """Mean negative log-likelihood per answer token (nats), and the number of answer tokens.
+def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[int]],
+             loss_masks: list[list[int] | None] | None = None) -> tuple[torch.Tensor, int]:
+    """Mean negative log-likelihood per trained token (nats), and the number of trained tokens.
 
-    loss = -sum_{i,t} m_{i,t} log p(y_{i,t} | x_i, y_{i,<t}) / sum m, m = 1 on answer tokens (EOS included).
+    loss = -sum_{i,t} m_{i,t} log p(y_{i,t} | x_i, y_{i,<t}) / sum m, where m = 1 on the target tokens (EOS
+    included) and, for a row with a loss mask (a multi-turn trace, `rewardlab.envs.trace_rollout`), m = its mask:
+    1 on the assistant turns' tokens, 0 on observation and template tokens, which are conditioned on but never
+    trained on (no gradient flows to their log-probs).
+
+    Args:
+        prompt_ids: per row, the prompt ids. target_ids: per row, the completion ids (length T_i).
+        loss_masks: per row, None (every target token trained) or T_i ints in {0, 1}; None: all rows unmasked.
+    Raises:
+        ValueError: a loss mask whose length is not its row's target length.
     """
     batch = policy.collate(prompt_ids, target_ids)
+    mask = batch.mask
+    if loss_masks is not None and any(m is not None for m in loss_masks):
+        given = torch.zeros_like(mask)
+        for i, (m, t) in enumerate(zip(loss_masks, target_ids)):
+            if m is None:
+                given[i, :len(t)] = 1.0
+                continue
+            if len(m) != len(t):
+                raise ValueError(f"sft_loss: row {i}'s loss mask has {len(m)} entries for {len(t)} target ids")
+            given[i, :len(t)] = torch.tensor(m, dtype=mask.dtype)
+        mask = mask * given
     logprobs, _ = policy.token_logprobs(batch)
-    n_tokens = batch.mask.sum()
-    return -(logprobs * batch.mask).sum() / n_tokens.clamp(min=1), int(n_tokens.item())
+    n_tokens = mask.sum()
+    return -(logprobs * mask).sum() / n_tokens.clamp(min=1), int(n_tokens.item())
+
+
+def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_frac: float | None = None
+                ) -> list[tuple[list[int], list[int], list[int] | None]]:
+    """The training rows of `task` as (prompt ids, target ids, loss mask or None).
+
+    - A row with a `trace` (chat messages: prompt, assistant turns, observations) becomes the ids an episode holds
+      after a model sampled those turns (`rewardlab.envs.trace_rollout`, with the renderer, stop strings and tool
+      rendering of the task's environment when it has one), its loss mask 1 on the assistant turns only.
+    - On an environment task (`task.env` set), a row without a trace gets one from the environment's generator
+      (`env.traces(rows, seed=seed, tool_frac=tool_frac)`, e.g. calculator: a tool-call trace or a direct answer;
+      guess_number: binary search).
+    - Any other row: prompt -> row[`target`] + EOS, every target token trained (mask None).
+
+    Raises:
+        ValueError: `tool_frac` given for a task whose rows get no generated traces, or for an environment that
+            has no tool choice; an environment without a trace generator; a malformed trace (naming the row).
+    """
+    env = renderer = None
+    stop: list[str] = []
+    needs_traces = task.env is not None and any("trace" not in r for r in task.train)
+    if task.env is not None or any("trace" in r for r in task.train):
+        from rewardlab.envs import make_env, make_renderer
+
+        if task.env is not None:
+            env = make_env(task.env["name"], **dict(task.env.get("options") or {}))
+        renderer = make_renderer(policy.tokenizer, policy.prompt_format, tools=getattr(env, "tools", None),
+                                 raw_text=getattr(env, "raw_text", None))
+        stop = list(getattr(env, "stop", None) or ())
+    if tool_frac is not None and not needs_traces:
+        raise ValueError(f"sft.tool_frac: applies to environment tasks whose rows get generated traces; task "
+                         f"{task.name} has none")
+    try:
+        traces: dict[int, list[dict]] = {}
+        if needs_traces:
+            generate = getattr(env, "traces", None)
+            if generate is None:
+                raise ValueError(f"sft: environment {task.env['name']!r} has no trace generator; give each training "
+                                 "row a 'trace' (chat messages)")
+            todo = [i for i, r in enumerate(task.train) if "trace" not in r]
+            import inspect
+
+            if tool_frac is not None and "tool_frac" not in inspect.signature(generate).parameters:
+                raise ValueError(f"sft.tool_frac: environment {task.env['name']!r} has no tool choice in its "
+                                 "traces; unset it")
+            options = {} if tool_frac is None else {"tool_frac": tool_frac}
+            traces = dict(zip(todo, generate([task.train[i] for i in todo], seed=seed, **options)))
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+    from rewardlab.envs.trace import trace_rollout
+
+    out = []
+    for i, r in enumerate(task.train):
+        trace = r.get("trace", traces.get(i))
+        if trace is None:
+            out.append((policy.encode_prompt(policy.format_prompt(r["prompt"], r.get("messages"))),
+                        policy.encode_target(str(r[target])), None))
+            continue
+        ro = trace_rollout(renderer, trace, eos_id=policy.tokenizer.eos_token_id, stop=stop,
+                           where=f"sft: training row {i}")
+        out.append((ro.prompt_ids, ro.completion_ids, ro.loss_mask))
+    return out
 
 
 def check_target(task: Task, target: str, spec: str) -> None:
-    """Every training row of `task` (loaded from `spec`) must have the field `target`.
+    """Every training row of `task` (loaded from `spec`) must have the field `target`, or a `trace`; an environment
+    task's rows need neither (they train on traces, their own or generated: `encode_rows`).
 
     Raises:
         ValueError: "sft.target: training row I of SPEC has no field 'T'".
     """
-    missing = next((i for i, r in enumerate(task.train) if target not in r), None)
+    if task.env is not None:  # environment rows train on traces (their own or generated)
+        return
+    missing = next((i for i, r in enumerate(task.train) if target not in r and "trace" not in r), None)
     if missing is not None:
         raise ValueError(f"sft.target: training row {missing} of {spec} has no field {target!r}")
 
@@ -60,7 +148,8 @@ RESUME_MAY_CHANGE = ("sft.steps", "save_every", "keep_checkpoints")
 def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume: bool = False,
               show_progress: bool = True) -> dict[str, Any]:
     """Train `policy` on `task`'s training rows (prompt -> row[`cfg.sft.target`] + EOS, the target field defaulting
-    to `answer`) for `cfg.sft.steps` steps, in the run directory `run` (opened by the caller with `RunDir.start`).
+    to `answer`; multi-turn traces, given or generated for an environment task, on their assistant turns only:
+    `encode_rows`) for `cfg.sft.steps` steps, in the run directory `run` (opened by the caller with `RunDir.start`).
 
     Records the config (a resume checks it: only RESUME_MAY_CHANGE may differ) and writes metrics.jsonl (`sft/loss`,
     `lr`, `time/step_s`, `time/tokens_per_s`), checkpoints/step-K every `cfg.save_every` steps and at the end (HF
@@ -88,11 +177,7 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
         run.write_config(dump_config(cfg))
     if checkpoint is not None:
         load_weights(policy.model, checkpoint)
-    encoded = [
-        (policy.encode_prompt(policy.format_prompt(r["prompt"], r.get("messages"))),
-         policy.encode_target(str(r[p.target])))
-        for r in task.train
-    ]
+    encoded = encode_rows(task, policy, p.target, seed=cfg.seed, tool_frac=p.tool_frac)
     sampler = RowSampler(list(range(len(encoded))), seed=cfg.seed)  # type: ignore[arg-type]
     optimizer = make_optimizer(policy.model, p.lr, p.weight_decay)
     scheduler = make_scheduler(optimizer, warmup_steps=p.warmup_steps, total_steps=p.steps, kind="cosine")
@@ -114,7 +199,7 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
         return run.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
 
     heldout = HeldOutEval(rows, task.reward, every=p.eval_every, last_step=p.steps,
-                          max_new_tokens=max((len(t) for _, t in encoded), default=1))
+                          max_new_tokens=max((len(t) for _, t, _ in encoded), default=1))
     policy.model.train()
     start, final, step = time.perf_counter(), checkpoint, start_step
     with StopRequest() as stop:  # a first Ctrl-C ends the run after the current step
@@ -123,7 +208,8 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
             for step in range(start_step + 1, p.steps + 1):
                 t0 = time.perf_counter()
                 idx = sampler.next(p.batch_size)
-                loss, n_tokens = sft_loss(policy, [encoded[i][0] for i in idx], [encoded[i][1] for i in idx])
+                loss, n_tokens = sft_loss(policy, [encoded[i][0] for i in idx], [encoded[i][1] for i in idx],
+                                          [encoded[i][2] for i in idx])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.grad_clip)

@@ -81,6 +81,10 @@ class SFTParams(_Base):
     target: str = Field("answer", description='row field trained as the completion, e.g. "target" for worked '
                         "solutions (reasoning-gym task.options.target=steps; worked:NAME rows already have them "
                         "as answer)")
+    tool_frac: float | None = Field(
+        None, ge=0, le=1, description="environment tasks whose rows get generated traces (env:calculator): the "
+        "fraction of training rows whose trace calls the tool, the others answering directly (rows chosen by the "
+        "seed); null: the environment's default (calculator: all). Refused on other tasks")
     # Held-out evaluation during training (rewardlab.evaluation.heldout).
     eval_every: int = Field(0, ge=0, description="every N optimizer steps and at the last, greedy accuracy on the "
                             "first eval_n held-out (test split) questions, logged as eval/accuracy and plotted "
@@ -301,6 +305,9 @@ class SFTConfig(_Checkpoints, _Verb):
     @model_validator(mode="after")
     def _env_applies(self):
         check_env_section(self.env, self.task, None, None)
+        if self.sft.tool_frac is not None and not self.task.spec.startswith("env:"):
+            raise ValueError(f"sft.tool_frac: applies to environment tasks (task.spec env:NAME), and task.spec is "
+                             f"{self.task.spec!r}; drop the setting")
         return self
 
 

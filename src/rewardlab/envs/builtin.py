@@ -229,6 +229,52 @@ class CalculatorEnv(ToolEnv):
         """The first `n` rows (all when None) of `split` ("train", "test" or "all") of `task(seed)`."""
         return _split_rows(self.task(seed), split, n)
 
+    def trace(self, row: Row, *, tool: bool = True) -> list[dict[str, Any]]:
+        """A correct transcript of `row` (chat messages, for supervised training: `rewardlab.envs.trace_rollout`).
+
+        tool=True, the tool trace: the prompt, a call of `calc` on the row's expression, the tool's answer, the
+        final answer. Compact parser: "1663-5242-9376=" -> `<c>1663-5242-9376</c>` -> tool "-12955" (rendered
+        `<o>-12955</o>`) -> "-12955". Hermes parser: the call as `<tool_call>\n{"name": "calc", "arguments":
+        {"expression": "..."}}\n</tool_call>` and the answer as `<answer>N</answer>`.
+        tool=False, the direct answer: the prompt, then the final answer alone.
+
+        Raises:
+            ValueError: a row without metadata.expression, or whose answer is not what `calc` computes.
+        """
+        expression = str((row.get("metadata") or {}).get("expression", "")).replace(" ", "")
+        if not expression:
+            raise ValueError("env calculator: trace: the row has no metadata.expression")
+        answer = str(row["answer"]).strip()
+        prompt = [dict(m) for m in row["messages"]] if row.get("messages") else [
+            {"role": "user", "content": str(row.get("prompt") or self.prompt(row))}]
+        final = answer if self.parser_name == "compact" else f"<answer>{answer}</answer>"
+        if not tool:
+            return prompt + [{"role": "assistant", "content": final}]
+        result = calc(expression)
+        if result != answer:
+            raise ValueError(f"env calculator: trace: calc({expression!r}) = {result}, but the row's answer is "
+                             f"{answer!r}")
+        if self.parser_name == "compact":
+            call = f"<c>{expression}</c>"
+        else:
+            call = ('<tool_call>\n{"name": "calc", "arguments": {"expression": "' + expression +
+                    '"}}\n</tool_call>')
+        return prompt + [{"role": "assistant", "content": call}, {"role": "tool", "name": "calc", "content": result},
+                         {"role": "assistant", "content": final}]
+
+    def traces(self, rows: list[Row], *, seed: int = 0, tool_frac: float = 1.0) -> list[list[dict[str, Any]]]:
+        """`trace(row, tool=...)` of each row: exactly round(tool_frac * len(rows)) of them tool traces, the rows
+        chosen uniformly at random by `random.Random("calculator/traces/<seed>")`, the others direct answers.
+
+        Raises:
+            ValueError: tool_frac outside [0, 1]; what `trace` raises.
+        """
+        if isinstance(tool_frac, bool) or not isinstance(tool_frac, (int, float)) or not 0 <= tool_frac <= 1:
+            raise ValueError(f"tool_frac: expected a number in [0, 1], got {tool_frac!r}")
+        k = round(tool_frac * len(rows))
+        with_tool = set(random.Random(f"calculator/traces/{seed}").sample(range(len(rows)), k))
+        return [self.trace(r, tool=i in with_tool) for i, r in enumerate(rows)]
+
 
 # ==================================================================================================== guess_number
 _GUESS = re.compile(r"<g>\s*([-+]?\d{1,12})\s*</g>")
@@ -312,6 +358,35 @@ class GuessNumberEnv(MultiTurnEnv):
     def rows(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Row]:
         """The first `n` rows (all when None) of `split` ("train", "test" or "all") of `task(seed)`."""
         return _split_rows(self.task(seed), split, n)
+
+    def trace(self, row: Row) -> list[dict[str, Any]]:
+        """The binary-search transcript of `row` (chat messages, for supervised training): the prompt, then guesses
+        `<g>K</g>` with K = (lo + hi) // 2 of the feasible interval [lo, hi] (1..n at the start), each answered
+        "<o>higher</o>" or "<o>lower</o>" (user messages, as the environment answers a raw prompt), until the guess
+        is the secret. That takes at most floor(log2 n) + 1 guesses (7 for n = 64): with three answers per guess
+        no strategy needs fewer in the worst case. The final guess ends at "</g>" like every other (the
+        environment ends the episode; no end-of-sequence token).
+
+        Raises:
+            ValueError: the row's answer is not an integer in 1..n.
+        """
+        state = self.reset(row)
+        lo, hi, secret = 1, state["n"], state["secret"]
+        out = [dict(m) for m in state["messages"]]  # the row's prompt, as an episode starts
+        while True:
+            guess = (lo + hi) // 2
+            out.append({"role": "assistant", "content": f"<g>{guess}</g>"})
+            if guess == secret:
+                return out
+            if guess < secret:
+                lo, feedback = guess + 1, "higher"
+            else:
+                hi, feedback = guess - 1, "lower"
+            out.append({"role": "user", "content": f"<o>{feedback}</o>"})
+
+    def traces(self, rows: list[Row], *, seed: int = 0) -> list[list[dict[str, Any]]]:
+        """`trace(row)` of each row (binary search has no random choice: `seed` is not read)."""
+        return [self.trace(r) for r in rows]
 
     def reset(self, row: Row) -> State:
         """MultiTurnEnv's state plus secret (int(row["answer"])), n (row["n"], default this env's), lo = 1, hi = n,

@@ -1,0 +1,125 @@
+"""Supervised training rows from multi-turn traces, with the ids an episode would hold.
+
+    rollout = trace_rollout(renderer, messages, eos_id=tok.eos_token_id, stop=env.stop)
+    rollout.prompt_ids, rollout.completion_ids, rollout.loss_mask   # train on completion ids where loss_mask == 1
+
+A trace is a transcript in chat messages: the prompt messages (everything before the first assistant message),
+then assistant turns (their raw text) and the observations between them ("tool" or "user" messages). It becomes
+token ids exactly as `rewardlab.envs.run_episodes` builds an episode whose model sampled the same turns, so that
+supervised training and RL see the same ids (token-exact):
+- the prompt is `renderer.start(prompt messages)`;
+- an assistant turn is its text encoded alone, no special tokens added; a turn that ends at one of the stop strings
+  (a tool call closing, e.g. "</c>") ends there, as the sampler stops it, and every other turn (one that answers
+  and so ends the episode) is followed by the end-of-sequence id, as the sampler samples it;
+- the observations after a turn are `renderer.extend(row ids so far, transcript so far, observations)`.
+The loss mask is 1 exactly on the assistant turns' ids (their EOS included) and 0 on everything the environment
+or the template added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rewardlab.envs.episode import prompt_text
+from rewardlab.types import Rollout
+
+__all__ = ["OBSERVATION_ROLES", "trace_rollout"]
+
+#: The roles of the messages an environment answers with.
+OBSERVATION_ROLES = ("tool", "user")
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def trace_rollout(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id: int,
+                  stop: Sequence[str] | None = None, where: str = "trace") -> Rollout:
+    """The rollout of a trace (see the module docstring): the ids an episode holds after a model sampled its
+    assistant turns, with a loss mask on exactly those turns.
+
+    Args:
+        renderer: the `Renderer` the episode loop uses (`rewardlab.envs.make_renderer(tokenizer, prompt_format,
+            tools=env.tools, raw_text=env.raw_text)`); its `tokenizer` encodes the assistant turns.
+        messages: the trace: one or more prompt messages (system/user), then assistant and observation ("tool" or
+            "user") messages, ending with an assistant message; each a dict with "role" and a str "content".
+        eos_id: the end-of-sequence id appended to a turn that does not end at a stop string.
+        stop: the strings that end a model turn besides EOS (the environment's `stop`, e.g. ("</c>",)).
+        where: how errors name the trace (e.g. "sft: training row 3").
+    Returns:
+        A `Rollout`: `prompt_ids` [P] and `prompt` (its text), `completion_ids` [T] (assistant and observation ids
+        interleaved), `loss_mask` [T] (1 on assistant ids and their EOS, 0 elsewhere), `logprobs` [T] all 0.0 (no
+        behaviour policy), `turns` (the span of each assistant turn), `completion` (the final turn's text),
+        `messages` (the trace), `termination` "stop" when the final turn ends with EOS else "env_done",
+        `episode_id` 0.
+    Raises:
+        ValueError: one line naming `where` and the message index: a message that is not a dict with a role and a
+            str content; no prompt message before the first assistant turn, or no assistant turn; a trace that does
+            not end with an assistant turn; an observation whose role is not "tool" or "user"; two assistant turns
+            in a row; an assistant turn with a stop string before its end (the sampler would have stopped there)
+            or an empty one; a renderer that cannot append an observation (a chat template that is not
+            append-only: the episode would continue in a new row).
+    """
+    msgs = [dict(m) for m in messages]
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"{where}: message {i} must be a dict with a str 'role' and a str 'content'")
+    first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), None)
+    if first is None:
+        raise ValueError(f"{where}: has no assistant message (nothing to train on)")
+    if first == 0:
+        raise ValueError(f"{where}: message 0 is an assistant turn; a trace starts with its prompt messages")
+    if msgs[-1]["role"] != "assistant":
+        raise ValueError(f"{where}: message {len(msgs) - 1} ({msgs[-1]['role']}) ends the trace; a trace ends with "
+                         "the model's final assistant turn")
+    stops = [s for s in (stop or ()) if s]
+    tokenizer = renderer.tokenizer
+    prompt_ids = list(renderer.start(msgs[:first]))
+    history = msgs[:first]
+    completion: list[int] = []
+    mask: list[int] = []
+    turns: list[tuple[int, int]] = []
+    i = first
+    final_text, final_stop = "", False
+    while i < len(msgs):
+        m = msgs[i]
+        if m["role"] != "assistant":
+            raise ValueError(f"{where}: message {i} has role {m['role']!r} where an assistant turn is due")
+        text = m["content"]
+        if not text:
+            raise ValueError(f"{where}: message {i} is an empty assistant turn")
+        ends_at_stop = any(text.endswith(s) for s in stops)
+        for s in stops:
+            at = text.find(s)
+            if at != -1 and at + len(s) < len(text):
+                raise ValueError(f"{where}: message {i} goes on after the stop string {s!r}; the model's turn ends "
+                                 "there")
+        ids = _encode(tokenizer, text) + ([] if ends_at_stop else [eos_id])
+        turns.append((len(completion), len(completion) + len(ids)))
+        completion += ids
+        mask += [1] * len(ids)
+        history.append({"role": "assistant", "content": text})
+        final_text, final_stop = text, ends_at_stop
+        i += 1
+        new = []
+        while i < len(msgs) and msgs[i]["role"] != "assistant":
+            if msgs[i]["role"] not in OBSERVATION_ROLES:
+                raise ValueError(f"{where}: message {i} has role {msgs[i]['role']!r}; an observation is one of "
+                                 f"{', '.join(OBSERVATION_ROLES)}")
+            new.append(msgs[i])
+            i += 1
+        if i < len(msgs) and not new:
+            raise ValueError(f"{where}: message {i} is an assistant turn right after another (no observation "
+                             "between them)")
+        if new:
+            obs = renderer.extend(prompt_ids + completion, history, new)
+            if obs is None:
+                raise ValueError(f"{where}: the chat template rewrites earlier turns at message {i - len(new)}, so "
+                                 "the episode would continue in a new row; such traces are not supported")
+            completion += list(obs)
+            mask += [0] * len(obs)
+            history += new
+    return Rollout(prompt=prompt_text(renderer, prompt_ids), prompt_ids=prompt_ids, completion=final_text,
+                   completion_ids=completion, logprobs=[0.0] * len(completion), loss_mask=mask, turns=turns,
+                   episode_id=0, termination="env_done" if final_stop else "stop", messages=msgs)
