@@ -71,8 +71,12 @@ _CHECKPOINT = "continue from the run directory's last valid checkpoint"
 COMMANDS: dict[str, Command] = {
     "quickstart": Command(
         QuickstartConfig, "rewardlab.commands.quickstart:run",
-        "tiny model from scratch -> SFT -> GRPO -> evaluate on reasoning-gym chain_sum (offline)",
-        "continue the run in --out: finished stages are reused, an unfinished one resumed", prints_summary=False),
+        "tiny model from scratch -> SFT -> GRPO -> evaluate on reasoning-gym chain_sum (offline); --preset tools: "
+        "the calculator environment (tool calls, multi-turn episodes) against the same budget without the tool",
+        "continue the run in --out: finished stages are reused, an unfinished one resumed",
+        (Flag("preset", "preset", "arithmetic (default: 1-digit chain sums) or tools (calculator environment: SFT "
+              "on tool and direct-answer traces, GRPO on episodes, compared with no tool)"),),
+        prints_summary=False),
     "sft": Command(SFTConfig, "rewardlab.commands.sft:run",
                    "supervised warm start on task rows (loss on answer tokens)", _CHECKPOINT, (_MODEL, _TASK)),
     "train": Command(TrainConfig, "rewardlab.commands.train:run",

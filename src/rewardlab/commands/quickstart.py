@@ -15,7 +15,7 @@ from rewardlab.commands import evaluate as evaluate_command
 from rewardlab.commands import sft as sft_command
 from rewardlab.commands import train as train_command
 from rewardlab.commands.common import open_run
-from rewardlab.config import EvaluateConfig, QuickstartConfig, SFTConfig, TrainConfig
+from rewardlab.config import EvaluateConfig, QuickstartConfig, SFTConfig, TaskConfig, TrainConfig
 from rewardlab.runs import RunDir, warn
 
 def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
@@ -54,10 +54,9 @@ def run(cfg: QuickstartConfig, *, resume: bool = False, overwrite: bool = False,
         return _quickstart(cfg, top, resume, show_progress)
 
 
-def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
-    out = top.path
-    common = {"task": cfg.task, "seed": cfg.seed, "threads": cfg.threads}
-    times: dict[str, float] = {}
+def _stager(out: Path, resume: bool, show_progress: bool, times: dict[str, float]):
+    """`stage(name, runner, stage_cfg)`: run one stage in `out / name` (or reuse its summary on a resume), timed in
+    `times[name]`."""
 
     def stage(name: str, runner, stage_cfg) -> dict[str, Any]:
         mode = _stage_mode(out / name, resume)
@@ -68,6 +67,17 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
         res = runner(stage_cfg, **mode, show_progress=show_progress)
         times[name] = time.perf_counter() - t
         return res
+
+    return stage
+
+
+def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
+    if cfg.preset == "tools":
+        return _tools_quickstart(cfg, top, resume, show_progress)
+    out = top.path
+    common = {"task": cfg.task, "seed": cfg.seed, "threads": cfg.threads}
+    times: dict[str, float] = {}
+    stage = _stager(out, resume, show_progress, times)
 
     sft = stage("sft", sft_command.run, SFTConfig(model=cfg.model, sft=cfg.sft, out=str(out / "sft"), **common))
     sft_model = cfg.model.model_copy(update={"path": sft["final_checkpoint"]})
@@ -107,4 +117,157 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
     stdout = Console()
     stdout.print(table)
     stdout.print(f"summary: {out / 'summary.json'}")
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------ preset "tools"
+def evaluate_episodes(policy: Any, rows: list[dict[str, Any]], reward_spec: Any, *, episodes: Any,
+                      max_new_tokens: int, batch_size: int = 100) -> dict[str, Any]:
+    """Greedy accuracy of `policy` on `rows`: one greedy episode per row in the environment of `episodes` (an
+    `EpisodeSettings`; None: one greedy completion per row), the outcome reward called once per episode on its last
+    row (`episode_ends`).
+
+    Returns:
+        {"accuracy": fraction of episodes the reward calls correct, "score_mean", "n_questions", and for episodes
+        the `episode_metrics` figures: "tool_call_rate" (fraction of model turns with a call), "tool_calls_per_episode",
+        "tool_errors_per_episode", "turns_mean", "terminations" {reason: fraction}}.
+    """
+    from rewardlab.envs import episode_ends, episode_metrics, episode_rows, sample_rollouts
+    from rewardlab.rewards import build_reward
+
+    reward = build_reward(reward_spec)
+    correct = score = 0.0
+    per_episode: list[list[Any]] = []
+    policy.model.eval()
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        rollouts = sample_rollouts(policy, chunk, episodes=episodes, n=1, max_new_tokens=max_new_tokens, greedy=True)
+        ends = episode_ends(rollouts)
+        outputs = reward(ends)
+        correct += sum(float(o.correct) for o in outputs)
+        score += sum(float(o.score) for o in outputs if o.error is None)
+        if episodes is not None:
+            by_end = episode_rows(rollouts)
+            per_episode += [by_end[id(r)] for r in ends]
+    n = len(rows)
+    result: dict[str, Any] = {"accuracy": correct / max(n, 1), "score_mean": score / max(n, 1), "n_questions": n}
+    if episodes is not None:
+        m = episode_metrics(per_episode)
+        result.update({"tool_call_rate": m["tool/call_rate"], "tool_calls_per_episode": m["tool/calls_mean"],
+                       "tool_errors_per_episode": m["tool/errors_mean"], "turns_mean": m["episode/turns_mean"],
+                       "terminations": {k.split("/")[-1]: v for k, v in m.items()
+                                        if k.startswith("episode/termination/") and v}})
+    return result
+
+
+def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str, resume: bool = False,
+                overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
+    """The held-out evaluation of one model (greedy episodes in the calculator environment with `tools`, else greedy
+    single completions of the same questions), written to `out`/summary.json."""
+    from rewardlab.commands.common import load_model
+    from rewardlab.envs import episode_settings
+    from rewardlab.progress import stage as progress
+    from rewardlab.rl.trainer import close_env
+    from rewardlab.tasks import load as load_task
+    from rewardlab.threads import apply_threads
+
+    apply_threads(cfg.threads)
+    task_cfg = cfg.task if tools else no_tool_task(cfg)
+    task = load_task(task_cfg.spec, **task_cfg.options)
+    rows = task.test[: cfg.eval.limit] if cfg.eval.limit else task.test
+    env = cfg.env
+    episodes = episode_settings(task, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
+                                max_tool_tokens=env.max_tool_tokens, tool_keep=env.tool_keep,
+                                tool_timeout_s=env.tool_timeout_s) if tools else None
+    policy = load_model(cfg, model_path)
+    t0 = time.perf_counter()
+    try:
+        with RunDir.start(out, overwrite=overwrite or resume) as run:  # an unfinished evaluation runs again whole
+            run.write_config(json.dumps({"model": model_path, "task": task_cfg.model_dump(), "episodes": tools,
+                                         "eval": cfg.eval.model_dump(), "env": cfg.env.model_dump()}, indent=2))
+            with progress("evaluate", 1, enabled=show_progress) as bar:
+                result = evaluate_episodes(policy, rows, task.reward, episodes=episodes,
+                                           max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size)
+                bar.advance(1, acc=result["accuracy"])
+            result.update({"stage": "evaluate", "task": task_cfg.spec, "model": model_path,
+                           "wall_s": time.perf_counter() - t0})
+            run.write_summary(result)
+    finally:
+        close_env(episodes)
+    return result
+
+
+def no_tool_task(cfg: QuickstartConfig) -> TaskConfig:
+    """The single-turn task with the calculator environment's questions, split and answers: reasoning-gym
+    `chain_sum` (or `products`) with the compact template, whose prompt is the expression and "=" exactly as the
+    calculator's compact prompt, and the same size, test_size, seed and term/digit options."""
+    options = dict(cfg.task.options)
+    dataset = options.pop("dataset", "chain_sum")
+    for key in ("parser", "workers", "timeout_s"):
+        options.pop(key, None)
+    defaults = {"min_terms": 2, "max_terms": 3, "min_digits": 3, "max_digits": 4, "size": 5000, "test_size": 300}
+    return TaskConfig(spec=f"reasoning_gym:{dataset}", options={**defaults, **options, "template": "compact"})
+
+
+def _tools_quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
+    """The `tools` preset: the calculator environment, and the same budget trained without the tool."""
+    out = top.path
+    times: dict[str, float] = {}
+    stage = _stager(out, resume, show_progress, times)
+    common = {"seed": cfg.seed, "threads": cfg.threads}
+    tools_task = {"task": cfg.task, "env": cfg.env, **common}
+    plain = {"task": no_tool_task(cfg), **common}
+    direct_sft = cfg.sft.model_copy(update={"tool_frac": None})
+
+    def evaluate(model_path: str, name: str, tools: bool) -> dict[str, Any]:
+        def runner(_: Any, **mode: Any) -> dict[str, Any]:
+            return _eval_stage(cfg, model_path, tools=tools, out=str(out / name), **mode)
+
+        return stage(name, runner, None)
+
+    sft = stage("sft", sft_command.run, SFTConfig(model=cfg.model, sft=cfg.sft, out=str(out / "sft"), **tools_task))
+    sft_model = cfg.model.model_copy(update={"path": sft["final_checkpoint"]})
+    eval_sft = evaluate(sft["final_checkpoint"], "eval_sft", True)
+    grpo = stage("grpo", train_command.run, TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"),
+                                                        **tools_task))
+    eval_grpo = evaluate(grpo["final_checkpoint"], "eval_grpo", True)
+    # the same model, steps and batches without the tool: SFT on the direct answers, GRPO on single completions
+    sft_nt = stage("no_tool_sft", sft_command.run, SFTConfig(model=cfg.model, sft=direct_sft,
+                                                             out=str(out / "no_tool_sft"), **plain))
+    nt_model = cfg.model.model_copy(update={"path": sft_nt["final_checkpoint"]})
+    grpo_nt = stage("no_tool_grpo", train_command.run,
+                    TrainConfig(model=nt_model, rl=cfg.rl.model_copy(update={"max_new_tokens": cfg.eval.max_new_tokens}),
+                                out=str(out / "no_tool_grpo"), **plain))
+    eval_nt = evaluate(grpo_nt["final_checkpoint"], "eval_no_tool", False)
+
+    def figures(ev: dict[str, Any], checkpoint: str) -> dict[str, Any]:
+        keep = ("accuracy", "tool_call_rate", "tool_calls_per_episode", "tool_errors_per_episode", "turns_mean",
+                "terminations")
+        return {**{k: ev[k] for k in keep if k in ev}, "checkpoint": checkpoint}
+
+    summary = {
+        "preset": "tools",
+        "task": cfg.task.spec,
+        "no_tool_task": plain["task"].spec,
+        "held_out_questions": eval_grpo["n_questions"],
+        "sft": figures(eval_sft, sft["final_checkpoint"]),
+        "grpo": figures(eval_grpo, grpo["final_checkpoint"]),
+        "no_tool": figures(eval_nt, grpo_nt["final_checkpoint"]),
+        "improvement_points": 100 * (eval_grpo["accuracy"] - eval_sft["accuracy"]),
+        "over_no_tool_points": 100 * (eval_grpo["accuracy"] - eval_nt["accuracy"]),
+        "stage_seconds": times,
+        "total_seconds": sum(times.values()),
+    }
+    top.write_summary(summary)
+    table = Table(title=f"held-out {cfg.task.spec} ({eval_grpo['n_questions']} questions, greedy episodes)")
+    for col in ("model", "accuracy", "tool-call rate", "tool errors / episode"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for label, ev in (("after SFT (tool traces + direct answers)", eval_sft), ("after GRPO in the environment",
+                                                                                 eval_grpo),
+                      ("no tool (SFT on direct answers + GRPO, same budget)", eval_nt)):
+        table.add_row(label, f"{ev['accuracy']:.1%}", f"{ev['tool_call_rate']:.1%}" if "tool_call_rate" in ev else "-",
+                      f"{ev['tool_errors_per_episode']:.2f}" if "tool_errors_per_episode" in ev else "-")
+    stdout = Console()
+    stdout.print(table)
+    stdout.print(f"total {sum(times.values()):.0f} s; summary: {out / 'summary.json'}")
     return summary

@@ -121,6 +121,21 @@ def _merge_section(cls: type[BaseModel], base: dict[str, Any], given: dict[str, 
     return out
 
 
+def _preset_section_default(cls: type[BaseModel], name: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    """`_section_default`, with the values of the preset `data` names written over it, for a config class with
+    presets (a classmethod `section_defaults(data) -> {section: values}`, e.g. `QuickstartConfig`)."""
+    default = _section_default(cls, name)
+    preset = getattr(cls, "section_defaults", None)
+    if default is None or preset is None:
+        return default
+    try:
+        given = preset(data).get(name)
+    except ValueError as exc:
+        raise ConfigError(f"config error: {exc}") from None
+    annotation = cls.model_fields[name].annotation
+    return default if given is None else _merge_section(annotation, default, given)
+
+
 def with_section_defaults(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
     """Fill each partly given section of `data` from that section's default in `cls`, not from its class defaults.
 
@@ -135,7 +150,7 @@ def with_section_defaults(cls: type[BaseModel], data: dict[str, Any]) -> dict[st
         annotation = field.annotation if field is not None else None
         if not isinstance(value, dict) or not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             continue
-        default = _section_default(cls, name)
+        default = _preset_section_default(cls, name, data)
         out[name] = (_merge_section(annotation, default, value) if default is not None
                      else with_section_defaults(annotation, value))
     return out
@@ -179,12 +194,17 @@ def load_config(cls: type[BaseModel], path: str | Path | None = None, overrides:
             raise ConfigError(f"config file {path}: top level must be a mapping of keys")
         data = loaded
     data = with_section_defaults(cls, data)
+    named = dict(data)  # the preset an override names sets the defaults of the sections other overrides edit
+    for item in overrides or []:
+        key, _, value = item.partition("=")
+        if key.strip() == "preset":
+            named["preset"] = value.strip()
     for item in overrides or []:
         # A dotted override edits the section's resolved default (e.g. quickstart's `task.options`), so
         # `task.options.size=5000` keeps the other options while `task.options={...}` replaces them all.
         top = item.partition("=")[0].split(".")[0]
         if "." in item.partition("=")[0] and top not in data:
-            default = _section_default(cls, top)
+            default = _preset_section_default(cls, top, named)
             if default is not None:
                 data[top] = default
         apply_override(data, item)

@@ -364,10 +364,39 @@ def _quickstart_task() -> TaskConfig:
     )
 
 
+def _tools_sections() -> dict[str, dict[str, Any]]:
+    """The `tools` preset's sections (the rest as in the default preset)."""
+    return {
+        "task": {"spec": "env:calculator", "options": {"size": 5000, "test_size": 300}},
+        "sft": {"steps": 300, "batch_size": 64, "lr": 3e-3, "tool_frac": 0.3, "eval_every": 0},
+        "rl": {"steps": 60, "prompts_per_step": 32, "group_size": 8, "lr": 3e-4, "temperature": 1.0,
+               "max_new_tokens": 24, "eval_every": 0},
+        "eval": {"n": 1, "k": [1], "max_new_tokens": 24, "batch_size": 100},
+        "env": {"max_turns": 3, "max_episode_tokens": 72, "max_tool_tokens": 16},
+    }
+
+
+#: Quickstart presets: name -> the sections' defaults it sets (written over the class defaults; a key given in the
+#: config file or an override wins).
+QUICKSTART_PRESETS: dict[str, Any] = {"arithmetic": dict, "tools": _tools_sections}
+
+
 class QuickstartConfig(_Run):
-    """tiny model from scratch -> SFT -> GRPO -> evaluate. Defaults are the README's demo settings."""
+    """tiny model from scratch -> SFT -> GRPO -> evaluate. Defaults are the README's demo settings.
+
+    preset "tools" (`rewardlab quickstart --preset tools`): the calculator environment (env:calculator, 3-4 digit
+    chain sums that the tiny model cannot do in its head, the `calc` tool in the compact form `<c>EXPR</c>` ->
+    `<o>RESULT</o>`): SFT on generated traces (sft.tool_frac of them call the tool, the others answer directly),
+    GRPO on episodes in the environment, greedy episodes on the 300 held-out questions; and the same model, steps
+    and batches trained without the tool (SFT on direct answers only, GRPO on single completions of the same
+    questions), evaluated on the same questions (`no_tool` in summary.json).
+    """
 
     out: str = _out("runs/quickstart")
+    preset: Literal["arithmetic", "tools"] = Field(
+        "arithmetic", description="arithmetic: 1-digit chain sums, single completions (the README demo); tools: the "
+        "calculator environment with a tool, multi-turn episodes, compared with the same budget without the tool "
+        "(--preset tools). A preset sets the defaults of task, sft, rl, eval and env; keys given still win")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model (all three stages)")
     task: TaskConfig = Field(default_factory=_quickstart_task, description="the prompts and their verifier: 1-digit "
                              "chain sums of 2-3 terms, 20,000 rows, 500 held out")
@@ -383,6 +412,44 @@ class QuickstartConfig(_Run):
     )
     eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=4),
                              description="stage 3, evaluation on the held-out rows")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="episode budgets (preset tools: max_turns 3, "
+                           "max_episode_tokens 72, max_tool_tokens 16)")
+
+    @classmethod
+    def section_defaults(cls, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The defaults the preset named in `data` (default "arithmetic") gives the sections: {section: values}.
+
+        Raises:
+            ValueError: an unknown preset (naming the valid ones).
+        """
+        preset = data.get("preset", "arithmetic")
+        if preset not in QUICKSTART_PRESETS:
+            raise ValueError(f"preset: unknown preset {preset!r}; valid: {', '.join(QUICKSTART_PRESETS)}")
+        return QUICKSTART_PRESETS[preset]()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset", "arithmetic") not in QUICKSTART_PRESETS:
+            return data  # an unknown preset: the field's own validation names it
+        out = dict(data)
+        for name, values in cls.section_defaults(data).items():
+            if name not in out:  # a given section was merged over the preset's (config.loader)
+                default = cls.model_fields[name].get_default(call_default_factory=True)
+                out[name] = {**default.model_dump(), **values}
+        return out
+
+    @model_validator(mode="after")
+    def _preset_applies(self):
+        check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
+        if self.preset == "tools" and self.task.spec != "env:calculator":
+            raise ValueError(f"task.spec: preset tools runs env:calculator (its traces and no-tool comparison), got "
+                             f"{self.task.spec!r}")
+        if self.preset != "tools" and self.task.spec.startswith("env:"):
+            raise ValueError(f"task.spec: {self.task.spec!r} is an environment task; run it with preset tools")
+        if self.sft.tool_frac is not None and not self.task.spec.startswith("env:"):
+            raise ValueError("sft.tool_frac: applies to environment tasks (preset tools); drop the setting")
+        return self
 
 
 class SearchParams(_Base):
