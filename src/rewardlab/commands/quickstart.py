@@ -29,7 +29,7 @@ def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
             return {"summary": summary}
     if not stage_run.holds_run():
         return {"resume": False, "overwrite": False}
-    if path.name in ("sft", "grpo") and not stage_run.list_checkpoints():
+    if path.name in ("sft", "grpo", "no_tool_sft", "no_tool_grpo") and not stage_run.list_checkpoints():
         warn(f"--resume: {path} was interrupted before its first checkpoint; starting that stage again")
         return {"resume": False, "overwrite": True}
     return {"resume": True, "overwrite": False}

@@ -441,7 +441,6 @@ class QuickstartConfig(_Run):
 
     @model_validator(mode="after")
     def _preset_applies(self):
-        check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
         if self.preset == "tools" and self.task.spec != "env:calculator":
             raise ValueError(f"task.spec: preset tools runs env:calculator (its traces and no-tool comparison), got "
                              f"{self.task.spec!r}")
@@ -449,6 +448,7 @@ class QuickstartConfig(_Run):
             raise ValueError(f"task.spec: {self.task.spec!r} is an environment task; run it with preset tools")
         if self.sft.tool_frac is not None and not self.task.spec.startswith("env:"):
             raise ValueError("sft.tool_frac: applies to environment tasks (preset tools); drop the setting")
+        check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
         return self
 
 
