@@ -15,8 +15,9 @@ def test_preset_tools_sets_the_sections_and_keys_given_still_win():
     tools = load_config(QuickstartConfig, None, ["preset=tools"])
     assert plain.preset == "arithmetic" and plain.task.spec == "reasoning_gym:chain_sum"
     assert plain.sft.tool_frac is None and plain.rl.max_new_tokens == 4
-    assert tools.task.spec == "env:calculator" and tools.task.options == {"size": 5000, "test_size": 300}
-    assert (tools.sft.tool_frac, tools.sft.eval_every, tools.rl.max_new_tokens, tools.env.max_turns) == (0.3, 0, 24, 3)
+    assert tools.task.spec == "env:calculator"
+    assert tools.task.options == {"size": 5000, "test_size": 300, "max_terms": 2}
+    assert (tools.sft.tool_frac, tools.sft.eval_every, tools.rl.max_new_tokens, tools.env.max_turns) == (0.25, 0, 24, 3)
     # an override of one key, before or after the preset, changes that key only
     for overrides in (["rl.steps=5", "preset=tools"], ["preset=tools", "rl.steps=5"]):
         edited = load_config(QuickstartConfig, None, overrides)
@@ -30,11 +31,26 @@ def test_preset_tools_sets_the_sections_and_keys_given_still_win():
     (["sft.tool_frac=0.5"], "sft.tool_frac: applies to environment tasks"),
     (["preset=tools", "task.spec=reasoning_gym:chain_sum"], "preset tools runs env:calculator"),
     (["task.spec=env:calculator"], "run it with preset tools"),
+    (["preset=tools", "task.options.parser=hermes"], "task.options.parser: preset tools runs"),
     (["preset=tools", "env.max_episode_tokens=16"], "rl.max_new_tokens: 24 tokens per model turn"),
 ])
 def test_preset_refusals_are_one_line(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(QuickstartConfig, None, overrides)
+
+
+def test_the_no_tool_comparison_asks_the_same_questions():
+    from rewardlab.commands.quickstart import no_tool_task
+    from rewardlab.tasks import load
+
+    cfg = load_config(QuickstartConfig, None, ["preset=tools", "task.options={size: 200, test_size: 12, seed: 3}"])
+    plain = no_tool_task(cfg)
+    assert plain.spec == "reasoning_gym:chain_sum" and plain.options["template"] == "compact"
+    env_task, single = load(cfg.task.spec, **cfg.task.options), load(plain.spec, **plain.options)
+    assert env_task.env is not None and single.env is None
+    for split in ("train", "test"):
+        a, b = env_task.split(split), single.split(split)
+        assert [(r["prompt"], r["answer"]) for r in a] == [(r["prompt"], r["answer"]) for r in b] and a
 
 
 @pytest.mark.slow

@@ -367,9 +367,9 @@ def _quickstart_task() -> TaskConfig:
 def _tools_sections() -> dict[str, dict[str, Any]]:
     """The `tools` preset's sections (the rest as in the default preset)."""
     return {
-        "task": {"spec": "env:calculator", "options": {"size": 5000, "test_size": 300}},
-        "sft": {"steps": 300, "batch_size": 64, "lr": 3e-3, "tool_frac": 0.3, "eval_every": 0},
-        "rl": {"steps": 60, "prompts_per_step": 32, "group_size": 8, "lr": 3e-4, "temperature": 1.0,
+        "task": {"spec": "env:calculator", "options": {"size": 5000, "test_size": 300, "max_terms": 2}},
+        "sft": {"steps": 900, "batch_size": 64, "lr": 3e-3, "tool_frac": 0.25, "eval_every": 0},
+        "rl": {"steps": 80, "prompts_per_step": 32, "group_size": 8, "lr": 5e-4, "temperature": 1.0,
                "max_new_tokens": 24, "eval_every": 0},
         "eval": {"n": 1, "k": [1], "max_new_tokens": 24, "batch_size": 100},
         "env": {"max_turns": 3, "max_episode_tokens": 72, "max_tool_tokens": 16},
@@ -384,9 +384,10 @@ QUICKSTART_PRESETS: dict[str, Any] = {"arithmetic": dict, "tools": _tools_sectio
 class QuickstartConfig(_Run):
     """tiny model from scratch -> SFT -> GRPO -> evaluate. Defaults are the README's demo settings.
 
-    preset "tools" (`rewardlab quickstart --preset tools`): the calculator environment (env:calculator, 3-4 digit
-    chain sums that the tiny model cannot do in its head, the `calc` tool in the compact form `<c>EXPR</c>` ->
-    `<o>RESULT</o>`): SFT on generated traces (sft.tool_frac of them call the tool, the others answer directly),
+    preset "tools" (`rewardlab quickstart --preset tools`): the calculator environment (env:calculator, sums and
+    differences of two 3-4 digit numbers, which the tiny model cannot do in its head, the `calc` tool in the compact
+    form `<c>EXPR</c>` -> `<o>RESULT</o>`): SFT on generated traces (sft.tool_frac of them, 25%, call the tool,
+    the others answer directly; stopped before the model copies reliably, as the default preset stops early),
     GRPO on episodes in the environment, greedy episodes on the 300 held-out questions; and the same model, steps
     and batches trained without the tool (SFT on direct answers only, GRPO on single completions of the same
     questions), evaluated on the same questions (`no_tool` in summary.json).
@@ -444,6 +445,9 @@ class QuickstartConfig(_Run):
         if self.preset == "tools" and self.task.spec != "env:calculator":
             raise ValueError(f"task.spec: preset tools runs env:calculator (its traces and no-tool comparison), got "
                              f"{self.task.spec!r}")
+        if self.preset == "tools" and self.task.options.get("parser", "compact") != "compact":
+            raise ValueError("task.options.parser: preset tools runs the tiny model's compact tool form (its no-tool "
+                             "comparison asks the same compact prompts); drop the setting")
         if self.preset != "tools" and self.task.spec.startswith("env:"):
             raise ValueError(f"task.spec: {self.task.spec!r} is an environment task; run it with preset tools")
         if self.sft.tool_frac is not None and not self.task.spec.startswith("env:"):
