@@ -12,6 +12,7 @@ During training:
 
 from __future__ import annotations
 
+import inspect
 import time
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,6 @@ def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_
                 raise ValueError(f"sft: environment {task.env['name']!r} has no trace generator; give each training "
                                  "row a 'trace' (chat messages)")
             todo = [i for i, r in enumerate(task.train) if "trace" not in r]
-            import inspect
-
             if tool_frac is not None and "tool_frac" not in inspect.signature(generate).parameters:
                 raise ValueError(f"sft.tool_frac: environment {task.env['name']!r} has no tool choice in its "
                                  "traces; unset it")
