@@ -17,7 +17,7 @@ def test_preset_tools_sets_the_sections_and_keys_given_still_win():
     assert plain.sft.tool_frac is None and plain.rl.max_new_tokens == 4
     assert tools.task.spec == "env:calculator"
     assert tools.task.options == {"size": 5000, "test_size": 300, "max_terms": 2}
-    assert (tools.sft.tool_frac, tools.sft.eval_every, tools.rl.max_new_tokens, tools.env.max_turns) == (0.25, 0, 24, 3)
+    assert (tools.sft.tool_frac, tools.sft.eval_every, tools.rl.max_new_tokens, tools.env.max_turns) == (0.5, 0, 24, 3)
     # an override of one key, before or after the preset, changes that key only
     for overrides in (["rl.steps=5", "preset=tools"], ["preset=tools", "rl.steps=5"]):
         edited = load_config(QuickstartConfig, None, overrides)
