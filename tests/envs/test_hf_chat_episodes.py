@@ -50,7 +50,8 @@ def observation(content: str) -> str:
     """What Qwen2.5's (and Qwen3's) template writes after an assistant turn that stopped at `</tool_call>`, for one
     tool message and the next generation prompt: it closes the turn, wraps the result in a user turn, opens the
     next assistant turn."""
-    return f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    return (f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n")
 
 
 def build_tokenizer(corpus: list[str], *, special_tags: bool = False):
@@ -332,3 +333,17 @@ def test_sampled_episodes_of_a_real_hf_model_keep_the_contract_whatever_they_sam
         last = k == len(out) - 1 or out[k + 1].episode_id != r.episode_id
         assert (r.termination is not None) == last
     assert_behaviour_logprobs(lab.policy, out)
+
+
+def test_tool_tags_that_are_special_tokens_are_refused_instead_of_losing_the_call(lab):
+    """A tokenizer that marks the tags special (same ids, same model): decoding drops them, so the turn could never
+    stop at `</tool_call>` and the parser would never see the call (the episode used to run on to max_new_tokens
+    with no call recorded). `run_episodes` refuses it in one line instead."""
+    special = build_tokenizer(lab.corpus, special_tags=True)
+    assert [special.convert_tokens_to_ids(t) for t in TAGS] == [lab.tok.convert_tokens_to_ids(t) for t in TAGS]
+    assert special.decode(lab.enc(lab.call), skip_special_tokens=True) == lab.call[len("<tool_call>"):-len(
+        "</tool_call>")]
+    policy = Policy(lab.model, special, prompt_format="chat")
+    with pytest.raises(ValueError, match=r"^env stop string '</tool_call>': .*special tokens \(</tool_call>\)"):
+        run_episodes(policy, lab.env, [lab.row], n=1, max_turns=3, max_new_tokens=40, max_episode_tokens=200,
+                     greedy=True)
