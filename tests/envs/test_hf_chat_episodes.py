@@ -347,3 +347,44 @@ def test_tool_tags_that_are_special_tokens_are_refused_instead_of_losing_the_cal
     with pytest.raises(ValueError, match=r"^env stop string '</tool_call>': .*special tokens \(</tool_call>\)"):
         run_episodes(policy, lab.env, [lab.row], n=1, max_turns=3, max_new_tokens=40, max_episode_tokens=200,
                      greedy=True)
+
+
+def test_a_turn_that_fits_its_budget_exactly_is_kept_whole_and_one_token_less_is_cut(lab):
+    call = lab.enc(lab.call)
+    rec, (whole,) = play(lab, lab.policy, [lab.row], max_new_tokens=len(call))
+    assert whole.completion_ids[: len(call)] == call and whole.turns[0] == (0, len(call))
+    assert (whole.termination, whole.truncated, whole.tool_calls[0][0]["status"]) == ("stop", False, "ok")
+    assert rec.calls[0][1][0].finish == "stop"
+    rec, (cut,) = play(lab, lab.policy, [lab.row], max_new_tokens=len(call) - 1)
+    assert cut.completion_ids == call[:-1] and cut.loss_mask == [1] * (len(call) - 1)
+    assert (cut.termination, cut.truncated, cut.tool_calls) == ("max_new_tokens", True, [[]])  # the env never saw it
+    assert rec.calls[0][1][0].finish == "length"
+
+
+@pytest.mark.parametrize("cap", ["context", "episode"])
+@pytest.mark.parametrize("room, kept", [
+    ("all", "all"),  # everything fits exactly: the episode ends as the model ended it
+    ("all-1", "all-1"),  # the final turn is cut one token short
+    ("call+obs", "call+obs"),  # the observation fits exactly, and leaves no room for another turn
+    ("call+obs-1", "call"),  # the observation would overflow: it is not appended
+])
+def test_the_context_window_and_the_episode_budget_bound_a_real_models_episode(lab, cap, room, kept):
+    """Room (after the first prompt) for the whole episode, one token less, exactly the call and its observation,
+    one token less: what is kept, and the termination, with the model's own context window (its config's
+    max_position_embeddings) or max_episode_tokens as the cap."""
+    call, obs = lab.enc(lab.call), lab.enc(observation(lab.answer))
+    ids = {"call": call, "call+obs": call + obs, "all": call + obs + lab.enc(lab.final) + [lab.tok.eos_token_id]}
+    ids["all-1"], ids["call+obs-1"] = ids["all"][:-1], ids["call+obs"][:-1]
+    space = len(ids[room])
+    config, window = lab.model.config, lab.model.config.max_position_embeddings
+    try:
+        if cap == "context":
+            config.max_position_embeddings = len(lab.enc(lab.render(lab.tok, [lab.user]))) + space
+            _, (r,) = play(lab, lab.policy, [lab.row])
+        else:
+            _, (r,) = play(lab, lab.policy, [lab.row], max_episode_tokens=space, max_new_tokens=len(call))
+    finally:
+        config.max_position_embeddings = window
+    assert r.completion_ids == ids[kept]
+    expected = "stop" if room == "all" else "context" if cap == "context" else "max_episode_tokens"
+    assert (r.termination, r.truncated) == (expected, room != "all")
