@@ -26,7 +26,7 @@ import types
 import pytest
 import torch
 
-from rewardlab.envs import episode_record, make_env, make_renderer, replay, run_episodes
+from rewardlab.envs import episode_metrics, episode_record, make_env, make_renderer, replay, run_episodes
 from rewardlab.policy import Policy, rollout_batch
 from rewardlab.rewards import REWARDS
 from rewardlab.rl.episodes import episode_tensors
@@ -301,6 +301,22 @@ def test_qwen3s_template_rewrites_the_reasoning_so_the_episode_continues_in_a_ne
     assert got.score == 1.0
     assert_behaviour_logprobs(lab.policy3, out)
     assert_replay_rebuilds(lab.policy3, out, got)
+
+
+def test_the_episode_token_figure_of_a_split_episode_is_what_max_episode_tokens_counts(lab):
+    """The tool output and template tokens that a new row's prompt carries count as episode tokens: the figure is
+    the smallest max_episode_tokens the episode fits in (it used to count the rows' completions only)."""
+    _, out = play(lab, lab.policy3, [lab.row])
+    first, second = out
+    carried = len(second.prompt_ids) - len(first.prompt_ids) - len(first.completion_ids)
+    tokens = episode_metrics([out])["episode/tokens_mean"]
+    rewrite = len(lab.enc("<think>\nadd\n</think>\n\n")) - len(lab.enc("<think>add</think>"))
+    assert carried == len(lab.enc(observation(lab.answer))) + rewrite  # the observation, the re-laid reasoning
+    assert tokens == len(first.completion_ids) + carried + len(second.completion_ids)
+    _, fits = play(lab, lab.policy3, [lab.row], max_episode_tokens=int(tokens))
+    _, over = play(lab, lab.policy3, [lab.row], max_episode_tokens=int(tokens) - 1)
+    assert [r.completion_ids for r in fits] == [r.completion_ids for r in out] and fits[-1].termination == "stop"
+    assert over[-1].termination == "max_episode_tokens"
 
 
 def test_qwen3s_template_appends_a_turn_whose_reasoning_is_in_its_own_layout(lab):

@@ -138,13 +138,22 @@ def episode_rows(rollouts: Sequence[Rollout]) -> dict[int, list[Rollout]]:
     return out
 
 
+def _episode_tokens(rows: Sequence[Rollout]) -> int:
+    """The tokens of an episode after its first prompt, as the episode loop counts them (see `episode_metrics`)."""
+    grown = sum(max(0, len(b.prompt_ids) - len(a.prompt_ids) - len(a.completion_ids)) for a, b in zip(rows, rows[1:]))
+    return sum(len(r.completion_ids) for r in rows) + grown
+
+
 def episode_metrics(episodes: Sequence[Sequence[Rollout]]) -> dict[str, float]:
     """Shape, termination and tool-use figures of a batch of episodes (each a list of its rows), as logged per
     training step and reported by evaluation.
 
     Returns:
         episode/turns_mean: model turns per episode. episode/tokens_mean: tokens after the first prompt per episode
-        (model, tool and template tokens of all rows). episode/sampled_tokens_mean: tokens the policy sampled per
+        (model, tool and template tokens of all rows), counted as `max_episode_tokens` counts them: each row's
+        completion ids, plus for each row after the first what its prompt grew by over the row before it,
+        len(prompt) - len(previous prompt + completion), at least 0 (the observation that a re-rendered history
+        carries into the new row's prompt). episode/sampled_tokens_mean: tokens the policy sampled per
         episode. episode/rows_mean: rows per episode (> 1 when a chat template was not append-only).
         episode/termination/<reason>: the fraction of episodes that ended for each reason of
         `rewardlab.types.TERMINATIONS` (all of them, 0.0 included). tool/calls_mean: tool calls per episode.
@@ -163,7 +172,7 @@ def episode_metrics(episodes: Sequence[Sequence[Rollout]]) -> dict[str, float]:
     ends = [rows[-1].termination or "stop" for rows in episodes]
     m = {
         "episode/turns_mean": sum(turns) / E,
-        "episode/tokens_mean": sum(len(r.completion_ids) for rows in episodes for r in rows) / E,
+        "episode/tokens_mean": sum(_episode_tokens(rows) for rows in episodes) / E,
         "episode/sampled_tokens_mean": sum(r.sampled_tokens for rows in episodes for r in rows) / E,
         "episode/rows_mean": sum(len(rows) for rows in episodes) / E,
         **{f"episode/termination/{reason}": ends.count(reason) / E for reason in TERMINATIONS},
