@@ -76,16 +76,18 @@ def build_tokenizer(corpus: list[str], *, special_tags: bool = False):
 
 
 class Recording:
-    """A TokenSampler proxy recording each `sample_ids` call: (prompts, what was sampled)."""
+    """A TokenSampler proxy recording each `sample_ids` call: (prompts, what was sampled), and its streams (seed,
+    step, episode, round, turn)."""
 
     def __init__(self, policy):
-        self.policy, self.calls = policy, []
+        self.policy, self.calls, self.streams = policy, [], []
         self.eos_token_id, self.context_window = policy.eos_token_id, policy.context_window
         self.tokenizer, self.prompt_format = policy.tokenizer, policy.prompt_format
 
     def sample_ids(self, prompts, **kw):
         out = self.policy.sample_ids(prompts, **kw)
         self.calls.append(([list(p) for p in prompts], out))
+        self.streams.append(list(kw["streams"]))
         return out
 
 
@@ -187,11 +189,11 @@ def assert_prefixes(rec, out):
     assert seen == len(rec.calls)
 
 
-def assert_behaviour_logprobs(policy, out):
+def assert_behaviour_logprobs(policy, out, temperature=1.0):
     """The behaviour log-probs are what the model gives the trained ids (no drift), and 0.0 off the sampled ids."""
     batch, old = rollout_batch(policy, out)
     with torch.no_grad():
-        new, _ = policy.token_logprobs(batch)
+        new, _ = policy.token_logprobs(batch, temperature=temperature)
     sampled = torch.zeros_like(old)
     for i, r in enumerate(out):
         sampled[i, : len(r.loss_mask)] = torch.tensor(r.loss_mask, dtype=torch.float32)
@@ -330,17 +332,22 @@ def test_qwen3s_template_appends_a_turn_whose_reasoning_is_in_its_own_layout(lab
     assert ids is not None and lab.tok.decode(ids) == observation(lab.answer)
 
 
-def test_sampled_episodes_of_a_real_hf_model_keep_the_contract_whatever_they_sample(lab):
-    """Temperature 1, several episodes per question: whatever the model samples (calls, bad calls, cut turns), each
-    turn was given its row's prefix, only sampled ids have mask 1, and their log-probs are the model's."""
+@pytest.mark.parametrize("qwen", ["qwen2_5", "qwen3"])
+def test_sampled_episodes_of_a_real_hf_model_keep_the_contract_whatever_they_sample(lab, qwen):
+    """Temperature 0.7, several episodes per question: whatever the model samples (calls, bad calls, cut turns, new
+    rows under Qwen3's template), each turn was given its row's prefix, only sampled ids have mask 1, and their
+    log-probs are the model's."""
     rows = [lab.row, {"prompt": BAD_PROMPT, "answer": "0"}]
-    rec, out = play(lab, lab.policy, rows, n=3, greedy=False, temperature=1.0, seed=3, max_new_tokens=30)
+    policy = lab.policy if qwen == "qwen2_5" else lab.policy3
+    rec, out = play(lab, policy, rows, n=3, greedy=False, temperature=0.7, seed=0, max_new_tokens=30)
     assert sorted({r.episode_id for r in out}) == list(range(6)) and {r.group for r in out} == {0, 1}
     turns = 0
-    for prompts, sampled in rec.calls:
-        turns += len(prompts)
-        for ids in prompts:
-            assert any(ids == r.prompt_ids + r.completion_ids[:a] for r in out for a, _ in r.turns)
+    for (prompts, sampled), streams in zip(rec.calls, rec.streams):
+        for ids, s, (_, _, episode, _, turn) in zip(prompts, sampled, streams):
+            (r,) = [r for r in out if r.episode_id == episode and r.first_turn <= turn < r.first_turn + len(r.turns)]
+            a, b = r.turns[turn - r.first_turn]
+            assert ids == r.prompt_ids + r.completion_ids[:a] and s.ids == r.completion_ids[a:b]
+            turns += 1
     assert turns == sum(len(r.turns) for r in out)
     for r in out:
         assert [k for k, m in enumerate(r.loss_mask) if m] == [i for a, b in r.turns for i in range(a, b)]
@@ -348,7 +355,9 @@ def test_sampled_episodes_of_a_real_hf_model_keep_the_contract_whatever_they_sam
     for k, r in enumerate(out):  # an episode's rows are consecutive; only its last has the termination
         last = k == len(out) - 1 or out[k + 1].episode_id != r.episode_id
         assert (r.termination is not None) == last
-    assert_behaviour_logprobs(lab.policy, out)
+    rows_per_episode = [sum(r.episode_id == e for r in out) for e in range(6)]
+    assert max(rows_per_episode) == (1 if qwen == "qwen2_5" else 2)  # Qwen3 re-lays a reasoning turn: new row
+    assert_behaviour_logprobs(policy, out, temperature=0.7)
 
 
 def test_tool_tags_that_are_special_tokens_are_refused_instead_of_losing_the_call(lab):
