@@ -60,7 +60,9 @@ class TaskConfig(_Base):
 
     spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME '
                       "with template: compact, target: steps, whose rows train on the worked solution), "
-                      '"humaneval[:FILE]" (HumanEval, scored by the code reward) or "jsonl:PATH"')
+                      '"humaneval[:FILE]" (HumanEval, scored by the code reward), "jsonl:PATH" or "env:NAME" (a built-in '
+                      "environment's rows, run as multi-turn episodes: calculator, guess_number, python; its "
+                      "options are seed and the environment's own, its budgets the env section)")
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="loader options: size, seed, test_size, template, target and the dataset's own fields "
