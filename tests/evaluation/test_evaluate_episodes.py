@@ -148,3 +148,29 @@ def test_evaluate_cli_runs_guess_number_episodes(tmp_path, capsys):
     ends = [p["termination"] for p in predictions]
     assert summary["termination"] == {t: ends.count(t) / 3 for t in sorted(set(ends))}
     assert summary["tool_call_rate"] == 0.0 and summary["tool_errors_mean"] == 0.0  # guess_number runs no tools
+
+
+def test_resumed_episode_evaluation_matches_the_uninterrupted_one(tmp_path):
+    import shutil
+
+    from rewardlab.commands.evaluate import run as run_evaluate
+    from rewardlab.config import EvaluateConfig, load_config
+
+    def config(out):
+        return load_config(EvaluateConfig, None, [
+            "task.spec=env:guess_number", "task.options={n: 8, size: 4, test_size: 3}", "model.path=tiny",
+            *TINY_OVERRIDES, "eval.n=2", "eval.k=[1, 2]", "eval.max_new_tokens=6", "eval.batch_size=1",
+            "eval.temperature=3.0", "env.max_turns=3", "env.max_episode_tokens=40", f"out={out}"])
+
+    a, d = tmp_path / "A", tmp_path / "D"
+    expected = run_evaluate(config(a), show_progress=False)
+    shutil.copytree(a, d)
+    lines = (a / "batches.jsonl").read_text().splitlines(keepends=True)
+    (d / "summary.json").unlink()
+    (d / "batches.jsonl").write_text(lines[0] + lines[1][:30])  # killed while logging batch 1
+    summary = run_evaluate(config(d), resume=True, show_progress=False)
+    assert {k: v for k, v in summary.items() if k != "wall_s"} == {k: v for k, v in expected.items() if k != "wall_s"}
+    assert read_jsonl(d / "predictions.jsonl") == read_jsonl(a / "predictions.jsonl")
+    # the sampled episodes differ between the questions' batches (each batch draws from its own streams)
+    samples = [[s["completion"] for s in p["samples"]] for p in read_jsonl(a / "predictions.jsonl")]
+    assert len({tuple(s) for s in samples}) == 3
