@@ -61,3 +61,23 @@ def test_episode_rows_groups_consecutive_rows_and_refuses_an_episode_without_its
         episode_rows([a0, b0])
     with pytest.raises(ValueError, match="episode 0: no last row"):
         episode_rows([a0])
+
+
+def test_episode_metrics_by_hand():
+    from rewardlab.envs import episode_metrics
+
+    ok, bad = {"name": "calc", "status": "ok"}, {"name": "calc", "status": "timeout"}
+    # episode A: two rows, 3 turns (calls: [ok], [], [bad, ok]), ends max_turns; episode B: one row, 1 turn, stop
+    a0 = Rollout("p", [1], "c", [5, 6, 7], [0.0] * 3, loss_mask=[1, 0, 1], turns=[(0, 1), (2, 3)],
+                 tool_calls=[[ok], []], episode_id=0)
+    a1 = Rollout("p", [1], "c", [8, 9], [0.0] * 2, loss_mask=[0, 1], turns=[(1, 2)], tool_calls=[[bad, ok]],
+                 episode_id=0, termination="max_turns", first_turn=2)
+    b0 = Rollout("p", [1], "c", [4], [0.0], tool_calls=[[]], episode_id=1, termination="stop")
+    m = episode_metrics([[a0, a1], [b0]])
+    assert m["episode/turns_mean"] == 2.0 and m["episode/rows_mean"] == 1.5
+    assert m["episode/tokens_mean"] == 3.0 and m["episode/sampled_tokens_mean"] == 2.0
+    assert m["episode/termination/max_turns"] == 0.5 and m["episode/termination/stop"] == 0.5
+    assert m["episode/termination/context"] == 0.0
+    assert m["tool/calls_mean"] == 1.5 and m["tool/errors_mean"] == 0.5 and m["tool/errors/timeout"] == 0.5
+    assert m["tool/call_rate"] == 2 / 4
+    assert episode_metrics([]) == {}

@@ -208,6 +208,14 @@ class RLConfig(_Base):
         None, description="split completions into steps at this string (rollout.steps/step_text) so process "
         "rewards can score them; needed by the 'pure' and 'process_sum' estimators"
     )
+    turn_rewards: Literal["env", "info_gain"] = Field(
+        "env", description="the per-turn rewards of a turn-level estimator (turn_grpo, gigpo) on an environment task: "
+        "env (the environment's StepResult rewards) or info_gain (IGPO, Wang et al. 2025: r_k = log p(answer | "
+        "history after turn k) - log p(answer | history before it) under the current policy; its scoring pass is "
+        "timed as time/info_gain_s)")
+    log_samples: int | None = Field(
+        None, ge=0, description="rollouts (episodes, for an environment task) per step written to samples.jsonl: the "
+        "first N the step generated; null: all of them (an episode's line holds its token ids, which adds up)")
     # Held-out evaluation during training (rewardlab.evaluation.heldout).
     eval_every: int = Field(0, ge=0, description="every N RL steps and at the last, greedy accuracy on the first "
                             "eval_n held-out (test split) questions under the task's verifier (max_new_tokens "

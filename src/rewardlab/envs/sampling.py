@@ -181,3 +181,41 @@ def episode_rows(rollouts: Sequence[Rollout]) -> dict[int, list[Rollout]]:
     if pending:
         raise ValueError(f"episode {pending[0].episode_id}: no last row (termination unset)")
     return out
+
+
+def episode_metrics(episodes: Sequence[Sequence[Rollout]]) -> dict[str, float]:
+    """Shape, termination and tool-use figures of a batch of episodes (each a list of its rows), as logged per
+    training step and reported by evaluation.
+
+    Returns:
+        episode/turns_mean: model turns per episode. episode/tokens_mean: tokens after the first prompt per episode
+        (model, tool and template tokens of all rows). episode/sampled_tokens_mean: tokens the policy sampled per
+        episode. episode/rows_mean: rows per episode (> 1 when a chat template was not append-only).
+        episode/termination/<reason>: the fraction of episodes that ended for each reason of
+        `rewardlab.types.TERMINATIONS` (all of them, 0.0 included). tool/calls_mean: tool calls per episode.
+        tool/errors_mean: calls per episode whose status is not "ok"; tool/errors/<status>: the same, for each
+        status that occurred. tool/call_rate: the fraction of model turns with at least one call (a falling call
+        rate is how tool-use collapse shows). {} for no episodes.
+    """
+    from rewardlab.types import TERMINATIONS
+
+    if not episodes:
+        return {}
+    E = len(episodes)
+    turns = [sum(len(r.turns) for r in rows) for rows in episodes]
+    calls = [c for rows in episodes for r in rows for per_turn in r.tool_calls for c in per_turn]
+    turns_with_call = sum(1 for rows in episodes for r in rows for per_turn in r.tool_calls if per_turn)
+    ends = [rows[-1].termination or "stop" for rows in episodes]
+    m = {
+        "episode/turns_mean": sum(turns) / E,
+        "episode/tokens_mean": sum(len(r.completion_ids) for rows in episodes for r in rows) / E,
+        "episode/sampled_tokens_mean": sum(r.sampled_tokens for rows in episodes for r in rows) / E,
+        "episode/rows_mean": sum(len(rows) for rows in episodes) / E,
+        **{f"episode/termination/{reason}": ends.count(reason) / E for reason in TERMINATIONS},
+        "tool/calls_mean": len(calls) / E,
+        "tool/errors_mean": sum(c.get("status") != "ok" for c in calls) / E,
+        "tool/call_rate": turns_with_call / max(sum(turns), 1),
+    }
+    for status in sorted({c.get("status") for c in calls} - {"ok"}, key=str):
+        m[f"tool/errors/{status}"] = sum(c.get("status") == status for c in calls) / E
+    return m
