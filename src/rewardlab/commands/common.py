@@ -56,9 +56,9 @@ def changed_env_keys(cfg: Any) -> set[str]:
 def load_episodes(cfg: Any, task: Task, policy: Policy | None) -> EpisodeSettings | None:
     """The episodes of an environment task (`task.env`; None for a single-turn task): its environment and the
     budgets of `cfg.env` (`rewardlab.envs.episode_settings`), the env keys checked against the environment and the
-    model (`rewardlab.envs.check_episode_keys`). `env.tool_timeout_s` reaches an environment that runs tools only
-    when it is set; otherwise the environment keeps its own default timeout. Call it at set-up, before the run
-    directory is opened.
+    model (`rewardlab.envs.check_episode_keys`). `env.tool_timeout_s` (null by default: the environment's own
+    timeout) becomes the `timeout_s` of an environment that runs tools. Call it at set-up, before the run directory
+    is opened.
 
     Raises:
         ValueError: one line naming the key: what `episode_settings` (`make_env`) and `check_episode_keys` raise.
@@ -68,7 +68,7 @@ def load_episodes(cfg: Any, task: Task, policy: Policy | None) -> EpisodeSetting
     env, changed = cfg.env, changed_env_keys(cfg)
     settings = episode_settings(task, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
                                 max_tool_tokens=env.max_tool_tokens, tool_keep=env.tool_keep,
-                                tool_timeout_s=env.tool_timeout_s if "tool_timeout_s" in changed else None)
+                                tool_timeout_s=env.tool_timeout_s)
     check_episode_keys(settings, policy, changed=changed)
     return settings
 

@@ -105,8 +105,10 @@ class EnvConfig(_Base):
     max_tool_tokens: int = Field(64, gt=0, description="a tool's output is cut to this many tokens (counted with "
                                  "the model's tokenizer, never in characters), the truncation marker included")
     tool_keep: Literal["start", "end"] = Field("start", description="which part of an overlong tool output is kept")
-    tool_timeout_s: float = Field(5.0, gt=0, description="seconds a tool call may run; a call past it is stopped "
-                                  "and the model reads a timeout error (tool status timeout)")
+    tool_timeout_s: float | None = Field(
+        None, gt=0, description="seconds a tool call may run; a call past it is stopped and the model reads a timeout "
+        "error (tool status timeout). Default (null): the environment's own (calculator 5, python 15: its sandbox "
+        "stops a program after 5 s of its own)")
 
 
 def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | None, key: str | None) -> None:
