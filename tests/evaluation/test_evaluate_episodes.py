@@ -72,8 +72,8 @@ def test_guess_number_greedy_episodes_scored_once_per_episode():
     task = Task("env:guess_number", train=[], test=rows, reward="guess_found")
     heldout = HeldOutEval(rows, task.reward, every=1, last_step=1, max_new_tokens=8, episodes=settings)
     metrics = heldout(policy)
-    assert metrics["eval/accuracy"] == 0.5 and metrics["eval/turns_mean"] == 2.0
-    assert metrics["eval/tool_call_rate"] == 0.0 and metrics["eval/tool_errors_mean"] == 0.0
+    assert metrics["eval/accuracy"] == 0.5 and metrics["eval/episode/turns_mean"] == 2.0
+    assert metrics["eval/tool/call_rate"] == 0.0 and metrics["eval/tool/errors_mean"] == 0.0
     assert policy.turns == 4  # greedy only: two episodes of two turns
 
 

@@ -11,9 +11,10 @@ the result on that step's metrics line:
 For an environment task (`HeldOutEval(..., episodes=settings)`, the task's `EpisodeSettings`), each question is one
 greedy episode (max_new_tokens per model turn) scored once by the outcome reward, and the line also has
 
-    eval/turns_mean        mean model turns per greedy episode
-    eval/tool_call_rate    fraction of model turns with a tool call
-    eval/tool_errors_mean  tool calls per episode whose status is not "ok"
+    eval/episode/turns_mean  mean model turns per greedy episode
+    eval/tool/call_rate      fraction of model turns with a tool call
+    eval/tool/errors_mean    tool calls per episode whose status is not "ok"
+(the training step's `episode/...` and `tool/...` figures, `rewardlab.envs.episode_metrics`, on the held-out rows).
 
 Greedy decoding draws no random numbers, and the RNG state is restored afterwards besides, so a run with evaluation
 trains exactly (bit for bit) as the same run without it.
@@ -83,5 +84,6 @@ class HeldOutEval:
             set_rng_state(saved)
         out = {"eval/accuracy": result["accuracy"], "eval/score_mean": result["score_mean"]}
         if self.episodes is not None:
-            out.update({f"eval/{k}": result[k] for k in ("turns_mean", "tool_call_rate", "tool_errors_mean")})
+            out.update({"eval/episode/turns_mean": result["turns_mean"], "eval/tool/call_rate": result["tool_call_rate"],
+                        "eval/tool/errors_mean": result["tool_errors_mean"]})
         return {**out, "time/eval_s": time.perf_counter() - t0}
