@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from rewardlab.config import dump_config
-from rewardlab.envs.sampling import EpisodeSettings, check_episode_keys, episode_settings
+from rewardlab.envs.sampling import EpisodeSettings
+from rewardlab.envs.sampling import load_episodes as envs_load_episodes
 from rewardlab.policy import Policy, load_policy
 from rewardlab.runs import RunDir, warn
 from rewardlab.tasks import Task, check_task_for_policy, describe_task
@@ -44,33 +45,14 @@ def load_inputs(cfg: Any, *, model: bool = True) -> tuple[Task, Policy | None]:
     return task, policy
 
 
-def changed_env_keys(cfg: Any) -> set[str]:
-    """The keys of `cfg.env` (the env config section) set to other than their defaults; empty without a section."""
-    env = getattr(cfg, "env", None)
-    if env is None:
-        return set()
-    fields = type(env).model_fields
-    return {k for k, v in env.model_dump().items() if v != fields[k].default}
-
-
 def load_episodes(cfg: Any, task: Task, policy: Policy | None) -> EpisodeSettings | None:
-    """The episodes of an environment task (`task.env`; None for a single-turn task): its environment and the
-    budgets of `cfg.env` (`rewardlab.envs.episode_settings`), the env keys checked against the environment and the
-    model (`rewardlab.envs.check_episode_keys`). `env.tool_timeout_s` (null by default: the environment's own
-    timeout) becomes the `timeout_s` of an environment that runs tools. Call it at set-up, before the run directory
-    is opened.
+    """The episodes of an environment task, from the verb's `env` section (`rewardlab.envs.load_episodes`); None
+    for a single-turn task. Call it at set-up, before the run directory is opened.
 
     Raises:
-        ValueError: one line naming the key: what `episode_settings` (`make_env`) and `check_episode_keys` raise.
+        ValueError: one line naming the key (see `rewardlab.envs.load_episodes`).
     """
-    if task.env is None:
-        return None
-    env, changed = cfg.env, changed_env_keys(cfg)
-    settings = episode_settings(task, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
-                                max_tool_tokens=env.max_tool_tokens, tool_keep=env.tool_keep,
-                                tool_timeout_s=env.tool_timeout_s)
-    check_episode_keys(settings, policy, changed=changed)
-    return settings
+    return envs_load_episodes(task, cfg.env, policy)
 
 
 def announce_task(task: Task, enabled: bool = True) -> None:

@@ -110,6 +110,10 @@ class EnvConfig(_Base):
         "error (tool status timeout). Default (null): the environment's own (calculator 5, python 15: its sandbox "
         "stops a program after 5 s of its own)")
 
+    def changed(self) -> set[str]:
+        """The keys of this section set to other than their defaults (e.g. {"tool_keep"})."""
+        return {k for k, v in self.model_dump().items() if v != type(self).model_fields[k].default}
+
 
 def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | None, key: str | None) -> None:
     """The `env` section's rules, shared by the verbs that have one: on a task that is not an environment
@@ -120,7 +124,7 @@ def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | No
         ValueError: one line naming the key(s).
     """
     if not task.spec.startswith("env:"):
-        given = [f"env.{k}" for k, v in env.model_dump().items() if v != EnvConfig.model_fields[k].default]
+        given = [f"env.{k}" for k in EnvConfig.model_fields if k in env.changed()]
         if given:
             raise ValueError(f"{', '.join(given)}: applies to environment tasks only (task.spec env:NAME), and "
                              f"task.spec is {task.spec!r}; drop the setting")

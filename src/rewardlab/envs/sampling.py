@@ -103,6 +103,29 @@ def check_episode_keys(settings: EpisodeSettings | None, policy: Any, *, changed
                          f"a cut tool output; set it to at least {renderer.marker_tokens}")
 
 
+def load_episodes(task: Any, section: Any, policy: Any) -> EpisodeSettings | None:
+    """The episodes of an environment task (`task.env`; None for a single-turn task): its environment and the budgets
+    of the `env` config section (`episode_settings`), the section's keys checked against the environment and the
+    model (`check_episode_keys`). `env.tool_timeout_s` (null by default: the environment's own timeout) becomes the
+    `timeout_s` of an environment that runs tools. Call it at set-up, before a run directory is opened.
+
+    Args:
+        task: a `rewardlab.tasks.Task`.
+        section: the `env` config section (`rewardlab.config.EnvConfig`: max_turns, max_episode_tokens,
+            max_tool_tokens, tool_keep, tool_timeout_s and `changed()`, the keys set to other than their defaults).
+        policy: the policy whose renderer must fit the truncation marker in max_tool_tokens; None skips that check.
+    Raises:
+        ValueError: one line naming the key: what `episode_settings` (`make_env`) and `check_episode_keys` raise.
+    """
+    if getattr(task, "env", None) is None:
+        return None
+    settings = episode_settings(task, max_turns=section.max_turns, max_episode_tokens=section.max_episode_tokens,
+                                max_tool_tokens=section.max_tool_tokens, tool_keep=section.tool_keep,
+                                tool_timeout_s=section.tool_timeout_s)
+    check_episode_keys(settings, policy, changed=section.changed())
+    return settings
+
+
 def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: EpisodeSettings | None, n: int = 1,
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                     stream: tuple[int, int, int] | None = None, batch_size: int | None = None) -> list[Rollout]:
