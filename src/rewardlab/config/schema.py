@@ -60,7 +60,9 @@ class TaskConfig(_Base):
 
     spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME '
                       "with template: compact, target: steps, whose rows train on the worked solution), "
-                      '"humaneval[:FILE]" (HumanEval, scored by the code reward) or "jsonl:PATH"')
+                      '"humaneval[:FILE]" (HumanEval, scored by the code reward), "jsonl:PATH" or "env:NAME" (a built-in '
+                      "environment's rows, run as multi-turn episodes: calculator, guess_number, python; its "
+                      "options are seed and the environment's own, its budgets the env section)")
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="loader options: size, seed, test_size, template, target and the dataset's own fields "
@@ -103,8 +105,14 @@ class EnvConfig(_Base):
     max_tool_tokens: int = Field(64, gt=0, description="a tool's output is cut to this many tokens (counted with "
                                  "the model's tokenizer, never in characters), the truncation marker included")
     tool_keep: Literal["start", "end"] = Field("start", description="which part of an overlong tool output is kept")
-    tool_timeout_s: float = Field(5.0, gt=0, description="seconds a tool call may run; a call past it is stopped "
-                                  "and the model reads a timeout error (tool status timeout)")
+    tool_timeout_s: float | None = Field(
+        None, gt=0, description="seconds a tool call may run; a call past it is stopped and the model reads a timeout "
+        "error (tool status timeout). Default (null): the environment's own (calculator 5, python 15: its sandbox "
+        "stops a program after 5 s of its own)")
+
+    def changed(self) -> set[str]:
+        """The keys of this section set to other than their defaults (e.g. {"tool_keep"})."""
+        return {k for k, v in self.model_dump().items() if v != type(self).model_fields[k].default}
 
 
 def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | None, key: str | None) -> None:
@@ -116,7 +124,7 @@ def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | No
         ValueError: one line naming the key(s).
     """
     if not task.spec.startswith("env:"):
-        given = [f"env.{k}" for k, v in env.model_dump().items() if v != EnvConfig.model_fields[k].default]
+        given = [f"env.{k}" for k in EnvConfig.model_fields if k in env.changed()]
         if given:
             raise ValueError(f"{', '.join(given)}: applies to environment tasks only (task.spec env:NAME), and "
                              f"task.spec is {task.spec!r}; drop the setting")

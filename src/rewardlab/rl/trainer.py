@@ -34,7 +34,7 @@ import torch
 from rewardlab.config import TrainConfig, dump_config
 from rewardlab.envs.replay import episode_record
 from rewardlab.envs.sampling import (EpisodeSettings, episode_ends, episode_metrics, episode_rows,
-                                     episode_settings, sample_rollouts)
+                                     load_episodes, sample_rollouts)
 from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
 from rewardlab.interrupt import Interrupted, StopRequest
 from rewardlab.modeldir import check_model_dir
@@ -481,14 +481,14 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     if task.env is not None and rl.step_separator is not None:
         raise ValueError(f"rl.step_separator: {cfg.task.spec} is an environment task, whose episodes are not split "
                          "into reasoning steps (process rewards score single completions); unset it")
-    env = cfg.env
-    episodes = episode_settings(task, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
-                                max_tool_tokens=env.max_tool_tokens, tool_keep=env.tool_keep,
-                                tool_timeout_s=env.tool_timeout_s)
     model_kw = {"seed": cfg.seed, **cfg.model.policy_options()}
+    policy: Policy | None = None
     if not resume:
-        policy: Policy = load_policy(cfg.model.path, **model_kw)
+        policy = load_policy(cfg.model.path, **model_kw)
         check_task_for_policy(task, policy)  # before the run directory is touched
+    # the environment and the env section's budgets, its keys checked against the environment (and the model's
+    # tokenizer, known here unless resuming) before the run directory is touched
+    episodes = load_episodes(task, cfg.env, policy)
     heldout_rows(task, rl.eval_every, rl.eval_n, field="rl.eval_every")  # no held-out rows: refused before the run
     run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
     try:
@@ -886,7 +886,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     try:
         heldout = HeldOutEval(heldout_rows(state.task, rl.eval_every, rl.eval_n, field="rl.eval_every"),
                               state.task.reward, every=rl.eval_every, last_step=rl.steps,
-                              max_new_tokens=rl.max_new_tokens)
+                              max_new_tokens=rl.max_new_tokens, episodes=state.episodes)
         state.generated_total = generated_before(run, state.start_step)
         wall0, last, out_of_time = time.perf_counter(), {}, False
         with StopRequest() as stop:  # a first Ctrl-C ends the run after the current step

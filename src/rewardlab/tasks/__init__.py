@@ -2,7 +2,8 @@
 
 Kinds: `reasoning_gym:NAME` (any reasoning-gym dataset), `jsonl:PATH` (lines with `prompt` and `answer`, or chat
 rows with `messages`), `humaneval[:FILE]`, `worked:NAME` (`reasoning_gym:NAME` with template compact and target
-steps, the worked solution as `answer`; see tasks/worked.py).
+steps, the worked solution as `answer`; see tasks/worked.py), `env:NAME` (a built-in environment's rows, run as
+episodes; see tasks/environment.py).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from rewardlab.tasks import jsonl as _jsonl  # noqa: E402,F401
 from rewardlab.tasks import reasoning_gym as _reasoning_gym  # noqa: E402,F401
 from rewardlab.tasks import humaneval as _humaneval  # noqa: E402,F401
 from rewardlab.tasks import worked as _worked  # noqa: E402,F401
+from rewardlab.tasks import environment as _environment  # noqa: E402,F401
 from rewardlab.tasks.check import check_chat_format, check_task_for_policy, check_task_vocabulary  # noqa: E402
 
 __all__ = ["LOADERS", "Row", "Task", "check_chat_format", "check_task_for_policy", "check_task_vocabulary",

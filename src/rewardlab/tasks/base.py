@@ -23,7 +23,9 @@ class Task:
         train: rows used for SFT and RL. Each row has at least `prompt` (str) and `answer` (str); other fields are
             passed to rewards by name.
         test: held-out rows; no prompt of `test` occurs in `train`.
-        reward: name of the reward in `rewardlab.rewards.REWARDS` that verifies this task's answers.
+        reward: the reward that verifies this task's answers: a name in `rewardlab.rewards.REWARDS`, or a spec with
+            options that `rewardlab.rewards.build_reward` reads ({"name": "code", "fenced": True}: an environment
+            task's outcome reward).
         eval_split: the split `evaluate` and `search` use when none is asked for: "test" (the held-out split) for
             generated tasks and benchmarks, "all" for a file the user gives (`jsonl:PATH`), which is evaluated whole.
         all_rows: every row in the source's order (e.g. a file's line order, duplicates dropped); None: `train`
@@ -40,7 +42,7 @@ class Task:
     name: str
     train: list[Row]
     test: list[Row]
-    reward: str = "exact_match"
+    reward: str | dict[str, Any] = "exact_match"
     eval_split: str = "test"
     all_rows: list[Row] | None = None
     source: str = ""
@@ -72,7 +74,13 @@ class Task:
 def row_key(row: Row) -> str:
     """The text that identifies a question of a file task: its `prompt`, or for a chat row (one with `messages`)
     the conversation up to and including its last user turn as JSON, so two rows that ask the same last question
-    after different system prompts or earlier turns are different questions."""
+    after different system prompts or earlier turns are different questions. A row of an environment task (spec
+    env:NAME) is identified by its `row_id` ("env:NAME/SPLIT/INDEX"): such rows may share a prompt and differ in
+    their answer (guess_number's secret). Only a `row_id` of that form counts, so a file's own row_id column
+    changes nothing."""
+    row_id = row.get("row_id")
+    if isinstance(row_id, str) and row_id.startswith("env:"):
+        return row_id
     if "messages" in row:
         return json.dumps(row["messages"], ensure_ascii=False, sort_keys=True)
     return row["prompt"]

@@ -1,0 +1,88 @@
+"""`env:NAME`: the rows of a built-in environment (`rewardlab.envs.ENVIRONMENTS`) as a task whose rollouts are
+episodes in that environment.
+
+    task = load("env:guess_number", n=16, seed=0)
+    task.env        # {"name": "guess_number", "options": {"n": 16}}: the verbs build it (envs.episode_settings)
+    task.reward     # the environment's outcome reward: a name, or {"name": ..., **options} ("code", fenced: true)
+
+Options (`task.options`): `seed` (the rows' seed, default 0) and the environment's own declared options (e.g. n,
+size, test_size for guess_number). The tool timeout is not a task option: it is `env.tool_timeout_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from rewardlab.registry import unknown_options
+from rewardlab.tasks import register_loader
+from rewardlab.tasks.base import Row, Task, row_key
+
+#: Environment options set by the `env` config section instead of task.options: option -> its config key.
+FROM_ENV_SECTION = {"timeout_s": "env.tool_timeout_s"}
+
+
+def reward_spec(env: Any) -> str | dict[str, Any]:
+    """An environment's outcome reward as a spec `build_reward` reads: its name (`env.reward`), or with options
+    (`env.reward_options`, e.g. python's {"fenced": True}) the mapping {"name": env.reward, **options}."""
+    options = dict(getattr(env, "reward_options", None) or {})
+    return {"name": env.reward, **options} if options else env.reward
+
+
+def _with_ids(rows: list[Row], name: str, split: str) -> list[Row]:
+    """Copies of `rows` with `row_id` "env:NAME/SPLIT/INDEX": the rows of an environment may share their prompt
+    (guess_number's differ only by their secret), so `row_key` identifies them by this id."""
+    return [dict(row, row_id=f"env:{name}/{split}/{i}") for i, row in enumerate(rows)]
+
+
+@register_loader("env", example="env:NAME")
+def load_environment(name: str, /, **options: Any) -> Task:
+    """The rows of environment `name` (`ENVIRONMENTS`): `env.task(seed)` with `Task.env` = {"name": name, "options":
+    the environment's options (seed excluded)}, `name` "env:NAME", `reward` = `reward_spec(env)` and every row
+    stamped with a `row_id` (see `_with_ids`).
+
+    Args:
+        name: a registered environment (calculator, guess_number, python, ...).
+        options: `seed` (int, default 0) and the options the environment declares (`make_env` checks their types).
+    Raises:
+        ValueError: one line: an unknown environment (listing the valid ones); an option neither `seed` nor one the
+            environment declares ("task.options: unknown option 'x' for environment 'guess_number'; valid: n, seed,
+            size, test_size"); an option the env config section sets (timeout_s: env.tool_timeout_s); a value of the
+            wrong type or one the environment refuses, prefixed "task.options".
+    """
+    from rewardlab.envs.builtin import ENVIRONMENTS
+
+    try:
+        declared_all = ENVIRONMENTS.options(name) or ()
+    except ValueError as exc:  # an unknown environment: the message lists the valid ones
+        raise ValueError(f"task spec 'env:{name}': {exc}") from None
+    seed = options.pop("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"task.options.seed: expected an integer, got {seed!r}")
+    moved = [k for k in options if k in FROM_ENV_SECTION and k in declared_all]
+    if moved:
+        raise ValueError(f"task.options.{moved[0]}: set {FROM_ENV_SECTION[moved[0]]} instead (the env section holds "
+                         f"the episode settings of env:{name})")
+    declared = [k for k in declared_all if k not in FROM_ENV_SECTION]
+    unknown = [k for k in options if k not in declared]
+    if unknown:
+        raise ValueError(unknown_options(unknown, f"environment {name!r}", [*declared, "seed"], "task.options"))
+    options = ENVIRONMENTS.validate(name, options, field="task.options")
+    try:
+        env = ENVIRONMENTS.get(name)(**options)
+    except ValueError as exc:
+        raise ValueError(f"task.options: {exc}") from None
+    try:
+        task = env.task(seed)
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+    train, test = _with_ids(task.train, name, "train"), _with_ids(task.test, name, "test")
+    all_rows = None if task.all_rows is None else _with_ids(task.all_rows, name, "all")
+    origins = {}
+    for old, new in zip(task.train + task.test, train + test):  # re-keyed by the rows' ids
+        if row_key(old) in task.origins:
+            origins[row_key(new)] = task.origins[row_key(old)]
+    return replace(task, name=f"env:{name}", train=train, test=test, all_rows=all_rows, reward=reward_spec(env),
+                   origins=origins, env={"name": name, "options": options})
