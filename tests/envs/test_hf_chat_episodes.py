@@ -2,10 +2,10 @@
 Hermes tool-call parser and the `calculator` environment, with the chat templates that ship inside TRL (Qwen2.5's
 and Qwen3's, read from the installed package at test time).
 
-Everything is built here, offline: a byte-level BPE tokenizer trained in a few milliseconds on the templates' text,
-with `<|im_start|>` and `<|im_end|>` (EOS) as special tokens and the tool tags `<tool_call>`, `</tool_call>`,
-`<tool_response>`, `</tool_response>`, `<think>`, `</think>` as added tokens that are *not* special, as in Qwen2.5's
-own tokenizer; and a 2-layer, 64-wide Qwen2ForCausalLM. The model's turns are forced by a few seconds of SFT
+Everything is built here, offline: a `Qwen2Tokenizer` over a byte-level BPE vocabulary trained in a few milliseconds
+on the templates' text, with `<|im_start|>` and `<|im_end|>` (EOS) as special tokens and the tool tags
+`<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>`, `<think>`, `</think>` as added tokens that are
+*not* special, as in Qwen2.5's own tokenizer; and a 2-layer, 64-wide Qwen2ForCausalLM. The model's turns are forced by a few seconds of SFT
 (plain AdamW) on four fixed sequences, until greedy decoding reproduces every trained token with a margin:
 - under Qwen2.5's template, a calculator question -> a `calc` call -> the tool's result -> `<answer>N</answer>`;
 - under Qwen2.5's template, "Call calc with bad JSON." -> `<tool_call>{bad json</tool_call>` -> the error -> "sorry";
@@ -55,20 +55,21 @@ def observation(content: str) -> str:
 
 
 def build_tokenizer(corpus: list[str], *, special_tags: bool = False):
-    """Byte-level BPE (1000 merges' vocabulary) trained on `corpus`; the tool and reasoning tags are added tokens,
-    special only when `special_tags` (the same ids either way)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A `Qwen2Tokenizer` (Qwen's own pre-tokenizer: digits one by one, byte-level BPE) over a 1000-entry BPE
+    vocabulary trained on `corpus`; the tool and reasoning tags are added tokens, special only when `special_tags`
+    (the same ids either way). Saved and reloaded with `AutoTokenizer`, it encodes the same."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(corpus, trainers.BpeTrainer(
         vocab_size=1000, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, clean_up_tokenization_spaces=False)
-    tok.add_special_tokens({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                            "additional_special_tokens": ["<|im_start|>"] + (TAGS if special_tags else [])})
+    trained = json.loads(bpe.to_str())["model"]
+    tok = Qwen2Tokenizer(vocab=trained["vocab"], merges=[tuple(m) for m in trained["merges"]], unk_token=None,
+                         eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"] + (TAGS if special_tags else [])})
     if not special_tags:
         tok.add_tokens(TAGS)
     tok.chat_template = template("qwen2_5")
@@ -335,7 +336,7 @@ def test_qwen3s_template_appends_a_turn_whose_reasoning_is_in_its_own_layout(lab
 @pytest.mark.parametrize("qwen", ["qwen2_5", "qwen3"])
 def test_sampled_episodes_of_a_real_hf_model_keep_the_contract_whatever_they_sample(lab, qwen):
     """Temperature 0.7, several episodes per question: whatever the model samples (calls, bad calls, cut turns, new
-    rows under Qwen3's template), each turn was given its row's prefix, only sampled ids have mask 1, and their
+    rows), each turn was given its row's prefix, only sampled ids have mask 1, and their
     log-probs are the model's."""
     rows = [lab.row, {"prompt": BAD_PROMPT, "answer": "0"}]
     policy = lab.policy if qwen == "qwen2_5" else lab.policy3
@@ -355,8 +356,6 @@ def test_sampled_episodes_of_a_real_hf_model_keep_the_contract_whatever_they_sam
     for k, r in enumerate(out):  # an episode's rows are consecutive; only its last has the termination
         last = k == len(out) - 1 or out[k + 1].episode_id != r.episode_id
         assert (r.termination is not None) == last
-    rows_per_episode = [sum(r.episode_id == e for r in out) for e in range(6)]
-    assert max(rows_per_episode) == (1 if qwen == "qwen2_5" else 2)  # Qwen3 re-lays a reasoning turn: new row
     assert_behaviour_logprobs(policy, out, temperature=0.7)
 
 
