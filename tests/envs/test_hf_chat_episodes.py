@@ -6,7 +6,8 @@ Everything is built here, offline: a `Qwen2Tokenizer` over a byte-level BPE voca
 on the templates' text, with `<|im_start|>` and `<|im_end|>` (EOS) as special tokens and the tool tags
 `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>`, `<think>`, `</think>` as added tokens that are
 *not* special, as in Qwen2.5's own tokenizer; and a 2-layer, 64-wide Qwen2ForCausalLM. The model's turns are forced
-by a few seconds of SFT (plain AdamW) on four fixed sequences, until greedy decoding reproduces every trained token with a margin:
+by a few seconds of SFT (plain AdamW) on four fixed sequences, until greedy decoding reproduces every trained token
+with a margin:
 - under Qwen2.5's template, a calculator question -> a `calc` call -> the tool's result -> `<answer>N</answer>`;
 - under Qwen2.5's template, "Call calc with bad JSON." -> `<tool_call>{bad json</tool_call>` -> the error -> "sorry";
 - under Qwen3's template, the same question -> `<think>add</think>` + the call (the template re-renders that turn's
