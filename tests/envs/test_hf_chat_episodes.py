@@ -413,3 +413,34 @@ def test_the_context_window_and_the_episode_budget_bound_a_real_models_episode(l
     assert r.completion_ids == ids[kept]
     expected = "stop" if room == "all" else "context" if cap == "context" else "max_episode_tokens"
     assert (r.termination, r.truncated) == (expected, room != "all")
+
+
+def test_train_runs_grpo_episodes_of_a_saved_hf_chat_model_on_the_calculator(lab, tmp_path):
+    """`rewardlab train` on `env:calculator` (hermes calls) with the SFT'd model saved as a Hugging Face directory:
+    every logged episode replays into rows whose first prompt is the template's rendering of its question with the
+    calc tool, whose sampled tokens are exactly the turns, and whose tool calls the metrics count."""
+    from rewardlab.config import TrainConfig, load_config
+    from rewardlab.rl.trainer import train
+
+    lab.model.save_pretrained(tmp_path / "model")
+    lab.tok.save_pretrained(tmp_path / "model")
+    cfg = load_config(TrainConfig, None, [
+        "task.spec=env:calculator", "task.options.parser=hermes", "task.options.size=50", "task.options.test_size=5",
+        f"model.path={tmp_path / 'model'}", "model.prompt_format=chat", f"out={tmp_path / 'run'}", "rl.steps=2",
+        "rl.prompts_per_step=2", "rl.group_size=2", "rl.max_new_tokens=40", "rl.temperature=0.7",
+        "env.max_turns=3", "env.max_episode_tokens=200"])
+    train(cfg, show_progress=False)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and len(records) == 8  # 2 steps x 2 questions x 2 episodes
+    for step in (1, 2):
+        mine = [r for r in records if r["step"] == step]
+        calls = sum(len(c) for r in mine for c in r["tool_calls"])
+        assert metrics[step - 1]["tool/calls_mean"] == calls / 4
+    for record in records:
+        rows = replay(record)
+        user = {"role": "user", "content": record["row"]["prompt"]}
+        assert rows[0].prompt_ids == lab.enc(lab.render(lab.tok, [user]))
+        for r in rows:
+            assert [k for k, m in enumerate(r.loss_mask) if m] == [i for a, b in r.turns for i in range(a, b)]
+        assert record["completion"] == rows[-1].completion and record["termination"] == rows[-1].termination
