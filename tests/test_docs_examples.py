@@ -40,8 +40,8 @@ def _blocks(with_reason: bool = False):
 
 
 def _commands():
-    for where, lang, body in _blocks():
-        if lang not in ("", "bash", "sh", "console"):
+    for where, lang, body, not_run in _blocks(with_reason=True):
+        if lang not in ("", "bash", "sh", "console") or not_run:  # a marked block is not run, its commands neither
             continue
         joined = re.sub(r"\\\n\s*", " ", body)
         for line in joined.splitlines():

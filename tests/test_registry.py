@@ -141,8 +141,9 @@ def _project_registries():
 
 
 #: Entries whose `**kwargs` forward to a third-party config that the entry checks itself (reasoning-gym's dataset
-#: config, see tasks/reasoning_gym.py), and the worked preset that forwards to it.
-CHECK_THEIR_OWN = {("LOADERS", "reasoning_gym"), ("LOADERS", "worked")}
+#: config, see tasks/reasoning_gym.py), the worked preset that forwards to it, and env:NAME, whose options are the
+#: named environment's (checked against ENVIRONMENTS, see tasks/environment.py).
+CHECK_THEIR_OWN = {("LOADERS", "reasoning_gym"), ("LOADERS", "worked"), ("LOADERS", "env")}
 
 
 def test_every_project_registry_is_a_registry_whose_entries_declare_their_options():

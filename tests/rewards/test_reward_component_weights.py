@@ -46,7 +46,7 @@ def test_any_other_reward_is_one_component_of_weight_one():
 def test_gdpo_inputs_are_the_members_scores_and_weights():
     built = build_reward([{"name": "test_cw_length"}, {"name": "test_cw_half", "weight": 0.25}])
     outs = built(_rollouts("ab", "abcd"))
-    got = _reward_components(SimpleNamespace(reward=built), SimpleNamespace(outputs=outs), None)
+    got = _reward_components(SimpleNamespace(reward=built), [], outs, None, None)
     # columns: length (2, 4) and the constant 0.5; weights 1 and 0.25
     assert got["components"].tolist() == [[2.0, 0.5], [4.0, 0.5]]
     assert got["weights"].tolist() == [1.0, 0.25] and got["weights"].dtype == torch.float32
@@ -54,5 +54,5 @@ def test_gdpo_inputs_are_the_members_scores_and_weights():
 
 def test_gdpo_inputs_of_a_single_reward_are_its_score():
     single = build_reward("test_cw_length").members[0][0]
-    got = _reward_components(SimpleNamespace(reward=single), SimpleNamespace(outputs=single(_rollouts("abc"))), None)
+    got = _reward_components(SimpleNamespace(reward=single), [], single(_rollouts("abc")), None, None)
     assert got["components"].tolist() == [[3.0]] and got["weights"].tolist() == [pytest.approx(1.0)]

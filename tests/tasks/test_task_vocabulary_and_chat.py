@@ -271,4 +271,4 @@ def test_a_spec_without_a_kind_shows_every_kind():
         load("foo")
     # before: only "e.g. 'reasoning_gym:chain_sum'"
     assert str(err.value) == ("task spec 'foo': expected 'kind:argument', one of: jsonl:PATH, reasoning_gym:NAME "
-                              "(e.g. reasoning_gym:chain_sum), humaneval[:FILE], worked:NAME")
+                              "(e.g. reasoning_gym:chain_sum), humaneval[:FILE], worked:NAME, env:NAME")

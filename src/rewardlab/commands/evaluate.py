@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from rewardlab.commands.common import announce_task, load_inputs, open_run, with_trained_task
+from rewardlab.commands.common import announce_task, load_episodes, load_inputs, open_run, with_trained_task
 from rewardlab.config import EvaluateConfig
 from rewardlab.evaluation.policy import describe_rows, evaluate_policy
 from rewardlab.progress import console, stage
@@ -30,7 +30,10 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     answer, greedy prediction, correct, score, error and the n samples with their rewards; written at the end) and
     summary.json (the result of `evaluate_policy` plus
     model, task, `split` (the split used), `split_rows` (rows in it; `n_questions` of them evaluated, fewer with
-    `eval.limit`) and wall seconds). With `resume`, the batches logged by an interrupted run with the same settings
+    `eval.limit`) and wall seconds). For an environment task (task.spec env:NAME) every completion is an episode
+    under the env section's budgets (eval.max_new_tokens per model turn): predictions.jsonl also holds each greedy
+    episode's messages, termination, turns and tool calls, and the summary its episode figures (turns_mean,
+    termination fractions, tool_call_rate, tool_errors_mean; `evaluate_policy`). With `resume`, the batches logged by an interrupted run with the same settings
     are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). When `cfg.model` is
     a checkpoint of a rewardlab run and no task is given, the task (and its options) is the run's; a task that
     differs from it is warned about; summary.json records `trained_on`, `task_differs` and `task_from`
@@ -50,21 +53,28 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     if not rows:
         raise ValueError(f"split: the {split} split of {cfg.task.spec} has no rows")
     reward = build_reward(task.reward)
+    episodes = load_episodes(cfg, task, policy)
     announce_task(task, show_progress)
-    with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the inputs load
-        done = run.read_jsonl(BATCH_LOG) if resume else []
-        e = cfg.eval
-        t0 = time.perf_counter()
-        with stage("evaluate", len(rows), enabled=show_progress) as bar:
-            result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature, top_p=e.top_p,
-                                     max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, bar=bar, done=done,
-                                     on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]))
-        predictions = result.pop("predictions")
-        atomic_write_text(run.path / PREDICTIONS, "".join(json.dumps(p, ensure_ascii=False) + "\n"
-                                                          for p in predictions))
-        result = {"model": cfg.model.path, "task": cfg.task.spec, "split": split, "split_rows": len(pool),
-                  "wall_s": time.perf_counter() - t0, **result, **trained, "predictions_file": PREDICTIONS}
-        run.write_summary(result)
+    try:
+        with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the inputs load
+            done = run.read_jsonl(BATCH_LOG) if resume else []
+            e = cfg.eval
+            t0 = time.perf_counter()
+            with stage("evaluate", len(rows), enabled=show_progress) as bar:
+                result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature,
+                                         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
+                                         bar=bar, done=done, on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]),
+                                         episodes=episodes, seed=cfg.seed)
+            predictions = result.pop("predictions")
+            atomic_write_text(run.path / PREDICTIONS, "".join(json.dumps(p, ensure_ascii=False) + "\n"
+                                                              for p in predictions))
+            result = {"model": cfg.model.path, "task": cfg.task.spec, "split": split, "split_rows": len(pool),
+                      "wall_s": time.perf_counter() - t0, **result, **trained, "predictions_file": PREDICTIONS}
+            run.write_summary(result)
+    finally:
+        close = getattr(episodes.env, "close", None) if episodes is not None else None
+        if callable(close):  # the tool workers
+            close()
     if announce:
         console.print(f"evaluated {describe_rows(len(rows), len(pool), split, cfg.task.spec)}", highlight=False,
                       markup=False, soft_wrap=True)

@@ -109,8 +109,14 @@ class EnvConfig(_Base):
     max_tool_tokens: int = Field(64, gt=0, description="a tool's output is cut to this many tokens (counted with "
                                  "the model's tokenizer, never in characters), the truncation marker included")
     tool_keep: Literal["start", "end"] = Field("start", description="which part of an overlong tool output is kept")
-    tool_timeout_s: float = Field(5.0, gt=0, description="seconds a tool call may run; a call past it is stopped "
-                                  "and the model reads a timeout error (tool status timeout)")
+    tool_timeout_s: float | None = Field(
+        None, gt=0, description="seconds a tool call may run; a call past it is stopped and the model reads a timeout "
+        "error (tool status timeout). Default (null): the environment's own (calculator 5, python 15: its sandbox "
+        "stops a program after 5 s of its own)")
+
+    def changed(self) -> set[str]:
+        """The keys of this section set to other than their defaults (e.g. {"tool_keep"})."""
+        return {k for k, v in self.model_dump().items() if v != type(self).model_fields[k].default}
 
 
 def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | None, key: str | None) -> None:
@@ -122,7 +128,7 @@ def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | No
         ValueError: one line naming the key(s).
     """
     if not task.spec.startswith("env:"):
-        given = [f"env.{k}" for k, v in env.model_dump().items() if v != EnvConfig.model_fields[k].default]
+        given = [f"env.{k}" for k in EnvConfig.model_fields if k in env.changed()]
         if given:
             raise ValueError(f"{', '.join(given)}: applies to environment tasks only (task.spec env:NAME), and "
                              f"task.spec is {task.spec!r}; drop the setting")
@@ -212,6 +218,11 @@ class RLConfig(_Base):
         None, description="split completions into steps at this string (rollout.steps/step_text) so process "
         "rewards can score them; needed by the 'pure' and 'process_sum' estimators"
     )
+    turn_rewards: Literal["env", "info_gain"] = Field(
+        "env", description="the per-turn rewards of a turn-level estimator (turn_grpo, gigpo) on an environment task: "
+        "env (the environment's StepResult rewards) or info_gain (IGPO, Wang et al. 2025: r_k = log p(answer | "
+        "history after turn k) - log p(answer | history before it) under the current policy; its scoring pass is "
+        "timed as time/info_gain_s)")
     log_samples: int | None = Field(
         None, ge=0, description="rollouts (episodes, for an environment task) per step written to samples.jsonl: the "
         "first N the step generated; null: all of them (an episode's line holds its token ids, which adds up)")

@@ -13,8 +13,8 @@ from rewardlab.envs.render import ChatRenderer, RawRenderer, Renderer, make_rend
 from rewardlab.envs.episode import Episode, EpisodeLimits, run_episodes
 from rewardlab.envs.replay import episode_record, replay
 from rewardlab.envs.trace import trace_rollout
-from rewardlab.envs.sampling import (EpisodeSettings, episode_ends, episode_metrics, episode_rows, episode_settings,
-                                     sample_rollouts)
+from rewardlab.envs.sampling import (EpisodeSettings, check_episode_keys, episode_ends, episode_metrics, load_episodes,
+                                     episode_rows, episode_settings, sample_rollouts)
 
 __all__ = ["Environment", "State", "StepResult",
            "CALL_STATUSES", "ENVIRONMENTS", "TOOL_PARSERS", "CalculatorEnv", "GuessNumberEnv", "MultiTurnEnv",
@@ -22,5 +22,5 @@ __all__ = ["Environment", "State", "StepResult",
            "parse_guess", "run_python", "tool_schema",
            "Renderer", "RawRenderer", "ChatRenderer", "make_renderer",
            "Episode", "EpisodeLimits", "run_episodes", "episode_record", "replay",
-           "EpisodeSettings", "episode_ends", "episode_metrics", "episode_rows", "episode_settings",
-           "sample_rollouts", "trace_rollout"]
+           "EpisodeSettings", "check_episode_keys", "episode_ends", "episode_metrics", "episode_rows", "load_episodes",
+           "episode_settings", "sample_rollouts", "trace_rollout"]

@@ -380,6 +380,34 @@ class Episode:
         return out
 
 
+def check_stop_strings(renderer: Any, stop: Sequence[str] | None) -> None:
+    """Refuse stop strings that could never end a turn on this renderer's tokenizer.
+
+    A model turn's text (`renderer.turn_text`, what a tool-call parser reads) and the text that `sample_ids` matches
+    stop strings against are decoded with special tokens removed. When the tokenizer encodes a stop string with a
+    special token (some tokenizers mark `<tool_call>` and `</tool_call>` special; Qwen2.5's and Qwen3's do not),
+    that text never appears: the turn runs on to its token budget and the tool call is never parsed, silently. A
+    renderer without a `tokenizer` is not checked.
+
+    Raises:
+        ValueError: one line naming the stop string and its special tokens.
+    """
+    tok = getattr(renderer, "tokenizer", None)
+    if tok is None or not stop:
+        return
+    special = set(getattr(tok, "all_special_ids", None) or ())
+    added = getattr(tok, "added_tokens_decoder", None) or {}
+    special |= {i for i, t in added.items() if getattr(t, "special", False)}
+    for s in stop:
+        ids = list(tok(s, add_special_tokens=False)["input_ids"])
+        hits = [i for i in ids if i in special]
+        if hits:
+            names = ", ".join(str(t) for t in tok.convert_ids_to_tokens(hits))
+            raise ValueError(f"env stop string {s!r}: the tokenizer encodes it with special tokens ({names}), which "
+                             "are removed from the model's decoded text, so no turn would end at it and no parser "
+                             "would read it; mark those tokens as not special in the tokenizer")
+
+
 def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], *, n: int, max_turns: int,
                  max_new_tokens: int, max_episode_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                  greedy: bool = False, max_tool_tokens: int | None = None, tool_keep: str = "start", seed: int = 0,
@@ -426,7 +454,8 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
         ValueError: one line naming the option: n < 1, greedy with n > 1, temperature <= 0 (not greedy), top_p
             outside (0, 1], the `EpisodeLimits` errors (max_new_tokens > max_episode_tokens, ...), a policy
             without `sample_ids`, a prompt that fills the context window, a sampler that returns the wrong number
-            of samples or a malformed one (`Episode.feed`).
+            of samples or a malformed one (`Episode.feed`), an env stop string that the tokenizer encodes with
+            special tokens (`check_stop_strings`).
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1 or (greedy and n != 1):
         raise ValueError(f"run_episodes: n must be an int >= 1 (1 when greedy), got {n!r}")
@@ -445,6 +474,7 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
         renderer = make_renderer(policy.tokenizer, policy.prompt_format, tools=getattr(env, "tools", None),
                                  raw_text=getattr(env, "raw_text", None))
     stop = list(getattr(env, "stop", None) or ()) or None
+    check_stop_strings(renderer, stop)
     episodes = [Episode(env, row, renderer, limits, stream=(seed, step, episode_offset + k, round),
                         episode_id=episode_offset + k, group=k // n)
                 for k, row in enumerate(r for r in rows for _ in range(n))]

@@ -10,7 +10,7 @@ A single-turn rollout is an episode of one row: `episode_ends` returns it and `e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ class EpisodeSettings:
         max_episode_tokens: tokens after the first prompt at most (all rows, model and environment turns).
         max_tool_tokens: tool outputs are clipped to this many tokens (marker included); None: not clipped.
         tool_keep: "start" or "end", the part of a clipped tool output that is kept.
+        name: the environment's registered name (`ENVIRONMENTS`), for messages; None when unknown.
     """
 
     env: Environment
@@ -36,6 +37,7 @@ class EpisodeSettings:
     max_episode_tokens: int
     max_tool_tokens: int | None = None
     tool_keep: str = "start"
+    name: str | None = None
 
 
 def episode_settings(task: Any, *, max_turns: int, max_episode_tokens: int, max_tool_tokens: int | None = None,
@@ -55,7 +57,73 @@ def episode_settings(task: Any, *, max_turns: int, max_episode_tokens: int, max_
     if tool_timeout_s is not None and "timeout_s" in (ENVIRONMENTS.options(name) or ()):
         options.setdefault("timeout_s", tool_timeout_s)
     return EpisodeSettings(make_env(name, **options), max_turns=max_turns, max_episode_tokens=max_episode_tokens,
-                           max_tool_tokens=max_tool_tokens, tool_keep=tool_keep)
+                           max_tool_tokens=max_tool_tokens, tool_keep=tool_keep, name=name)
+
+
+#: The env keys that only environments running tools read.
+TOOL_KEYS = ("tool_timeout_s", "max_tool_tokens", "tool_keep")
+
+
+def check_episode_keys(settings: EpisodeSettings | None, policy: Any, *, changed: Collection[str] = ()) -> None:
+    """The env keys checked against the environment and the model, at set-up before anything is written: every key
+    is consumed or refused by name.
+
+    Args:
+        settings: `episode_settings(...)`; None (a single-turn task) checks nothing (the config already refuses an
+            env key set on one).
+        policy: the policy (its `tokenizer` and `prompt_format` make the renderer whose truncation marker a tool
+            output must have room for); a policy without a tokenizer skips the marker check.
+        changed: names of the env keys the config sets to other than their defaults (e.g. {"tool_keep"}).
+    Raises:
+        ValueError: one line: "env.tool_timeout_s, env.tool_keep: environment 'guess_number' runs no tools, ..."
+            for a tool key in `changed` on an environment without tools (no `tools`); "env.max_tool_tokens: 4 tokens
+            cannot hold the truncation marker ..." when settings.max_tool_tokens is below the renderer's
+            `marker_tokens`.
+    """
+    if settings is None:
+        return
+    env = settings.env
+    name = settings.name or type(env).__name__
+    if not getattr(env, "tools", None):
+        given = [f"env.{k}" for k in TOOL_KEYS if k in changed]
+        if given:
+            raise ValueError(f"{', '.join(given)}: environment {name!r} runs no tools, so nothing reads "
+                             f"{'it' if len(given) == 1 else 'them'}; drop the setting")
+        return
+    tokenizer = getattr(policy, "tokenizer", None)
+    if settings.max_tool_tokens is None or tokenizer is None:
+        return
+    from rewardlab.envs.render import make_renderer
+
+    renderer = make_renderer(tokenizer, getattr(policy, "prompt_format", "auto"), tools=env.tools,
+                             raw_text=getattr(env, "raw_text", None))
+    if settings.max_tool_tokens < renderer.marker_tokens:
+        raise ValueError(f"env.max_tool_tokens: {settings.max_tool_tokens} tokens cannot hold the truncation marker "
+                         f"{renderer.marker!r} ({renderer.marker_tokens} tokens of this model's tokenizer) that ends "
+                         f"a cut tool output; set it to at least {renderer.marker_tokens}")
+
+
+def load_episodes(task: Any, section: Any, policy: Any) -> EpisodeSettings | None:
+    """The episodes of an environment task (`task.env`; None for a single-turn task): its environment and the budgets
+    of the `env` config section (`episode_settings`), the section's keys checked against the environment and the
+    model (`check_episode_keys`). `env.tool_timeout_s` (null by default: the environment's own timeout) becomes the
+    `timeout_s` of an environment that runs tools. Call it at set-up, before a run directory is opened.
+
+    Args:
+        task: a `rewardlab.tasks.Task`.
+        section: the `env` config section (`rewardlab.config.EnvConfig`: max_turns, max_episode_tokens,
+            max_tool_tokens, tool_keep, tool_timeout_s and `changed()`, the keys set to other than their defaults).
+        policy: the policy whose renderer must fit the truncation marker in max_tool_tokens; None skips that check.
+    Raises:
+        ValueError: one line naming the key: what `episode_settings` (`make_env`) and `check_episode_keys` raise.
+    """
+    if getattr(task, "env", None) is None:
+        return None
+    settings = episode_settings(task, max_turns=section.max_turns, max_episode_tokens=section.max_episode_tokens,
+                                max_tool_tokens=section.max_tool_tokens, tool_keep=section.tool_keep,
+                                tool_timeout_s=section.tool_timeout_s)
+    check_episode_keys(settings, policy, changed=section.changed())
+    return settings
 
 
 def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: EpisodeSettings | None, n: int = 1,
@@ -138,13 +206,22 @@ def episode_rows(rollouts: Sequence[Rollout]) -> dict[int, list[Rollout]]:
     return out
 
 
+def _episode_tokens(rows: Sequence[Rollout]) -> int:
+    """The tokens of an episode after its first prompt, as the episode loop counts them (see `episode_metrics`)."""
+    grown = sum(max(0, len(b.prompt_ids) - len(a.prompt_ids) - len(a.completion_ids)) for a, b in zip(rows, rows[1:]))
+    return sum(len(r.completion_ids) for r in rows) + grown
+
+
 def episode_metrics(episodes: Sequence[Sequence[Rollout]]) -> dict[str, float]:
     """Shape, termination and tool-use figures of a batch of episodes (each a list of its rows), as logged per
     training step and reported by evaluation.
 
     Returns:
         episode/turns_mean: model turns per episode. episode/tokens_mean: tokens after the first prompt per episode
-        (model, tool and template tokens of all rows). episode/sampled_tokens_mean: tokens the policy sampled per
+        (model, tool and template tokens of all rows), counted as `max_episode_tokens` counts them: each row's
+        completion ids, plus for each row after the first what its prompt grew by over the row before it,
+        len(prompt) - len(previous prompt + completion), at least 0 (the observation that a re-rendered history
+        carries into the new row's prompt). episode/sampled_tokens_mean: tokens the policy sampled per
         episode. episode/rows_mean: rows per episode (> 1 when a chat template was not append-only).
         episode/termination/<reason>: the fraction of episodes that ended for each reason of
         `rewardlab.types.TERMINATIONS` (all of them, 0.0 included). tool/calls_mean: tool calls per episode.
@@ -163,7 +240,7 @@ def episode_metrics(episodes: Sequence[Sequence[Rollout]]) -> dict[str, float]:
     ends = [rows[-1].termination or "stop" for rows in episodes]
     m = {
         "episode/turns_mean": sum(turns) / E,
-        "episode/tokens_mean": sum(len(r.completion_ids) for rows in episodes for r in rows) / E,
+        "episode/tokens_mean": sum(_episode_tokens(rows) for rows in episodes) / E,
         "episode/sampled_tokens_mean": sum(r.sampled_tokens for rows in episodes for r in rows) / E,
         "episode/rows_mean": sum(len(rows) for rows in episodes) / E,
         **{f"episode/termination/{reason}": ends.count(reason) / E for reason in TERMINATIONS},

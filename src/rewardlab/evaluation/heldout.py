@@ -8,6 +8,14 @@ the result on that step's metrics line:
     eval/score_mean   mean verifier reward of the greedy completions
     time/eval_s       seconds the evaluation took (not counted in time/step_s)
 
+For an environment task (`HeldOutEval(..., episodes=settings)`, the task's `EpisodeSettings`), each question is one
+greedy episode (max_new_tokens per model turn) scored once by the outcome reward, and the line also has
+
+    eval/episode/turns_mean  mean model turns per greedy episode
+    eval/tool/call_rate      fraction of model turns with a tool call
+    eval/tool/errors_mean    tool calls per episode whose status is not "ok"
+(the training step's `episode/...` and `tool/...` figures, `rewardlab.envs.episode_metrics`, on the held-out rows).
+
 Greedy decoding draws no random numbers, and the RNG state is restored afterwards besides, so a run with evaluation
 trains exactly (bit for bit) as the same run without it.
 """
@@ -18,6 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rewardlab.envs.sampling import EpisodeSettings
 from rewardlab.evaluation.policy import evaluate_policy
 from rewardlab.policy import Policy
 from rewardlab.rewards import build_reward
@@ -45,12 +54,16 @@ class HeldOutEval:
     Args:
         rows: the questions (`heldout_rows`); none: never due. reward_spec: the verifier (the task's reward name).
         every: steps between evaluations (0: off). last_step: the run's last step, always evaluated.
-        max_new_tokens: token limit of each greedy completion. batch_size: questions per generate call.
+        max_new_tokens: token limit of each greedy completion (of each model turn of an episode).
+        batch_size: questions per generate call.
+        episodes: the episodes of an environment task (`rewardlab.envs.episode_settings`): each question is a
+            greedy episode in its environment; None (default): single completions.
     """
 
     def __init__(self, rows: Sequence[dict[str, Any]], reward_spec: Any, *, every: int, last_step: int,
-                 max_new_tokens: int, batch_size: int = 256) -> None:
+                 max_new_tokens: int, batch_size: int = 256, episodes: EpisodeSettings | None = None) -> None:
         self.rows = list(rows)
+        self.episodes = episodes
         self.every, self.last_step = every, last_step
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.reward = build_reward(reward_spec) if self.rows and every else None
@@ -61,13 +74,16 @@ class HeldOutEval:
         return self.reward is not None and (step % self.every == 0 or step == self.last_step or last)
 
     def __call__(self, policy: Policy) -> dict[str, float]:
-        """Evaluate `policy` now; returns {"eval/accuracy", "eval/score_mean", "time/eval_s"} (see the module
-        docstring). The global RNG state (torch, CUDA, Python's random) is the same afterwards."""
+        """Evaluate `policy` now; returns {"eval/accuracy", "eval/score_mean", "time/eval_s"}, plus the episode
+        figures for an environment task (see the module docstring). The global RNG state (torch, CUDA, Python's random) is the same afterwards."""
         saved, t0 = rng_state(), time.perf_counter()
         try:
             result = evaluate_policy(policy, self.rows, self.reward, n=0, ks=(), max_new_tokens=self.max_new_tokens,
-                                     batch_size=self.batch_size)
+                                     batch_size=self.batch_size, episodes=self.episodes)
         finally:
             set_rng_state(saved)
-        return {"eval/accuracy": result["accuracy"], "eval/score_mean": result["score_mean"],
-                "time/eval_s": time.perf_counter() - t0}
+        out = {"eval/accuracy": result["accuracy"], "eval/score_mean": result["score_mean"]}
+        if self.episodes is not None:
+            out.update({"eval/episode/turns_mean": result["turns_mean"], "eval/tool/call_rate": result["tool_call_rate"],
+                        "eval/tool/errors_mean": result["tool_errors_mean"]})
+        return {**out, "time/eval_s": time.perf_counter() - t0}

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-
-
+from rewardlab.envs.sampling import EpisodeSettings, episode_ends, episode_rows, sample_rollouts
 from rewardlab.policy import Policy
 from rewardlab.rewards.base import Reward
 from rewardlab.train_state import restore_rng_state, rng_state_record
@@ -49,8 +48,17 @@ def evaluate_policy(
     bar: ProgressBar | None = None,
     done: Sequence[Mapping[str, Any]] = (),
     on_batch: Callable[[dict[str, Any]], None] | None = None,
+    episodes: EpisodeSettings | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Greedy accuracy and pass@k of `policy` on `rows`, in batches of `batch_size` questions.
+
+    Completions come from `rewardlab.envs.sample_rollouts`: single completions (`policy.generate`) when `episodes`
+    is None, else whole episodes in `episodes.env` under its budgets (`max_new_tokens` per model turn), a greedy
+    one per question and `n` sampled ones. The reward is called once per episode, on its last row
+    (`episode_ends`: the final model turn is the completion it scores). Sampled episodes draw from the streams
+    (seed, batch index, 0) (`sample_rollouts`): they do not depend on torch's generator (single completions keep
+    drawing from it, as before).
 
     Each finished batch is handed to `on_batch` as a record {"batch", "start", "size", "correct" (greedy, per
     question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per question), "examples",
@@ -66,6 +74,10 @@ def evaluate_policy(
          "examples": the first 20 greedy (prompt, completion, answer, correct), "predictions": one dict per row,
          in order: {"question", "answer", "prediction" (the greedy completion), "correct", "score", "error",
          "samples": the n sampled completions, each {"completion", "score", "correct", "error"}}}.
+        With `episodes`, each prediction also holds the greedy episode's "messages" (its transcript), "termination",
+        "turns" (model turns) and "tool_calls" (per model turn, the parsed calls with their status), and the result
+        gains the greedy episodes' figures (`episode_figures`): "turns_mean", "termination" ({reason: fraction}),
+        "tool_call_rate" and "tool_errors_mean".
     Raises:
         ValueError: a k outside 1..n, or no rows; a record in `done` that is not the batch at its position (the
             rows or batch size changed).
@@ -76,7 +88,7 @@ def evaluate_policy(
     if bad:
         raise ValueError(f"eval.k: each k must be in 1..eval.n={n}, got {bad}")
     prompts = [r["prompt"] for r in rows]
-    correct, scores, errors, examples, predictions = [], [], 0, [], []
+    correct, scores, errors, examples, predictions, episode_stats = [], [], 0, [], [], []
     per_q = [0] * len(rows)
     for b, start in enumerate(range(0, len(rows), batch_size)):
         chunk_rows = rows[start : start + batch_size]
@@ -92,8 +104,12 @@ def evaluate_policy(
         else:
             rec = {"batch": b, "start": start, "size": len(chunk), "correct": [], "scores": [], "errors": 0,
                    "pass_counts": [0] * len(chunk), "examples": [], "predictions": []}
-            greedy = policy.generate(chunk, greedy=True, max_new_tokens=max_new_tokens, rows=chunk_rows)
+            stream = (seed, b, 0) if episodes is not None else None
+            greedy_rows = sample_rollouts(policy, chunk_rows, episodes=episodes, greedy=True,
+                                          max_new_tokens=max_new_tokens, stream=stream)
+            greedy = episode_ends(greedy_rows)
             outs = reward(greedy)
+            by_episode = episode_rows(greedy_rows) if episodes is not None else {}
             for r, o in zip(greedy, outs):
                 ok = o.correct
                 rec["correct"].append(ok)
@@ -105,10 +121,14 @@ def evaluate_policy(
                 rec["predictions"].append({"question": r.row.get("prompt"), "answer": r.row.get("answer"),
                                            "prediction": r.completion, "correct": ok, "score": o.score,
                                            "error": o.error, "samples": []})
+                if episodes is not None:
+                    summary = episode_summary(by_episode[id(r)])
+                    rec["predictions"][-1].update(messages=r.messages, **summary)
+                    rec.setdefault("episodes", []).append(episode_counts(summary))
             if n > 0:
-                sampled = policy.generate(
-                    chunk, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, rows=chunk_rows
-                )
+                sampled = episode_ends(sample_rollouts(
+                    policy, chunk_rows, episodes=episodes, n=n, temperature=temperature, top_p=top_p,
+                    max_new_tokens=max_new_tokens, stream=stream))
                 for r, o in zip(sampled, reward(sampled)):
                     rec["pass_counts"][r.group] += o.correct
                     rec["predictions"][r.group]["samples"].append({"completion": r.completion, "score": o.score,
@@ -120,6 +140,7 @@ def evaluate_policy(
         errors += rec["errors"]
         examples += rec["examples"]
         predictions += rec.get("predictions", [])
+        episode_stats += rec.get("episodes", [])
         per_q[start : start + len(chunk)] = rec["pass_counts"]
         if bar is not None:
             bar.advance(len(chunk), acc=sum(correct) / len(correct))
@@ -132,9 +153,51 @@ def evaluate_policy(
     }
     for k in ks:
         result[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_q) / len(per_q)
+    if episodes is not None:
+        result.update(episode_figures(episode_stats))
     result["examples"] = examples
     result["predictions"] = predictions
     return result
+
+
+def episode_summary(rows: Sequence[Any]) -> dict[str, Any]:
+    """What a prediction records of one episode, given its rows (`episode_rows`; the last holds `termination`):
+    {"termination", "turns" (model turns, all rows), "tool_calls" (per model turn, the parsed calls: name,
+    arguments, status, seconds)}."""
+    last = rows[-1]
+    calls = [list(turn) for r in rows for turn in (r.tool_calls or [])]
+    return {"termination": last.termination, "turns": last.first_turn + len(last.turns or []), "tool_calls": calls}
+
+
+def episode_counts(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The counts `episode_figures` averages, from an `episode_summary`: termination, turns, turns with at least one
+    tool call, and tool calls whose status is not "ok"."""
+    calls = summary["tool_calls"]
+    return {"termination": summary["termination"], "turns": summary["turns"],
+            "turns_with_call": sum(1 for turn in calls if turn),
+            "tool_errors": sum(1 for turn in calls for c in turn if c.get("status") != "ok")}
+
+
+def episode_figures(counts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The episode figures of an evaluation, over E episodes (`episode_counts` each):
+
+        turns_mean        mean model turns per episode
+        termination       {reason: fraction of episodes that ended so} (reasons that occurred; they sum to 1)
+        tool_call_rate    (model turns with a tool call) / (model turns), over all episodes; 0.0 with no turns
+        tool_errors_mean  mean tool calls per episode whose status is not "ok" (malformed, unknown_tool,
+                          bad_arguments, error, timeout)
+
+    Returns {} for no episodes."""
+    if not counts:
+        return {}
+    E = len(counts)
+    turns = sum(c["turns"] for c in counts)
+    reasons: dict[str, float] = {}
+    for c in counts:
+        reasons[c["termination"]] = reasons.get(c["termination"], 0.0) + 1.0 / E
+    return {"turns_mean": turns / E, "termination": dict(sorted(reasons.items())),
+            "tool_call_rate": sum(c["turns_with_call"] for c in counts) / turns if turns else 0.0,
+            "tool_errors_mean": sum(c["tool_errors"] for c in counts) / E}
 
 
 def describe_rows(n: int, total: int, split: str, spec: str) -> str:

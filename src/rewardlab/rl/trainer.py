@@ -25,7 +25,7 @@ import random
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ import torch
 from rewardlab.config import TrainConfig, dump_config
 from rewardlab.envs.replay import episode_record
 from rewardlab.envs.sampling import (EpisodeSettings, episode_ends, episode_metrics, episode_rows,
-                                     episode_settings, sample_rollouts)
+                                     load_episodes, sample_rollouts)
 from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
 from rewardlab.interrupt import Interrupted, StopRequest
 from rewardlab.modeldir import check_model_dir
@@ -48,6 +48,7 @@ from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.episodes import episode_advantages, episode_minibatches, episode_tensors
 from rewardlab.rl.curricula import CURRICULA, make_curriculum
 from rewardlab.rl.filters import GROUP_FILTERS, filter_groups
+from rewardlab.rl.info_gain import info_gain_rewards
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
                                  kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir, warn
@@ -103,6 +104,10 @@ def check_names(cfg: TrainConfig) -> None:
         raise ValueError(f"rl.group_size: estimator {rl.estimator!r} needs at least {least} rollouts per prompt "
                          f"group, got {rl.group_size} (its advantages compare the rollouts of a group: a group of one "
                          "has nothing to compare with, so the run would learn nothing)")
+    if rl.turn_rewards != "env" and "turn_rewards" not in ESTIMATORS.inputs(rl.estimator):
+        raise ValueError(f"rl.turn_rewards: {rl.turn_rewards!r} sets the per-turn rewards of a turn-level estimator, "
+                         f"and {rl.estimator!r} reads none; use "
+                         f"{' or '.join(n for n in ESTIMATORS if 'turn_rewards' in ESTIMATORS.inputs(n))}")
     if any(k in ("step_rewards", "step_mask") for k in needs) and rl.step_separator is None:
         raise ValueError(f"rl.step_separator: estimator {rl.estimator!r} needs process rewards on steps; set the "
                          "step separator (e.g. '\\n') and use a reward that returns step_scores")
@@ -470,17 +475,20 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     rl = cfg.rl
     task = load_task(cfg.task.spec, **cfg.task.options)
     reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
+    if task.env is None and rl.turn_rewards != "env":
+        raise ValueError(f"rl.turn_rewards: {rl.turn_rewards!r} scores the turns of an episode, and {cfg.task.spec} "
+                         "is a single-turn task (use an environment task, task.spec env:NAME)")
     if task.env is not None and rl.step_separator is not None:
         raise ValueError(f"rl.step_separator: {cfg.task.spec} is an environment task, whose episodes are not split "
                          "into reasoning steps (process rewards score single completions); unset it")
-    env = cfg.env
-    episodes = episode_settings(task, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
-                                max_tool_tokens=env.max_tool_tokens, tool_keep=env.tool_keep,
-                                tool_timeout_s=env.tool_timeout_s)
     model_kw = {"seed": cfg.seed, **cfg.model.policy_options()}
+    policy: Policy | None = None
     if not resume:
-        policy: Policy = load_policy(cfg.model.path, **model_kw)
+        policy = load_policy(cfg.model.path, **model_kw)
         check_task_for_policy(task, policy)  # before the run directory is touched
+    # the environment and the env section's budgets, its keys checked against the environment (and the model's
+    # tokenizer, known here unless resuming) before the run directory is touched
+    episodes = load_episodes(task, cfg.env, policy)
     heldout_rows(task, rl.eval_every, rl.eval_n, field="rl.eval_every")  # no held-out rows: refused before the run
     run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
     try:
@@ -658,13 +666,23 @@ def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
         return None
     rows, outputs, owner = batch.rows(batch.rollouts, batch.outputs)
     packed, old_logprobs = rollout_batch(state.policy, rows)
-    ep = episode_tensors(rows, packed.mask.shape[1])
+    metrics: dict[str, float] = {}
+    scored = rows
+    if rl.turn_rewards == "info_gain":  # IGPO: each turn's information gain replaces the environment's turn reward
+        t0 = time.perf_counter()
+        gains = info_gain_rewards(state.policy, [batch.rows_of.get(id(r), [r]) for r in batch.rollouts])
+        per_row = [g for r, episode_gains in zip(batch.rollouts, gains)
+                   for g in _split_by_rows(batch.rows_of.get(id(r), [r]), episode_gains)]
+        scored = [replace(row, turn_rewards=g) for row, g in zip(rows, per_row)]
+        metrics["time/info_gain_s"] = time.perf_counter() - t0
+        metrics["turn/info_gain_mean"] = sum(map(sum, gains)) / max(sum(map(len, gains)), 1)
+    ep = episode_tensors(scored, packed.mask.shape[1])
     sampled = packed.mask * ep["sampled"].to(packed.mask.device)  # 1 exactly on the tokens the policy sampled
     # every row its own episode (single completions): the estimators, losses and aggregations run as on rows
     episode = ep["episode"] if any(r.episode_id is not None for r in rows) else None
     order = ep["order"] if episode is not None else None
     token_rewards, group = reward_tensors(rows, outputs, sampled)
-    ref_logprobs, metrics = None, {}
+    ref_logprobs = None
     if state.reference is not None:
         with torch.no_grad():
             ref_logprobs, _ = state.reference.token_logprobs(packed, temperature=rl.temperature)
@@ -694,6 +712,15 @@ def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
         loss_mask = sampled * torch.tensor([weight[t] for t in ends], dtype=sampled.dtype)[:, None]
     return Credit(rows, outputs, packed, old_logprobs, ref_logprobs, sampled, episode, loss_mask, advantages, values,
                   returns, metrics)
+
+
+def _split_by_rows(rows: list[Rollout], values: list[float]) -> list[list[float]]:
+    """An episode's per-turn values, cut into one list per row (each row's `turns`)."""
+    out, at = [], 0
+    for r in rows:
+        out.append(values[at:at + len(r.turns)])
+        at += len(r.turns)
+    return out
 
 
 def update(state: TrainState, batch: Collected, credit: Credit | None) -> dict[str, float]:
@@ -859,7 +886,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     try:
         heldout = HeldOutEval(heldout_rows(state.task, rl.eval_every, rl.eval_n, field="rl.eval_every"),
                               state.task.reward, every=rl.eval_every, last_step=rl.steps,
-                              max_new_tokens=rl.max_new_tokens)
+                              max_new_tokens=rl.max_new_tokens, episodes=state.episodes)
         state.generated_total = generated_before(run, state.start_step)
         wall0, last, out_of_time = time.perf_counter(), {}, False
         with StopRequest() as stop:  # a first Ctrl-C ends the run after the current step

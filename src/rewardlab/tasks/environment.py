@@ -35,7 +35,7 @@ def _with_ids(rows: list[Row], name: str, split: str) -> list[Row]:
     return [dict(row, row_id=f"env:{name}/{split}/{i}") for i, row in enumerate(rows)]
 
 
-@register_loader("env", example="env:NAME (e.g. env:calculator, env:guess_number, env:python)")
+@register_loader("env", example="env:NAME")
 def load_environment(name: str, /, **options: Any) -> Task:
     """The rows of environment `name` (`ENVIRONMENTS`): `env.task(seed)` with `Task.env` = {"name": name, "options":
     the environment's options (seed excluded)}, `name` "env:NAME", `reward` = `reward_spec(env)` and every row

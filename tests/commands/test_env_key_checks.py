@@ -1,0 +1,85 @@
+"""The env keys checked against the environment and the model at set-up, before a run directory is written: tool
+keys on an environment without tools, a max_tool_tokens that cannot hold the truncation marker; and sft's refusal
+of an environment task."""
+
+import pytest
+
+from conftest import TINY_OVERRIDES
+from rewardlab.cli import main
+from rewardlab.envs import check_episode_keys, make_env
+from rewardlab.envs.render import DEFAULT_MARKER
+from rewardlab.envs.sampling import EpisodeSettings
+from rewardlab.policy.tiny import build_tokenizer
+from rewardlab.commands.common import load_episodes
+from rewardlab.config import EvaluateConfig, load_config
+from rewardlab.tasks import Task, load
+
+GUESS = ["task.spec=env:guess_number", "task.options={n: 8, size: 4, test_size: 2}"]
+CALC = ["task.spec=env:calculator", "task.options={size: 30, test_size: 2}"]
+
+
+class _Policy:
+    tokenizer, prompt_format = build_tokenizer(), "raw"
+
+
+def _error(capsys, *args):
+    assert main([*args, "model.path=tiny", *TINY_OVERRIDES]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(lines) == 1
+    return lines[0]
+
+
+@pytest.mark.parametrize("key,value", [("tool_timeout_s", "3"), ("max_tool_tokens", "32"), ("tool_keep", "end")])
+def test_a_tool_key_on_an_environment_without_tools_is_refused_naming_it(tmp_path, capsys, key, value):
+    out = tmp_path / "run"
+    line = _error(capsys, "evaluate", *GUESS, f"env.{key}={value}", f"out={out}")
+    assert f"env.{key}: environment 'guess_number' runs no tools" in line
+    assert not out.exists()  # refused before the run directory
+
+
+def test_max_tool_tokens_below_the_marker_is_refused_at_set_up(tmp_path, capsys):
+    marker = len(build_tokenizer()(DEFAULT_MARKER, add_special_tokens=False)["input_ids"])  # one token a character
+    assert marker == len(DEFAULT_MARKER)
+    out = tmp_path / "run"
+    line = _error(capsys, "evaluate", *CALC, f"env.max_tool_tokens={marker - 1}", f"out={out}")
+    assert f"env.max_tool_tokens: {marker - 1} tokens cannot hold the truncation marker" in line
+    assert f"set it to at least {marker}" in line
+    assert not out.exists()
+
+
+def test_the_check_itself():
+    policy = _Policy()
+    calc = make_env("calculator", size=20, test_size=2)
+    marker = len(DEFAULT_MARKER)
+    check_episode_keys(EpisodeSettings(calc, 4, 64, max_tool_tokens=marker), policy,
+                       changed={"max_tool_tokens", "tool_keep", "tool_timeout_s"})  # a tool env reads them all
+    with pytest.raises(ValueError, match=f"env.max_tool_tokens: {marker - 1} tokens"):
+        check_episode_keys(EpisodeSettings(calc, 4, 64, max_tool_tokens=marker - 1), policy)
+    guess = EpisodeSettings(make_env("guess_number"), 4, 64, max_tool_tokens=1, name="guess_number")
+    check_episode_keys(guess, policy)  # defaults on a tool-less env: nothing to refuse (no tool output is clipped)
+    with pytest.raises(ValueError, match=r"^env.tool_timeout_s, env.tool_keep: environment 'guess_number' runs no "
+                                         "tools, so nothing reads them; drop the setting$"):
+        check_episode_keys(guess, policy, changed={"tool_keep", "tool_timeout_s", "max_turns"})
+    check_episode_keys(None, policy, changed={"tool_keep"})  # a single-turn task: the config already refused it
+
+
+def test_the_env_section_reaches_the_episodes_and_the_tool_timeout_only_when_set():
+    task = load("env:python")
+    default = load_episodes(load_config(EvaluateConfig, None, ["task.spec=env:python"]), task, None)
+    assert default.env.timeout_s == 15.0  # python's own (its sandbox stops a program after 5 s), not the key's 5.0
+    cfg = load_config(EvaluateConfig, None, ["task.spec=env:python", "env.tool_timeout_s=2", "env.max_turns=3",
+                                             "env.max_episode_tokens=300", "env.max_tool_tokens=40",
+                                             "env.tool_keep=end"])
+    settings = load_episodes(cfg, task, None)
+    assert settings.env.timeout_s == 2.0 and settings.name == "python"
+    assert (settings.max_turns, settings.max_episode_tokens, settings.max_tool_tokens, settings.tool_keep) == (
+        3, 300, 40, "end")
+    single = Task("jsonl:x", train=[{"prompt": "1+1=", "answer": "2"}], test=[])
+    assert load_episodes(load_config(EvaluateConfig, None, []), single, None) is None
+
+
+def test_sft_refuses_an_environment_task_before_writing(tmp_path, capsys):
+    out = tmp_path / "run"
+    line = _error(capsys, "sft", *GUESS, f"out={out}")
+    assert "task.spec: sft cannot train on 'env:guess_number' yet: environment rows hold no multi-turn traces" in line
+    assert not out.exists()
