@@ -1,6 +1,8 @@
 """The env keys checked against the environment and the model at set-up, before a run directory is written: tool
-keys on an environment without tools, a max_tool_tokens that cannot hold the truncation marker; and sft's refusal
-of an environment task."""
+keys on an environment without tools, a max_tool_tokens that cannot hold the truncation marker; and sft
+of an environment task (now: it trains on the environment's generated traces)."""
+
+import json
 
 import pytest
 
@@ -78,8 +80,9 @@ def test_the_env_section_reaches_the_episodes_and_the_tool_timeout_only_when_set
     assert load_episodes(load_config(EvaluateConfig, None, []), single, None) is None
 
 
-def test_sft_refuses_an_environment_task_before_writing(tmp_path, capsys):
+def test_sft_trains_on_an_environment_task_from_its_generated_traces(tmp_path):
     out = tmp_path / "run"
-    line = _error(capsys, "sft", *GUESS, f"out={out}")
-    assert "task.spec: sft cannot train on 'env:guess_number' yet: environment rows hold no multi-turn traces" in line
-    assert not out.exists()
+    assert main(["sft", *GUESS, f"out={out}", "sft.steps=2", "sft.batch_size=2", "--no-progress", "model.path=tiny",
+                 *TINY_OVERRIDES]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps_done"] == 2 and summary["train_rows"] == 4
