@@ -1,6 +1,6 @@
 """The env keys checked against the environment and the model at set-up, before a run directory is written: tool
-keys on an environment without tools, a max_tool_tokens that cannot hold the truncation marker; and sft
-of an environment task (now: it trains on the environment's generated traces)."""
+keys on an environment without tools, a max_tool_tokens that cannot hold the truncation marker; and sft on
+an environment task, which trains on the environment's generated traces."""
 
 import json
 
