@@ -676,8 +676,9 @@ def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
         scored = [replace(row, turn_rewards=g) for row, g in zip(rows, per_row)]
         metrics["time/info_gain_s"] = time.perf_counter() - t0
         metrics["turn/info_gain_mean"] = sum(map(sum, gains)) / max(sum(map(len, gains)), 1)
-    ep = episode_tensors(scored, packed.mask.shape[1])
-    sampled = packed.mask * ep["sampled"].to(packed.mask.device)  # 1 exactly on the tokens the policy sampled
+    device = packed.mask.device
+    ep = {k: v.to(device) for k, v in episode_tensors(scored, packed.mask.shape[1]).items()}
+    sampled = packed.mask * ep["sampled"]  # 1 exactly on the tokens the policy sampled
     # every row its own episode (single completions): the estimators, losses and aggregations run as on rows
     episode = ep["episode"] if any(r.episode_id is not None for r in rows) else None
     order = ep["order"] if episode is not None else None
@@ -692,7 +693,7 @@ def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
             metrics["policy/kl_reward"] = (kl_tokens.sum() / sampled.sum().clamp(min=1)).item()
             metrics["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, old_logprobs, ref_logprobs, sampled))
     index = torch.tensor(owner, dtype=torch.long)  # sampled inputs come one per episode; each row takes its own
-    options = {k: v.index_select(0, index) if v.shape[:1] == (len(batch.rollouts),) else v
+    options = {k: v.index_select(0, index.to(v.device)) if v.shape[:1] == (len(batch.rollouts),) else v
                for k, v in batch.inputs.items()}
     for provider in _providers(rl.estimator, {**options, **rl.estimator_options}, BATCH_INPUTS):
         options.update(provider(state, rows, outputs, packed, sampled))
@@ -709,7 +710,7 @@ def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
     if rl.mask_truncated:  # a loss weight per termination reason of the episode (0 masks all its rows)
         weight = rl.truncation_weights()
         ends = [batch.rollouts[i].termination or "stop" for i in owner]
-        loss_mask = sampled * torch.tensor([weight[t] for t in ends], dtype=sampled.dtype)[:, None]
+        loss_mask = sampled * torch.tensor([weight[t] for t in ends], dtype=sampled.dtype, device=device)[:, None]
     return Credit(rows, outputs, packed, old_logprobs, ref_logprobs, sampled, episode, loss_mask, advantages, values,
                   returns, metrics)
 
