@@ -1,12 +1,15 @@
 """The RL training loop (GRPO family): `train` = `setup` + per step `collect` -> `assign_credit` -> `update` -> log.
 
-- `setup(cfg, resume)` -> `TrainState`: task, reward, policy, reference, critic, optimizer, schedule, prompt sampler;
-  opens the run directory and, on a resume, restores the newest valid checkpoint.
-- `collect(state)` -> `Collected`: draw prompts (curriculum looked up by name) -> generate G rollouts each -> score ->
+- `setup(cfg, resume)` -> `TrainState`: task, reward, policy, reference, critic, optimizer, schedule, prompt sampler,
+  and for an environment task (task.spec env:NAME) its environment and budgets; opens the run directory and, on a
+  resume, restores the newest valid checkpoint.
+- `collect(state)` -> `Collected`: draw prompts (curriculum looked up by name) -> generate G rollouts each (episodes,
+  for an environment task: `rewardlab.envs.sample_rollouts`; each counted and scored once, on its last row) -> score ->
   keep groups (group filter looked up by name, generating more rounds when it drops some) -> leave out errored
   rollouts (on_error=skip) and groups left below the estimator's minimum size -> the estimator's inputs that need
   generation (e.g. ReMax's greedy baseline), all generation counted in time/gen_s.
-- `assign_credit(state, batch)` -> `Credit`: token rewards (optionally minus beta * KL) -> advantages (estimator
+- `assign_credit(state, batch)` -> `Credit`: the rows of the kept rollouts (an episode may be several) -> token
+  rewards on sampled tokens (optionally minus beta * KL) -> advantages on the episode view (estimator
   looked up by name; its other inputs, such as reward components, step rewards or the critic's values, computed
   by the providers below, looked up by input name) and the critic's returns.
 - `update(state, batch, credit)`: mu epochs of minibatch policy-loss minimization (loss, aggregation and KL
