@@ -12,7 +12,7 @@ from rewardlab.envs import check_episode_keys, make_env
 from rewardlab.envs.render import DEFAULT_MARKER
 from rewardlab.envs.sampling import EpisodeSettings
 from rewardlab.policy.tiny import build_tokenizer
-from rewardlab.commands.common import load_episodes
+from rewardlab.envs import load_episodes
 from rewardlab.config import EvaluateConfig, load_config
 from rewardlab.tasks import Task, load
 
@@ -67,17 +67,17 @@ def test_the_check_itself():
 
 def test_the_env_section_reaches_the_episodes_and_the_tool_timeout_only_when_set():
     task = load("env:python")
-    default = load_episodes(load_config(EvaluateConfig, None, ["task.spec=env:python"]), task, None)
+    default = load_episodes(task, load_config(EvaluateConfig, None, ["task.spec=env:python"]).env, None)
     assert default.env.timeout_s == 15.0  # python's own (its sandbox stops a program after 5 s), not the key's 5.0
     cfg = load_config(EvaluateConfig, None, ["task.spec=env:python", "env.tool_timeout_s=2", "env.max_turns=3",
                                              "env.max_episode_tokens=300", "env.max_tool_tokens=40",
                                              "env.tool_keep=end"])
-    settings = load_episodes(cfg, task, None)
+    settings = load_episodes(task, cfg.env, None)
     assert settings.env.timeout_s == 2.0 and settings.name == "python"
     assert (settings.max_turns, settings.max_episode_tokens, settings.max_tool_tokens, settings.tool_keep) == (
         3, 300, 40, "end")
     single = Task("jsonl:x", train=[{"prompt": "1+1=", "answer": "2"}], test=[])
-    assert load_episodes(load_config(EvaluateConfig, None, []), single, None) is None
+    assert load_episodes(single, load_config(EvaluateConfig, None, []).env, None) is None
 
 
 def test_sft_trains_on_an_environment_task_from_its_generated_traces(tmp_path):

@@ -284,7 +284,7 @@ def test_a_policy_without_sample_ids_and_a_row_without_a_prompt_are_refused():
     with pytest.raises(ValueError, match="has no sample_ids"):
         run_episodes(object(), CalcEnv(), [ROW], n=1, max_turns=1, max_new_tokens=4, max_episode_tokens=4,
                      temperature=1.0, renderer=RawRenderer())
-    with pytest.raises(ValueError, match="has neither 'messages' nor 'prompt'"):
+    with pytest.raises(ValueError, match="row: expected a str 'prompt' or a list 'messages'"):
         run({0: ["a$"]}, rows=[{"answer": "1"}])
 
 

@@ -76,38 +76,34 @@ def test_a_resumed_agent_run_logs_what_the_uninterrupted_run_logs(tmp_path):
 
 
 # ---------------------------------------------------------------- split rows get the credit of one row
+def _lay_out(turns, obs):
+    """Model turns `turns` (lists of ids) with observation k after turn k: (ids, loss mask, turn spans)."""
+    ids, mask, spans = [], [], []
+    for k, t in enumerate(turns):
+        spans.append((len(ids), len(ids) + len(t)))
+        ids += t
+        mask += [1] * len(t)
+        if k < len(obs):
+            ids += obs[k]
+            mask += [0] * len(obs[k])
+    return ids, mask, spans
+
+
 def _episode(eid, group, turns, obs, *, split):
     """An episode of model turns `turns` (lists of ids) with observations `obs` between them, as one row or with a
     new row after the first observation (its prompt the history so far)."""
     prompt = [1, 40, 41]
-    if not split:
-        ids, mask, spans = [], [], []
-        for k, t in enumerate(turns):
-            spans.append((len(ids), len(ids) + len(t)))
-            ids += t
-            mask += [1] * len(t)
-            if k < len(obs):
-                ids += obs[k]
-                mask += [0] * len(obs[k])
-        return [Rollout("p", prompt, "c", ids, [-0.5 * m for m in mask], loss_mask=mask, turns=spans,
-                        turn_rewards=[0.1 * (k + 1) for k in range(len(turns))], episode_id=eid, group=group,
-                        termination="stop", row={"answer": "1"})]
-    first = turns[0] + obs[0]
-    row0 = Rollout("p", prompt, "c", first, [-0.5] * len(turns[0]) + [0.0] * len(obs[0]),
-                   loss_mask=[1] * len(turns[0]) + [0] * len(obs[0]), turns=[(0, len(turns[0]))],
-                   turn_rewards=[0.1], episode_id=eid, group=group, row={"answer": "1"})
-    rest, mask, spans = [], [], []
-    for k, t in enumerate(turns[1:], start=1):
-        spans.append((len(rest), len(rest) + len(t)))
-        rest += t
-        mask += [1] * len(t)
-        if k < len(obs):
-            rest += obs[k]
-            mask += [0] * len(obs[k])
-    row1 = Rollout("p", prompt + [7] + first, "c", rest, [-0.5 * m for m in mask], loss_mask=mask, turns=spans,
-                   turn_rewards=[0.1 * (k + 1) for k in range(1, len(turns))], episode_id=eid, group=group,
-                   termination="stop", first_turn=1, row={"answer": "1"})
-    return [row0, row1]
+    parts = [(prompt, turns, obs, 0)] if not split else [(prompt, turns[:1], obs[:1], 0),
+                                                         (prompt + [7] + turns[0] + obs[0], turns[1:], obs[1:], 1)]
+    rows = []
+    for i, (p, ts, os, first) in enumerate(parts):
+        ids, mask, spans = _lay_out(ts, os)
+        last = i == len(parts) - 1
+        rows.append(Rollout("p", p, "c", ids, [-0.5 * m for m in mask], loss_mask=mask, turns=spans,
+                            turn_rewards=[0.1 * (first + k + 1) for k in range(len(ts))], episode_id=eid,
+                            group=group, termination="stop" if last else None, first_turn=first,
+                            row={"answer": "1"}))
+    return rows
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "turn_grpo", "gigpo"])

@@ -9,8 +9,6 @@ from typing import Any
 import torch
 
 from rewardlab.config import dump_config
-from rewardlab.envs.sampling import EpisodeSettings
-from rewardlab.envs.sampling import load_episodes as envs_load_episodes
 from rewardlab.policy import Policy, load_policy
 from rewardlab.runs import RunDir, warn
 from rewardlab.tasks import Task, check_task_for_policy, describe_task
@@ -43,16 +41,6 @@ def load_inputs(cfg: Any, *, model: bool = True) -> tuple[Task, Policy | None]:
     if policy is not None:
         check_task_for_policy(task, policy)
     return task, policy
-
-
-def load_episodes(cfg: Any, task: Task, policy: Policy | None) -> EpisodeSettings | None:
-    """The episodes of an environment task, from the verb's `env` section (`rewardlab.envs.load_episodes`); None
-    for a single-turn task. Call it at set-up, before the run directory is opened.
-
-    Raises:
-        ValueError: one line naming the key (see `rewardlab.envs.load_episodes`).
-    """
-    return envs_load_episodes(task, cfg.env, policy)
 
 
 def announce_task(task: Task, enabled: bool = True) -> None:

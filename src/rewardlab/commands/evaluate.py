@@ -6,7 +6,8 @@ import json
 import time
 from typing import Any
 
-from rewardlab.commands.common import announce_task, load_episodes, load_inputs, open_run, with_trained_task
+from rewardlab.commands.common import announce_task, load_inputs, open_run, with_trained_task
+from rewardlab.envs import load_episodes
 from rewardlab.config import EvaluateConfig
 from rewardlab.evaluation.policy import describe_rows, evaluate_policy
 from rewardlab.progress import console, stage
@@ -53,7 +54,7 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     if not rows:
         raise ValueError(f"split: the {split} split of {cfg.task.spec} has no rows")
     reward = build_reward(task.reward)
-    episodes = load_episodes(cfg, task, policy)
+    episodes = load_episodes(task, cfg.env, policy)
     announce_task(task, show_progress)
     try:
         with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the inputs load

@@ -121,43 +121,28 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
 
 
 # ------------------------------------------------------------------------------------------------ preset "tools"
-def evaluate_episodes(policy: Any, rows: list[dict[str, Any]], reward_spec: Any, *, episodes: Any,
-                      max_new_tokens: int, batch_size: int = 100) -> dict[str, Any]:
-    """Greedy accuracy of `policy` on `rows`: one greedy episode per row in the environment of `episodes` (an
-    `EpisodeSettings`; None: one greedy completion per row), the outcome reward called once per episode on its last
-    row (`episode_ends`).
+def episode_accuracy(policy: Any, rows: list[dict[str, Any]], reward_spec: Any, *, episodes: Any,
+                     max_new_tokens: int, batch_size: int = 100) -> dict[str, Any]:
+    """Greedy accuracy of `policy` on `rows` (`rewardlab.evaluation.evaluate_policy` with no sampled completions):
+    one greedy episode per row in the environment of `episodes` (an `EpisodeSettings`; None: one greedy completion
+    per row), the outcome reward called once per episode.
 
     Returns:
-        {"accuracy": fraction of episodes the reward calls correct, "score_mean", "n_questions", and for episodes
-        the `episode_metrics` figures: "tool_call_rate" (fraction of model turns with a call), "tool_calls_per_episode",
-        "tool_errors_per_episode", "turns_mean", "terminations" {reason: fraction}}.
+        {"accuracy", "score_mean", "n_questions", and for episodes (`evaluate_policy`'s episode figures):
+        "tool_call_rate" (fraction of model turns with a call), "tool_calls_per_episode", "tool_errors_per_episode",
+        "turns_mean", "terminations" {reason: fraction}}.
     """
-    from rewardlab.envs import episode_ends, episode_metrics, episode_rows, sample_rollouts
+    from rewardlab.evaluation.policy import evaluate_policy
     from rewardlab.rewards import build_reward
 
-    reward = build_reward(reward_spec)
-    correct = score = 0.0
-    per_episode: list[list[Any]] = []
-    policy.model.eval()
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        rollouts = sample_rollouts(policy, chunk, episodes=episodes, n=1, max_new_tokens=max_new_tokens, greedy=True)
-        ends = episode_ends(rollouts)
-        outputs = reward(ends)
-        correct += sum(float(o.correct) for o in outputs)
-        score += sum(float(o.score) for o in outputs if o.error is None)
-        if episodes is not None:
-            by_end = episode_rows(rollouts)
-            per_episode += [by_end[id(r)] for r in ends]
-    n = len(rows)
-    result: dict[str, Any] = {"accuracy": correct / max(n, 1), "score_mean": score / max(n, 1), "n_questions": n}
+    r = evaluate_policy(policy, rows, build_reward(reward_spec), n=0, ks=(), max_new_tokens=max_new_tokens,
+                        batch_size=batch_size, episodes=episodes)
+    out = {"accuracy": r["accuracy"], "score_mean": r["score_mean"], "n_questions": r["n_questions"]}
     if episodes is not None:
-        m = episode_metrics(per_episode)
-        result.update({"tool_call_rate": m["tool/call_rate"], "tool_calls_per_episode": m["tool/calls_mean"],
-                       "tool_errors_per_episode": m["tool/errors_mean"], "turns_mean": m["episode/turns_mean"],
-                       "terminations": {k.split("/")[-1]: v for k, v in m.items()
-                                        if k.startswith("episode/termination/") and v}})
-    return result
+        out.update({"tool_call_rate": r["tool_call_rate"], "tool_calls_per_episode": r["tool_calls_mean"],
+                    "tool_errors_per_episode": r["tool_errors_mean"], "turns_mean": r["turns_mean"],
+                    "terminations": r["termination"]})
+    return out
 
 
 def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str, resume: bool = False,
@@ -165,7 +150,7 @@ def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str
     """The held-out evaluation of one model (greedy episodes in the calculator environment with `tools`, else greedy
     single completions of the same questions), written to `out`/summary.json."""
     from rewardlab.commands.common import load_model
-    from rewardlab.envs import episode_settings
+    from rewardlab.envs import load_episodes
     from rewardlab.progress import stage as progress
     from rewardlab.rl.trainer import close_env
     from rewardlab.tasks import load as load_task
@@ -175,19 +160,16 @@ def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str
     task_cfg = cfg.task if tools else no_tool_task(cfg)
     task = load_task(task_cfg.spec, **task_cfg.options)
     rows = task.test[: cfg.eval.limit] if cfg.eval.limit else task.test
-    env = cfg.env
-    episodes = episode_settings(task, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
-                                max_tool_tokens=env.max_tool_tokens, tool_keep=env.tool_keep,
-                                tool_timeout_s=env.tool_timeout_s) if tools else None
     policy = load_model(cfg, model_path)
+    episodes = load_episodes(task, cfg.env, policy) if tools else None  # the env keys checked, as every verb does
     t0 = time.perf_counter()
     try:
         with RunDir.start(out, overwrite=overwrite or resume) as run:  # an unfinished evaluation runs again whole
             run.write_config(json.dumps({"model": model_path, "task": task_cfg.model_dump(), "episodes": tools,
                                          "eval": cfg.eval.model_dump(), "env": cfg.env.model_dump()}, indent=2))
             with progress("evaluate", 1, enabled=show_progress) as bar:
-                result = evaluate_episodes(policy, rows, task.reward, episodes=episodes,
-                                           max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size)
+                result = episode_accuracy(policy, rows, task.reward, episodes=episodes,
+                                          max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size)
                 bar.advance(1, acc=result["accuracy"])
             result.update({"stage": "evaluate", "task": task_cfg.spec, "model": model_path,
                            "wall_s": time.perf_counter() - t0})

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewardlab.envs.base import Environment, StepResult
+from rewardlab.envs.multiturn import initial_messages
 from rewardlab.types import Rollout, Sampled
 
 #: How `Renderer.clip` may keep a tool output that is too long: its start or its end.
@@ -155,23 +156,6 @@ def prompt_text(renderer: Any, ids: list[int]) -> str:
     return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def _initial_messages(row: dict[str, Any], where: str = "row") -> list[dict[str, Any]]:
-    """The chat messages an episode starts from: the row's `messages` (a chat row), else one user turn holding its
-    `prompt`.
-
-    Raises:
-        ValueError: a row with neither, or `messages` that is not a non-empty list of dicts with a role.
-    """
-    if "messages" in row and row["messages"] is not None:
-        msgs = row["messages"]
-        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
-            raise ValueError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} dicts")
-        return [dict(m) for m in msgs]
-    if "prompt" not in row:
-        raise ValueError(f"{where}: has neither 'messages' nor 'prompt'")
-    return [{"role": "user", "content": str(row["prompt"])}]
-
-
 class Episode:
     """One episode as a state machine: `next_request()` / `feed(sampled)` until `done`, then `rollouts()`.
 
@@ -191,7 +175,7 @@ class Episode:
         group: stored as `Rollout.group` (the row's group).
     Raises:
         ValueError: the row's first prompt leaves no room in the context window (names the lengths); the errors of
-            `_initial_messages`.
+            `rewardlab.envs.multiturn.initial_messages`.
     """
 
     def __init__(self, env: Environment, row: dict[str, Any], renderer: Any, limits: EpisodeLimits, *,
@@ -203,7 +187,7 @@ class Episode:
         self.stream = tuple(stream)
         self.episode_id = episode_id
         self.group = group
-        self.messages = _initial_messages(self.row, f"episode {episode_id}: row")
+        self.messages = initial_messages(self.row, f"episode {episode_id}: row")
         self.state = env.reset(self.row)
         prompt = list(renderer.start(self.messages))
         ctx = limits.context_window

@@ -20,19 +20,23 @@ from rewardlab.envs.base import State, StepResult
 __all__ = ["MultiTurnEnv", "initial_messages"]
 
 
-def initial_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
+def initial_messages(row: dict[str, Any], where: str = "environment row") -> list[dict[str, Any]]:
     """The conversation an episode of `row` starts from: a copy of the row's chat `messages` when it has them, else
     one user message holding its `prompt`.
 
     Raises:
-        ValueError: the row has neither a list `messages` nor a str `prompt` (one line naming both).
+        ValueError: one line starting with `where`: `messages` that is not a non-empty list of dicts with a role, or a
+            row with neither `messages` nor a str `prompt`.
     """
     messages = row.get("messages")
-    if isinstance(messages, list) and messages:
+    if messages is not None:
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m
+                                                                     for m in messages):
+            raise ValueError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} dicts")
         return [dict(m) for m in messages]
     prompt = row.get("prompt")
     if not isinstance(prompt, str):
-        raise ValueError(f"environment row: expected a str 'prompt' or a list 'messages', got fields {sorted(row)}")
+        raise ValueError(f"{where}: expected a str 'prompt' or a list 'messages', got fields {sorted(row)}")
     return [{"role": "user", "content": prompt}]
 
 

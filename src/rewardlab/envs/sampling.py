@@ -212,42 +212,66 @@ def _episode_tokens(rows: Sequence[Rollout]) -> int:
     return sum(len(r.completion_ids) for r in rows) + grown
 
 
-def episode_metrics(episodes: Sequence[Sequence[Rollout]]) -> dict[str, float]:
-    """Shape, termination and tool-use figures of a batch of episodes (each a list of its rows), as logged per
-    training step and reported by evaluation.
+def episode_counts(rows: Sequence[Rollout]) -> dict[str, Any]:
+    """The counts of one episode (its rows, in order) that `count_metrics` averages; JSON-serialisable, so a
+    resumable evaluation can keep them per batch.
+
+    Returns:
+        {"turns": model turns, all rows; "tokens": tokens after the first prompt, counted as `max_episode_tokens`
+        counts them (each row's completion ids, plus for each row after the first what its prompt grew by over the
+        row before it, len(prompt) - len(previous prompt + completion), at least 0: the observation a re-rendered
+        history carries into the new row's prompt); "sampled_tokens"; "rows"; "termination" (of the last row;
+        "stop" when unset); "tool_calls": calls made; "turns_with_call": turns with at least one call;
+        "tool_errors": {status: calls whose status is not "ok"}}.
+    """
+    calls = [c for r in rows for per_turn in r.tool_calls for c in per_turn]
+    errors: dict[str, int] = {}
+    for c in calls:
+        if c.get("status") != "ok":
+            errors[str(c.get("status"))] = errors.get(str(c.get("status")), 0) + 1
+    return {"turns": sum(len(r.turns) for r in rows), "tokens": _episode_tokens(rows),
+            "sampled_tokens": sum(r.sampled_tokens for r in rows), "rows": len(rows),
+            "termination": rows[-1].termination or "stop", "tool_calls": len(calls),
+            "turns_with_call": sum(1 for r in rows for per_turn in r.tool_calls if per_turn), "tool_errors": errors}
+
+
+def count_metrics(counts: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Shape, termination and tool-use figures of E episodes from their `episode_counts`.
 
     Returns:
         episode/turns_mean: model turns per episode. episode/tokens_mean: tokens after the first prompt per episode
-        (model, tool and template tokens of all rows), counted as `max_episode_tokens` counts them: each row's
-        completion ids, plus for each row after the first what its prompt grew by over the row before it,
-        len(prompt) - len(previous prompt + completion), at least 0 (the observation that a re-rendered history
-        carries into the new row's prompt). episode/sampled_tokens_mean: tokens the policy sampled per
-        episode. episode/rows_mean: rows per episode (> 1 when a chat template was not append-only).
+        (as `max_episode_tokens` counts them, see `episode_counts`). episode/sampled_tokens_mean: tokens the policy
+        sampled per episode. episode/rows_mean: rows per episode (> 1 when a chat template was not append-only).
         episode/termination/<reason>: the fraction of episodes that ended for each reason of
         `rewardlab.types.TERMINATIONS` (all of them, 0.0 included). tool/calls_mean: tool calls per episode.
         tool/errors_mean: calls per episode whose status is not "ok"; tool/errors/<status>: the same, for each
         status that occurred. tool/call_rate: the fraction of model turns with at least one call (a falling call
-        rate is how tool-use collapse shows). {} for no episodes.
+        rate is how tool-use collapse shows; 0.0 without turns). {} for no episodes.
     """
     from rewardlab.types import TERMINATIONS
 
-    if not episodes:
+    if not counts:
         return {}
-    E = len(episodes)
-    turns = [sum(len(r.turns) for r in rows) for rows in episodes]
-    calls = [c for rows in episodes for r in rows for per_turn in r.tool_calls for c in per_turn]
-    turns_with_call = sum(1 for rows in episodes for r in rows for per_turn in r.tool_calls if per_turn)
-    ends = [rows[-1].termination or "stop" for rows in episodes]
+    E = len(counts)
+    turns = sum(c["turns"] for c in counts)
+    ends = [c["termination"] for c in counts]
+    statuses = sorted({s for c in counts for s in c["tool_errors"]})
     m = {
-        "episode/turns_mean": sum(turns) / E,
-        "episode/tokens_mean": sum(_episode_tokens(rows) for rows in episodes) / E,
-        "episode/sampled_tokens_mean": sum(r.sampled_tokens for rows in episodes for r in rows) / E,
-        "episode/rows_mean": sum(len(rows) for rows in episodes) / E,
+        "episode/turns_mean": turns / E,
+        "episode/tokens_mean": sum(c["tokens"] for c in counts) / E,
+        "episode/sampled_tokens_mean": sum(c["sampled_tokens"] for c in counts) / E,
+        "episode/rows_mean": sum(c["rows"] for c in counts) / E,
         **{f"episode/termination/{reason}": ends.count(reason) / E for reason in TERMINATIONS},
-        "tool/calls_mean": len(calls) / E,
-        "tool/errors_mean": sum(c.get("status") != "ok" for c in calls) / E,
-        "tool/call_rate": turns_with_call / max(sum(turns), 1),
+        "tool/calls_mean": sum(c["tool_calls"] for c in counts) / E,
+        "tool/errors_mean": sum(sum(c["tool_errors"].values()) for c in counts) / E,
+        "tool/call_rate": sum(c["turns_with_call"] for c in counts) / max(turns, 1),
     }
-    for status in sorted({c.get("status") for c in calls} - {"ok"}, key=str):
-        m[f"tool/errors/{status}"] = sum(c.get("status") == status for c in calls) / E
+    for status in statuses:
+        m[f"tool/errors/{status}"] = sum(c["tool_errors"].get(status, 0) for c in counts) / E
     return m
+
+
+def episode_metrics(episodes: Sequence[Sequence[Rollout]]) -> dict[str, float]:
+    """The figures of a batch of episodes (each a list of its rows) as logged per training step:
+    `count_metrics` of their `episode_counts`. {} for no episodes."""
+    return count_metrics([episode_counts(rows) for rows in episodes])

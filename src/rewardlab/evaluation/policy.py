@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rewardlab.envs.sampling import EpisodeSettings, episode_ends, episode_rows, sample_rollouts
+from rewardlab.envs.sampling import (EpisodeSettings, count_metrics, episode_counts, episode_ends, episode_rows,
+                                     sample_rollouts)
 from rewardlab.policy import Policy
 from rewardlab.rewards.base import Reward
 from rewardlab.train_state import restore_rng_state, rng_state_record
@@ -77,7 +78,7 @@ def evaluate_policy(
         With `episodes`, each prediction also holds the greedy episode's "messages" (its transcript), "termination",
         "turns" (model turns) and "tool_calls" (per model turn, the parsed calls with their status), and the result
         gains the greedy episodes' figures (`episode_figures`): "turns_mean", "termination" ({reason: fraction}),
-        "tool_call_rate" and "tool_errors_mean".
+        "tool_call_rate", "tool_calls_mean" and "tool_errors_mean".
     Raises:
         ValueError: a k outside 1..n, or no rows; a record in `done` that is not the batch at its position (the
             rows or batch size changed).
@@ -122,9 +123,8 @@ def evaluate_policy(
                                            "prediction": r.completion, "correct": ok, "score": o.score,
                                            "error": o.error, "samples": []})
                 if episodes is not None:
-                    summary = episode_summary(by_episode[id(r)])
-                    rec["predictions"][-1].update(messages=r.messages, **summary)
-                    rec.setdefault("episodes", []).append(episode_counts(summary))
+                    rec["predictions"][-1].update(messages=r.messages, **episode_summary(by_episode[id(r)]))
+                    rec.setdefault("episodes", []).append(episode_counts(by_episode[id(r)]))
             if n > 0:
                 sampled = episode_ends(sample_rollouts(
                     policy, chunk_rows, episodes=episodes, n=n, temperature=temperature, top_p=top_p,
@@ -169,35 +169,23 @@ def episode_summary(rows: Sequence[Any]) -> dict[str, Any]:
     return {"termination": last.termination, "turns": last.first_turn + len(last.turns or []), "tool_calls": calls}
 
 
-def episode_counts(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The counts `episode_figures` averages, from an `episode_summary`: termination, turns, turns with at least one
-    tool call, and tool calls whose status is not "ok"."""
-    calls = summary["tool_calls"]
-    return {"termination": summary["termination"], "turns": summary["turns"],
-            "turns_with_call": sum(1 for turn in calls if turn),
-            "tool_errors": sum(1 for turn in calls for c in turn if c.get("status") != "ok")}
-
-
 def episode_figures(counts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The episode figures of an evaluation, over E episodes (`episode_counts` each):
-
+    """The episode figures of an evaluation, over E episodes (their `rewardlab.envs.episode_counts`; the
+    definitions are `rewardlab.envs.count_metrics`'s, the ones training logs):
         turns_mean        mean model turns per episode
         termination       {reason: fraction of episodes that ended so} (reasons that occurred; they sum to 1)
         tool_call_rate    (model turns with a tool call) / (model turns), over all episodes; 0.0 with no turns
-        tool_errors_mean  mean tool calls per episode whose status is not "ok" (malformed, unknown_tool,
-                          bad_arguments, error, timeout)
-
+        tool_calls_mean   mean tool calls per episode
+        tool_errors_mean  mean tool calls per episode whose status is not "ok"
     Returns {} for no episodes."""
-    if not counts:
+    m = count_metrics(list(counts))
+    if not m:
         return {}
-    E = len(counts)
-    turns = sum(c["turns"] for c in counts)
-    reasons: dict[str, float] = {}
-    for c in counts:
-        reasons[c["termination"]] = reasons.get(c["termination"], 0.0) + 1.0 / E
-    return {"turns_mean": turns / E, "termination": dict(sorted(reasons.items())),
-            "tool_call_rate": sum(c["turns_with_call"] for c in counts) / turns if turns else 0.0,
-            "tool_errors_mean": sum(c["tool_errors"] for c in counts) / E}
+    prefix = "episode/termination/"
+    return {"turns_mean": m["episode/turns_mean"],
+            "termination": {k[len(prefix):]: v for k, v in sorted(m.items()) if k.startswith(prefix) and v},
+            "tool_call_rate": m["tool/call_rate"], "tool_calls_mean": m["tool/calls_mean"],
+            "tool_errors_mean": m["tool/errors_mean"]}
 
 
 def describe_rows(n: int, total: int, split: str, spec: str) -> str:
