@@ -37,7 +37,7 @@ def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[
     """Mean negative log-likelihood per trained token (nats), and the number of trained tokens.
 
     loss = -sum_{i,t} m_{i,t} log p(y_{i,t} | x_i, y_{i,<t}) / sum m, where m = 1 on the target tokens (EOS
-    included) and, for a row with a loss mask (a multi-turn trace, `rewardlab.envs.trace_rollout`), m = its mask:
+    included) and, for a row with a loss mask (a multi-turn trace, `rewardlab.envs.trace_rollouts`), m = its mask:
     1 on the assistant turns' tokens, 0 on observation and template tokens, which are conditioned on but never
     trained on (no gradient flows to their log-probs).
 
@@ -69,8 +69,9 @@ def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_
     """The training rows of `task` as (prompt ids, target ids, loss mask or None).
 
     - A row with a `trace` (chat messages: prompt, assistant turns, observations) becomes the ids an episode holds
-      after a model sampled those turns (`rewardlab.envs.trace_rollout`, with the renderer, stop strings and tool
-      rendering of the task's environment when it has one), its loss mask 1 on the assistant turns only.
+      after a model sampled those turns (`rewardlab.envs.trace_rollouts`, with the renderer, stop strings and tool
+      rendering of the task's environment when it has one), its loss mask 1 on the assistant turns only: one
+      item, or one per row where the chat template rewrites earlier turns (as the episode would be split).
     - On an environment task (`task.env` set), a row without a trace gets one from the environment's generator
       (`env.traces(rows, seed=seed, tool_frac=tool_frac)`, e.g. calculator: a tool-call trace or a direct answer;
       guess_number: binary search).
@@ -111,7 +112,7 @@ def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_
         close = getattr(env, "close", None)
         if callable(close):
             close()
-    from rewardlab.envs.trace import trace_rollout
+    from rewardlab.envs.trace import trace_rollouts
 
     out = []
     for i, r in enumerate(task.train):
@@ -120,9 +121,9 @@ def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_
             out.append((policy.encode_prompt(policy.format_prompt(r["prompt"], r.get("messages"))),
                         policy.encode_target(str(r[target])), None))
             continue
-        ro = trace_rollout(renderer, trace, eos_id=policy.tokenizer.eos_token_id, stop=stop,
-                           where=f"sft: training row {i}")
-        out.append((ro.prompt_ids, ro.completion_ids, ro.loss_mask))
+        out += [(ro.prompt_ids, ro.completion_ids, ro.loss_mask)
+                for ro in trace_rollouts(renderer, trace, eos_id=policy.tokenizer.eos_token_id, stop=stop,
+                                         where=f"sft: training row {i}")]
     return out
 
 

@@ -1,4 +1,4 @@
-"""Multi-turn traces as supervised rows (`rewardlab.envs.trace_rollout`, `rewardlab.sft.sft_loss` with a loss mask)
+"""Multi-turn traces as supervised rows (`rewardlab.envs.trace_rollouts`, `rewardlab.sft.sft_loss` with a loss mask)
 and the built-in environments' trace generators.
 
 Ids are those of the tiny char tokenizer: one token per character (id = ord(c) - 28), <s> = 1, </s> = 2."""
@@ -10,7 +10,7 @@ import torch
 from conftest import TINY_ARCH
 from episode_fakes import BOS, EOS, ScriptedSampler, enc
 
-from rewardlab.envs import make_env, make_renderer, run_episodes, trace_rollout
+from rewardlab.envs import make_env, make_renderer, run_episodes, trace_rollouts
 from rewardlab.policy import Policy, load_policy
 from rewardlab.policy.tiny import build_model, build_tokenizer
 from rewardlab.sft import sft_loss
@@ -73,12 +73,13 @@ def test_guess_number_trace_is_binary_search_by_hand():
 
 def test_trace_ids_and_loss_mask_by_hand(calculator):
     renderer = make_renderer(build_tokenizer(), "raw", raw_text=calculator.raw_text)
-    ro = trace_rollout(renderer, calculator.trace(CALC_ROW), eos_id=EOS, stop=calculator.stop)
+    (ro,) = trace_rollouts(renderer, calculator.trace(CALC_ROW), eos_id=EOS, stop=calculator.stop)
     assert ro.prompt_ids == [BOS] + enc("12+34=")
     assert ro.completion_ids == enc("<c>12+34</c>") + enc("<o>46</o>") + enc("46") + [EOS]
     assert ro.loss_mask == [1] * 12 + [0] * 9 + [1] * 3
     assert ro.turns == [(0, 12), (21, 24)] and ro.completion == "46" and ro.termination == "stop"
-    direct = trace_rollout(renderer, calculator.trace(CALC_ROW, tool=False), eos_id=EOS, stop=calculator.stop)
+    (direct,) = trace_rollouts(renderer, calculator.trace(CALC_ROW, tool=False), eos_id=EOS,
+                               stop=calculator.stop)
     assert direct.completion_ids == enc("46") + [EOS] and direct.loss_mask == [1, 1, 1]
 
 
@@ -98,7 +99,7 @@ def test_trace_ids_and_loss_mask_by_hand(calculator):
 def test_malformed_traces_are_one_line_errors(bad, match):
     renderer = make_renderer(build_tokenizer(), "raw")
     with pytest.raises(ValueError, match=match):
-        trace_rollout(renderer, bad, eos_id=EOS, stop=("</c>",), where="row 7")
+        trace_rollouts(renderer, bad, eos_id=EOS, stop=("</c>",), where="row 7")
 
 
 def _script(trace):
@@ -124,7 +125,7 @@ def test_trace_ids_equal_the_episode_a_sampler_of_the_same_turns_makes(calculato
         sampler.tokenizer, sampler.prompt_format = tok, fmt
         (episode,) = run_episodes(sampler, env, [row], n=1, max_turns=8, max_new_tokens=40, max_episode_tokens=400,
                                   renderer=renderer)
-        ro = trace_rollout(renderer, trace, eos_id=EOS, stop=getattr(env, "stop", None))
+        (ro,) = trace_rollouts(renderer, trace, eos_id=EOS, stop=getattr(env, "stop", None))
         assert ro.prompt_ids == episode.prompt_ids
         assert ro.completion_ids == episode.completion_ids
         assert ro.loss_mask == episode.loss_mask
@@ -134,13 +135,68 @@ def test_trace_ids_equal_the_episode_a_sampler_of_the_same_turns_makes(calculato
         assert [m["content"] for m in ro.messages] == [m["content"] for m in episode.messages]
 
 
+#: ChatML that drops the reasoning (up to the last </think>) of assistant turns before the last user message, as
+#: Qwen3's template does: not append-only once an observation follows a turn that reasoned.
+THINK_STRIP = (
+    "{% set ns = namespace(last=-1) %}"
+    "{% for m in messages %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% set c = m.content %}"
+    "{% if m.role == 'assistant' and loop.index0 < ns.last and '</think>' in c %}"
+    "{% set c = c.split('</think>')[-1] %}{% endif %}"
+    "<s>{{ m.role }}\n{{ c }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+
+def test_a_trace_under_a_template_that_rewrites_earlier_turns_gives_the_episodes_rows():
+    """Where the template re-lays an earlier turn, the trace goes on in a new row exactly as the episode does: the
+    same rows (prompt ids, completion ids, loss masks, turns, first turn, termination), by hand and against the
+    episode a scripted sampler of the same turns runs."""
+    tok = build_tokenizer()
+    tok.chat_template = THINK_STRIP
+    env = make_env("guess_number", n=64)
+    renderer = make_renderer(tok, "chat", raw_text=env.raw_text)
+    row = {"prompt": env.prompt(), "answer": "48", "n": 64}
+    # [1,64] -> 32 higher -> [33,64] -> 48
+    trace = [{"role": "user", "content": env.prompt()}, {"role": "assistant", "content": "<think>mid</think><g>32</g>"},
+             {"role": "user", "content": "<o>higher</o>"}, {"role": "assistant", "content": "<think>up</think><g>48</g>"}]
+    first, second = trace_rollouts(renderer, trace, eos_id=EOS, stop=env.stop)
+    assert first.completion_ids == enc("<think>mid</think><g>32</g>") and first.loss_mask == [1] * 27
+    assert first.termination is None and first.turns == [(0, 27)] and first.first_turn == 0
+    assert second.prompt_ids == enc(f"<s>user\n{env.prompt()}</s>\n<s>assistant\n<g>32</g></s>\n"
+                                    "<s>user\n<o>higher</o></s>\n<s>assistant\n")
+    assert second.completion_ids == enc("<think>up</think><g>48</g>") and second.loss_mask == [1] * 26
+    assert second.first_turn == 1 and second.termination == "env_done" and second.completion.endswith("<g>48</g>")
+    assert first.messages == trace[:2] and second.messages == trace
+    class Recorded:  # the renderer, recording the prompts it starts (the fake sampler's prefix check allows them)
+        def __init__(self):
+            self.starts, self.tokenizer = [], tok
+
+        def start(self, messages):
+            self.starts.append(list(renderer.start(messages)))
+            return self.starts[-1]
+
+        def __getattr__(self, name):
+            return getattr(renderer, name)
+
+    recorded = Recorded()
+    sampler = ScriptedSampler({0: _script(trace)}, renderer=recorded)
+    sampler.tokenizer, sampler.prompt_format = tok, "chat"
+    episode = run_episodes(sampler, env, [row], n=1, max_turns=8, max_new_tokens=40, max_episode_tokens=400,
+                           renderer=recorded)
+    assert len(episode) == 2
+    for ro, ep in zip((first, second), episode):
+        assert (ro.prompt_ids, ro.completion_ids, ro.loss_mask, ro.turns, ro.first_turn, ro.termination) == (
+            ep.prompt_ids, ep.completion_ids, ep.loss_mask, ep.turns, ep.first_turn, ep.termination)
+
+
 def test_sft_loss_ignores_observation_tokens():
     """Logits at observation positions get exactly zero gradient and changing them leaves the loss unchanged; the
     loss is the mean NLL over the 15 assistant tokens."""
     env = make_env("calculator", size=300, test_size=30, workers=1)
     policy = load_policy("tiny", seed=0, tiny_arch=TINY_ARCH)
     renderer = make_renderer(policy.tokenizer, "raw", raw_text=env.raw_text)
-    ro = trace_rollout(renderer, env.trace(CALC_ROW), eos_id=policy.tokenizer.eos_token_id, stop=env.stop)
+    (ro,) = trace_rollouts(renderer, env.trace(CALC_ROW), eos_id=policy.tokenizer.eos_token_id, stop=env.stop)
     T = len(ro.completion_ids)
     captured, noise = {}, {}
 

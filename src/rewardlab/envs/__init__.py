@@ -12,7 +12,7 @@ from rewardlab.envs.builtin import (ENVIRONMENTS, CalculatorEnv, GuessNumberEnv,
 from rewardlab.envs.render import ChatRenderer, RawRenderer, Renderer, make_renderer
 from rewardlab.envs.episode import Episode, EpisodeLimits, run_episodes
 from rewardlab.envs.replay import episode_record, replay
-from rewardlab.envs.trace import trace_rollout
+from rewardlab.envs.trace import trace_rollouts
 from rewardlab.envs.sampling import (EpisodeSettings, check_episode_keys, episode_ends, episode_metrics, load_episodes,
                                      episode_rows, episode_settings, sample_rollouts)
 
@@ -23,4 +23,4 @@ __all__ = ["Environment", "State", "StepResult",
            "Renderer", "RawRenderer", "ChatRenderer", "make_renderer",
            "Episode", "EpisodeLimits", "run_episodes", "episode_record", "replay",
            "EpisodeSettings", "check_episode_keys", "episode_ends", "episode_metrics", "episode_rows", "load_episodes",
-           "episode_settings", "sample_rollouts", "trace_rollout"]
+           "episode_settings", "sample_rollouts", "trace_rollouts"]

@@ -230,7 +230,7 @@ class CalculatorEnv(ToolEnv):
         return _split_rows(self.task(seed), split, n)
 
     def trace(self, row: Row, *, tool: bool = True) -> list[dict[str, Any]]:
-        """A correct transcript of `row` (chat messages, for supervised training: `rewardlab.envs.trace_rollout`).
+        """A correct transcript of `row` (chat messages, for supervised training: `rewardlab.envs.trace_rollouts`).
 
         tool=True, the tool trace: the prompt, a call of `calc` on the row's expression, the tool's answer, the
         final answer. Compact parser: "1663-5242-9376=" -> `<c>1663-5242-9376</c>` -> tool "-12955" (rendered

@@ -1,7 +1,7 @@
 """Supervised training rows from multi-turn traces, with the ids an episode would hold.
 
-    rollout = trace_rollout(renderer, messages, eos_id=tok.eos_token_id, stop=env.stop)
-    rollout.prompt_ids, rollout.completion_ids, rollout.loss_mask   # train on completion ids where loss_mask == 1
+    for row in trace_rollouts(renderer, messages, eos_id=tok.eos_token_id, stop=env.stop):
+        row.prompt_ids, row.completion_ids, row.loss_mask   # train on completion ids where loss_mask == 1
 
 A trace is a transcript in chat messages: the prompt messages (everything before the first assistant message),
 then assistant turns (their raw text) and the observations between them ("tool" or "user" messages). It becomes
@@ -11,7 +11,10 @@ supervised training and RL see the same ids (token-exact):
 - an assistant turn is its text encoded alone, no special tokens added; a turn that ends at one of the stop strings
   (a tool call closing, e.g. "</c>") ends there, as the sampler stops it, and every other turn (one that answers
   and so ends the episode) is followed by the end-of-sequence id, as the sampler samples it;
-- the observations after a turn are `renderer.extend(row ids so far, transcript so far, observations)`.
+- the observations after a turn are `renderer.extend(row ids so far, transcript so far, observations)`; where the
+  chat template rewrites earlier turns (`extend` returns None, e.g. Qwen3 drops the reasoning of earlier turns), the
+  row ends there and the trace goes on in a new row whose prompt is `renderer.start(transcript so far)`, as the
+  episode loop does, so a trace gives one row per row its episode would have.
 The loss mask is 1 exactly on the assistant turns' ids (their EOS included) and 0 on everything the environment
 or the template added.
 """
@@ -24,7 +27,7 @@ from typing import Any
 from rewardlab.envs.episode import prompt_text
 from rewardlab.types import Rollout
 
-__all__ = ["OBSERVATION_ROLES", "trace_rollout"]
+__all__ = ["OBSERVATION_ROLES", "trace_rollouts"]
 
 #: The roles of the messages an environment answers with.
 OBSERVATION_ROLES = ("tool", "user")
@@ -34,10 +37,11 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
-def trace_rollout(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id: int,
-                  stop: Sequence[str] | None = None, where: str = "trace") -> Rollout:
-    """The rollout of a trace (see the module docstring): the ids an episode holds after a model sampled its
-    assistant turns, with a loss mask on exactly those turns.
+def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id: int,
+                   stop: Sequence[str] | None = None, where: str = "trace") -> list[Rollout]:
+    """The rows of a trace (see the module docstring): the ids an episode holds after a model sampled its
+    assistant turns, with a loss mask on exactly those turns; one row, or more where the chat template rewrites
+    earlier turns.
 
     Args:
         renderer: the `Renderer` the episode loop uses (`rewardlab.envs.make_renderer(tokenizer, prompt_format,
@@ -48,18 +52,18 @@ def trace_rollout(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id: 
         stop: the strings that end a model turn besides EOS (the environment's `stop`, e.g. ("</c>",)).
         where: how errors name the trace (e.g. "sft: training row 3").
     Returns:
-        A `Rollout`: `prompt_ids` [P] and `prompt` (its text), `completion_ids` [T] (assistant and observation ids
-        interleaved), `loss_mask` [T] (1 on assistant ids and their EOS, 0 elsewhere), `logprobs` [T] all 0.0 (no
-        behaviour policy), `turns` (the span of each assistant turn), `completion` (the final turn's text),
-        `messages` (the trace), `termination` "stop" when the final turn ends with EOS else "env_done",
-        `episode_id` 0.
+        The rows in order, each a `Rollout`: `prompt_ids` [P] and `prompt` (its text), `completion_ids` [T]
+        (assistant and observation ids interleaved), `loss_mask` [T] (1 on assistant ids and their EOS, 0
+        elsewhere), `logprobs` [T] all 0.0 (no behaviour policy), `turns` (the span of each of the row's assistant
+        turns), `first_turn` (the trace-wide index of its first turn), `completion` (the text of its last assistant
+        turn), `messages` (the trace up to the row's end), `episode_id` 0; `termination` on the last row only:
+        "stop" when the final turn ends with EOS, else "env_done" (None on earlier rows, as in an episode).
     Raises:
         ValueError: one line naming `where` and the message index: a message that is not a dict with a role and a
             str content; no prompt message before the first assistant turn, or no assistant turn; a trace that does
             not end with an assistant turn; an observation whose role is not "tool" or "user"; two assistant turns
             in a row; an assistant turn with a stop string before its end (the sampler would have stopped there)
-            or an empty one; a renderer that cannot append an observation (a chat template that is not
-            append-only: the episode would continue in a new row).
+            or an empty one.
     """
     msgs = [dict(m) for m in messages]
     for i, m in enumerate(msgs):
@@ -75,13 +79,22 @@ def trace_rollout(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id: 
                          "the model's final assistant turn")
     stops = [s for s in (stop or ()) if s]
     tokenizer = renderer.tokenizer
-    prompt_ids = list(renderer.start(msgs[:first]))
     history = msgs[:first]
+    rows: list[Rollout] = []
+    prompt_ids = list(renderer.start(history))
     completion: list[int] = []
     mask: list[int] = []
     turns: list[tuple[int, int]] = []
-    i = first
+    first_turn = n_turns = 0
     final_text, final_stop = "", False
+
+    def close_row(termination: str | None, upto: int) -> None:
+        rows.append(Rollout(prompt=prompt_text(renderer, prompt_ids), prompt_ids=prompt_ids, completion=final_text,
+                            completion_ids=completion, logprobs=[0.0] * len(completion), loss_mask=mask,
+                            turns=turns, first_turn=first_turn, episode_id=0, termination=termination,
+                            messages=msgs[:upto]))
+
+    i = first
     while i < len(msgs):
         m = msgs[i]
         if m["role"] != "assistant":
@@ -99,6 +112,7 @@ def trace_rollout(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id: 
         turns.append((len(completion), len(completion) + len(ids)))
         completion += ids
         mask += [1] * len(ids)
+        n_turns += 1
         history.append({"role": "assistant", "content": text})
         final_text, final_stop = text, ends_at_stop
         i += 1
@@ -112,14 +126,16 @@ def trace_rollout(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id: 
         if i < len(msgs) and not new:
             raise ValueError(f"{where}: message {i} is an assistant turn right after another (no observation "
                              "between them)")
-        if new:
-            obs = renderer.extend(prompt_ids + completion, history, new)
-            if obs is None:
-                raise ValueError(f"{where}: the chat template rewrites earlier turns at message {i - len(new)}, so "
-                                 "the episode would continue in a new row; such traces are not supported")
+        if not new:
+            continue
+        obs = renderer.extend(prompt_ids + completion, history, new)
+        if obs is not None:
             completion += list(obs)
             mask += [0] * len(obs)
             history += new
-    return Rollout(prompt=prompt_text(renderer, prompt_ids), prompt_ids=prompt_ids, completion=final_text,
-                   completion_ids=completion, logprobs=[0.0] * len(completion), loss_mask=mask, turns=turns,
-                   episode_id=0, termination="env_done" if final_stop else "stop", messages=msgs)
+            continue
+        close_row(None, i - len(new))  # the template rewrote an earlier turn: the trace goes on in a new row
+        history += new
+        prompt_ids, completion, mask, turns, first_turn = list(renderer.start(history)), [], [], [], n_turns
+    close_row("env_done" if final_stop else "stop", len(msgs))
+    return rows
