@@ -226,3 +226,201 @@ def as_trl_reward_funcs(reward: Reward | str | Mapping[str, Any] | Sequence[Any]
     scorer = _Scorer(built, on_error, name)
     funcs = [TRLRewardFunc(scorer, name)] + [TRLRewardFunc(scorer, f"{name}/{k}", k) for k in keys]
     return funcs, [1.0] + [0.0] * len(keys)
+
+
+# ---------------------------------------------------------------------------------------------- datasets
+def _user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def _assistant(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+def pairs_to_trl(pairs: Any, *, conversational: bool = False, implicit_prompt: bool = False) -> Any:
+    """rewardlab preference pairs (`rm pairs` files, `rm.data.Pair`) as a TRL preference dataset, the input of
+    `RewardTrainer` and `DPOTrainer`.
+
+    Columns: `prompt`, `chosen`, `rejected` (explicit prompt), or `chosen`, `rejected` with the prompt in front of
+    each (`implicit_prompt=True`; TRL's `extract_prompt` takes it back out), plus `margin` (float) when any pair has
+    a non-zero margin (RewardTrainer's margin loss reads it). Standard rows hold strings (implicit: prompt + response
+    concatenated); conversational rows hold message lists: prompt [{"role": "user", ...}], responses
+    [{"role": "assistant", ...}] (implicit: user turn + assistant turn).
+
+    Args:
+        pairs: a JSONL path of pair rows, or a sequence of `Pair`.
+        conversational: message lists instead of strings.
+        implicit_prompt: the prompt inside `chosen` and `rejected` instead of its own column.
+    Returns:
+        a `datasets.Dataset`, one row per pair, in order.
+    Raises:
+        ValueError: `PATH:LINE: ...` for a bad row of a file (`rm.data.load_pairs`).
+    """
+    from datasets import Dataset
+
+    from rewardlab.rm.data import load_pairs
+
+    items = load_pairs(pairs) if isinstance(pairs, (str, bytes)) or hasattr(pairs, "__fspath__") else list(pairs)
+    cols: dict[str, list[Any]] = {"prompt": [], "chosen": [], "rejected": []}
+    for p in items:
+        if conversational:
+            prompt, chosen, rejected = _user(p.prompt), _assistant(p.chosen), _assistant(p.rejected)
+        else:
+            prompt, chosen, rejected = p.prompt, p.chosen, p.rejected
+        if implicit_prompt:
+            chosen, rejected = prompt + chosen, prompt + rejected
+        cols["prompt"].append(prompt)
+        cols["chosen"].append(chosen)
+        cols["rejected"].append(rejected)
+    if implicit_prompt:
+        del cols["prompt"]
+    if any(p.margin for p in items):
+        cols["margin"] = [float(p.margin) for p in items]
+    return Dataset.from_dict(cols)
+
+
+def step_rows_to_trl(rows: Any, *, threshold: float = 0.5) -> Any:
+    """rewardlab PRM step labels (`rm.data.StepRow`, rows `{prompt, steps, labels}`) as TRL's stepwise-supervision
+    dataset: columns `prompt` (str), `completions` (list of step texts) and `labels` (list of bool, one per step).
+
+    rewardlab's labels are numbers in [0, 1] (soft labels from Monte Carlo estimates allowed); TRL's are booleans:
+    a step is labelled True when its label >= `threshold`.
+
+    Args:
+        rows: a JSONL path of step rows, or a sequence of `StepRow`.
+        threshold: the label a step needs to count as correct, in (0, 1] (default 0.5).
+    Returns:
+        a `datasets.Dataset`, one row per solution, in order.
+    Raises:
+        ValueError: a threshold outside (0, 1], or `PATH:LINE: ...` for a bad row of a file.
+    """
+    from datasets import Dataset
+
+    from rewardlab.rm.data import load_step_rows
+
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold: expected a number in (0, 1], got {threshold!r}")
+    items = load_step_rows(rows) if isinstance(rows, (str, bytes)) or hasattr(rows, "__fspath__") else list(rows)
+    return Dataset.from_dict({"prompt": [r.prompt for r in items], "completions": [list(r.steps) for r in items],
+                              "labels": [[y >= threshold for y in r.labels] for r in items]})
+
+
+def _prompt_fields(prompt: Any, where: str) -> dict[str, Any]:
+    """A TRL prompt as rewardlab row fields: a string is `prompt`; a message list gives `prompt` = the last user
+    turn's text and `messages` = the turns up to it (what rewardlab's chat rows hold)."""
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if _is_messages(prompt):
+        users = [i for i, m in enumerate(prompt) if m.get("role") == "user"]
+        if not users:
+            raise ValueError(f"{where}: the prompt's messages have no user turn")
+        last = users[-1]
+        return {"prompt": _text(prompt[last].get("content")), "messages": [dict(m) for m in prompt[: last + 1]]}
+    raise ValueError(f"{where}: 'prompt' must be a string or a list of {{role, content}} messages, got "
+                     f"{type(prompt).__name__}")
+
+
+def _response(value: Any, where: str, key: str) -> str:
+    """A TRL completion (string, or messages: the last assistant turn's text)."""
+    if isinstance(value, str):
+        return value
+    if _is_messages(value):
+        said = [m for m in value if m.get("role") == "assistant"]
+        if not said:
+            raise ValueError(f"{where}: {key!r} has no assistant turn")
+        return _text(said[-1].get("content"))
+    raise ValueError(f"{where}: {key!r} must be a string or a list of messages, got {type(value).__name__}")
+
+
+def trl_to_rows(dataset: Any, *, answer: str = "answer") -> list[dict[str, Any]]:
+    """A TRL prompt-only or prompt-completion dataset (standard or conversational) as rewardlab task rows.
+
+    Each row: `prompt` (and `messages` for a conversational prompt, see `_prompt_fields`), `answer` from the column
+    named `answer`, else from the `completion` column (the last assistant turn's text); a `completion` next to an
+    answer column becomes the row's `target` (the SFT target); every other column is kept as a row field, which
+    rewards read by name.
+
+    Args:
+        dataset: a `datasets.Dataset` or any sequence of mappings.
+        answer: the column that holds the reference answer (default "answer").
+    Returns:
+        one dict per dataset row, in order.
+    Raises:
+        ValueError: one line naming the row: no `prompt`, no answer column and no `completion`, or a prompt or
+            completion that is neither a string nor messages.
+    """
+    out = []
+    for i, example in enumerate(dataset):
+        where = f"dataset row {i}"
+        if "prompt" not in example:
+            raise ValueError(f"{where}: no 'prompt' column (columns: {', '.join(sorted(example))})")
+        row = {k: v for k, v in example.items() if k not in ("prompt", "completion", answer)}
+        row.update(_prompt_fields(example["prompt"], where))
+        completion = (_response(example["completion"], where, "completion")
+                      if example.get("completion") is not None else None)
+        if example.get(answer) is not None:
+            row["answer"] = example[answer]
+            if completion is not None:
+                row["target"] = completion
+        elif completion is not None:
+            row["answer"] = completion
+        else:
+            raise ValueError(f"{where}: no reference answer: neither an {answer!r} column nor a 'completion' "
+                             f"(columns: {', '.join(sorted(example))}); name the answer column with answer=")
+        out.append(row)
+    return out
+
+
+def trl_to_task(dataset: Any, *, name: str = "trl", answer: str = "answer", test_size: int | float = 0.1,
+                seed: int = 0, reward: str | dict[str, Any] = "exact_match") -> Any:
+    """A TRL prompt or prompt-completion dataset as a rewardlab `Task` (`trl_to_rows`, duplicates by prompt
+    dropped, `test_size` of the unique prompts held out with split seed `seed`; `evaluate` scores it whole).
+
+    Raises:
+        ValueError: see `trl_to_rows`, and `tasks.dedup_and_split` for `test_size` and `seed`.
+    """
+    from rewardlab.tasks.base import Task, dedup_and_split, row_key
+
+    rows = trl_to_rows(dataset, answer=answer)
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        first.setdefault(row_key(r), r)
+    unique = list(first.values())
+    train, test = dedup_and_split(unique, key=row_key, test_size=test_size, seed=seed)
+    return Task(name=name, train=train, test=test, reward=reward, eval_split="all", all_rows=unique,
+                source=f"a TRL dataset ({len(rows)} rows; {len(test)} of its unique prompts held out, split seed "
+                       f"{seed})")
+
+
+def trl_to_pairs(dataset: Any) -> list[Any]:
+    """A TRL preference dataset (explicit or implicit prompt, standard or conversational) as rewardlab `Pair`s.
+
+    An implicit prompt is taken out of `chosen` and `rejected` by TRL's own `maybe_extract_prompt` (their common
+    leading turns, or for strings their common prefix), so the split is TRL's. A conversational prompt gives the
+    pair's `prompt` = the last user turn's text and `row["messages"]` = the prompt turns; a response is the last
+    assistant turn's text. `margin` is read when present; other columns go to the pair's `row`.
+
+    Raises:
+        ValueError: one line naming the row: no `chosen`/`rejected`, or values that are neither strings nor messages.
+    """
+    from trl.data_utils import maybe_extract_prompt
+
+    from rewardlab.rm.data import Pair
+
+    out = []
+    for i, example in enumerate(dataset):
+        where = f"dataset row {i}"
+        missing = [k for k in ("chosen", "rejected") if k not in example]
+        if missing:
+            raise ValueError(f"{where}: not a preference row: no {missing[0]!r} column "
+                             f"(columns: {', '.join(sorted(example))})")
+        example = dict(example)
+        example.update(maybe_extract_prompt(example))
+        fields = _prompt_fields(example["prompt"], where)
+        row = {k: v for k, v in example.items() if k not in ("prompt", "chosen", "rejected", "margin")}
+        row.update(fields)
+        margin = example.get("margin")
+        out.append(Pair(prompt=fields["prompt"], chosen=_response(example["chosen"], where, "chosen"),
+                        rejected=_response(example["rejected"], where, "rejected"),
+                        margin=0.0 if margin is None else float(margin), row=row))
+    return out
