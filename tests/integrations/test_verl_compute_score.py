@@ -83,3 +83,24 @@ def test_batch_form_scores_each_reward_once_and_keeps_the_order(fake):
     assert [c for c, _ in fake] == ["ab", "abcd"]  # one call of the probe reward for both of its samples
     with pytest.raises(ValueError, match="compute_score_batch: 1 data_sources, 2 solution_strs"):
         rv.compute_score_batch(["x"], ["a", "b"], [None, None], [{}, {}])
+
+
+def test_threads_of_verls_reward_loop_build_a_reward_once(monkeypatch):
+    """verl's reward loop calls compute_score from executor threads; the first calls of a new spec race."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    builds = []
+    real = rv.as_reward
+
+    def slow_build(spec, *, on_error):
+        builds.append(spec)
+        time.sleep(0.05)  # widen the window in which a second thread could start its own build
+        return real(spec, on_error=on_error)
+
+    monkeypatch.setattr(rv, "as_reward", slow_build)
+    monkeypatch.setattr(rv, "_BUILT", {})
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        got = list(pool.map(lambda _: rv.compute_score("x", "4", "4", {"reward": "exact_match"}), range(6)))
+    assert builds == ["exact_match"]
+    assert [g["score"] for g in got] == [1.0] * 6

@@ -150,3 +150,18 @@ def test_verl_imports_rewardlab_from_its_external_modules_variable():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "rewardlab_rloo"
+
+
+@needs_verl
+def test_verl_loads_compute_score_from_its_config_and_calls_it():
+    """verl's own loader (`get_custom_reward_fn`) with `path: pkg://rewardlab.integrations.verl` and reward_kwargs,
+    called the way its reward loop calls it (keywords)."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    config = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": "pkg://rewardlab.integrations.verl", "name": "compute_score", "reward_kwargs": {"on_error": "zero"}}}})
+    fn = get_custom_reward_fn(config)
+    got = fn(data_source="openai/gsm8k", solution_str="The answer is 18.", ground_truth="18",
+             extra_info={"split": "test", "index": 0, "rollout_reward_scores": {}, "num_turns": 2})
+    assert got == {"score": 1.0, "numeric": 1.0, "error": 0.0}

@@ -16,8 +16,8 @@ rewardlab's own formula, called with what verl gives a registered estimator (`to
 `response_mask`, `index`, `reward_baselines`, `config`) and returning `(advantages, returns)`. The estimators
 that need inputs verl does not pass (`UNSUPPORTED`) are registered too, as functions that raise one line saying why.
 
-How verl's processes import rewardlab (docs/integrations.md): `custom_reward_function.path` = this file's path and
-`custom_reward_function.name=compute_score` (or `compute_score_batch` with the batch reward manager) for the reward;
+How verl's processes import rewardlab (docs/integrations.md): `custom_reward_function.path=pkg://rewardlab.integrations.verl`
+(a file path to this module works too) and `custom_reward_function.name=compute_score` (or `compute_score_batch` with the batch reward manager) for the reward;
 `VERL_USE_EXTERNAL_MODULES=rewardlab.integrations.verl` in the environment of the driver (verl imports it when verl
 is imported) for the estimators.
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -75,6 +76,8 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 _BUILT: dict[str, tuple[Reward, list[str]]] = {}
+#: verl's reward loop calls compute_score from executor threads: one build per spec.
+_BUILD_LOCK = threading.Lock()
 
 
 def _reward_for(data_source: str, extra_info: Mapping[str, Any] | None) -> tuple[str, Reward, list[str]]:
@@ -87,13 +90,14 @@ def _reward_for(data_source: str, extra_info: Mapping[str, Any] | None) -> tuple
                              f"or use a data_source of {', '.join(sorted(DATA_SOURCES))}")
         spec = DATA_SOURCES[data_source]
     key = json.dumps(spec, sort_keys=True, default=str)
-    if key not in _BUILT:
-        try:
-            reward = as_reward(spec, on_error="zero")
-        except ValueError as exc:
-            raise ValueError(f"extra_info['reward']: {exc}") from None
-        _BUILT[key] = (reward, component_keys(reward))
-    reward, keys = _BUILT[key]
+    with _BUILD_LOCK:
+        if key not in _BUILT:
+            try:
+                reward = as_reward(spec, on_error="zero")
+            except ValueError as exc:
+                raise ValueError(f"extra_info['reward']: {exc}") from None
+            _BUILT[key] = (reward, component_keys(reward))
+        reward, keys = _BUILT[key]
     return key, reward, keys
 
 
