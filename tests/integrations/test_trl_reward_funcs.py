@@ -164,3 +164,16 @@ def test_bad_input_is_one_line():
         f(["p", "p"], ["4", "4"], [[1], [2]], answer=["4"], **PEERS)
     with pytest.raises(ValueError, match="components: repeated"):
         as_trl_reward_funcs("exact_match", components=["a", "a"])
+
+
+def test_episodes_handed_over_by_the_rollout_func_are_scored_themselves():
+    from rewardlab.integrations.trl import ROLLOUT_COLUMN
+
+    episode = Rollout(prompt="p", prompt_ids=[1], completion="<answer>4</answer>", completion_ids=[5, 6, 7],
+                      logprobs=[-0.1, 0.0, -0.2], loss_mask=[1, 0, 1], row={"prompt": "p", "answer": "4"})
+    f = as_trl_reward_func("exact_match")
+    # TRL's decoded text (all turns) would not match; the episode's final model turn does
+    assert f(["p"], ["<o>higher</o><answer>4</answer> more"], [[5, 6, 7]], **{ROLLOUT_COLUMN: [episode]},
+             **PEERS) == [1.0]
+    with pytest.raises(ValueError, match="column 'rewardlab_rollout' must hold one rewardlab Rollout per completion"):
+        f(["p"], ["x"], [[1]], **{ROLLOUT_COLUMN: ["not a rollout"]}, **PEERS)

@@ -21,6 +21,8 @@ back as rewardlab task rows and pairs.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +33,9 @@ from rewardlab.types import Rollout, RewardOutput
 
 #: The keywords GRPOTrainer adds to the dataset columns; the adapters take them out by name.
 PEER_KWARGS = ("trainer_state", "log_extra", "log_metric", "environments")
+#: The column through which `as_trl_rollout_func` hands each episode (a `Rollout`) to the reward functions, which
+#: then score that episode (token-exact, its final model turn as the completion) instead of the decoded text.
+ROLLOUT_COLUMN = "rewardlab_rollout"
 
 
 def _text(content: Any) -> str:
@@ -63,6 +68,7 @@ class _Scorer:
         if last is not None and last[0] is prompts and last[1] is completions and last[2] is completion_ids:
             return last[3], False
         columns = {k: v for k, v in kwargs.items() if k not in PEER_KWARGS}
+        episodes = columns.pop(ROLLOUT_COLUMN, None)  # from as_trl_rollout_func: score the episodes themselves
         n = len(prompts)
         if len(completions) != n:
             raise ValueError(f"{self.name}: {len(completions)} completions for {n} prompts")
@@ -73,8 +79,14 @@ class _Scorer:
                 got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
                 raise ValueError(f"{self.name}: keyword {key!r} is not a dataset column of one value per completion "
                                  f"({got} for {n} completions)")
+        if episodes is not None:
+            if not isinstance(episodes, (list, tuple)) or len(episodes) != n or \
+                    not all(isinstance(r, Rollout) for r in episodes):
+                raise ValueError(f"{self.name}: column {ROLLOUT_COLUMN!r} must hold one rewardlab Rollout per "
+                                 "completion (as as_trl_rollout_func returns)")
         if not self.checked:
-            missing = [f for f in self.needed if f != "prompt" and f not in columns]
+            have = set(episodes[0].row) if episodes else set(columns)
+            missing = [f for f in self.needed if f != "prompt" and f not in have]
             if missing:
                 raise ValueError(f"{self.name}: the reward needs dataset column {missing[0]!r}, which this dataset "
                                  f"lacks (columns: {', '.join(sorted(columns)) or 'none'})")
@@ -85,12 +97,15 @@ class _Scorer:
         for i in range(n):
             if prompts[i] != previous:
                 group, previous = group + 1, prompts[i]
-            row = {k: v[i] for k, v in columns.items()}
+            row = episodes[i].row if episodes else {k: v[i] for k, v in columns.items()}
             if any(row.get(f) is None for f in self.needed if f != "prompt"):
                 continue  # a None in a field the reward needs: not applicable to this row
             todo.append(i)
-            rollouts.append(_rollout(prompts[i], completions[i], None if completion_ids is None else completion_ids[i],
-                                     row, group))
+            if episodes:
+                rollouts.append(dataclasses.replace(episodes[i], group=group))
+            else:
+                rollouts.append(_rollout(prompts[i], completions[i],
+                                         None if completion_ids is None else completion_ids[i], row, group))
         if rollouts:
             for i, out in zip(todo, self.reward(rollouts)):
                 outputs[i] = out
@@ -424,3 +439,116 @@ def trl_to_pairs(dataset: Any) -> list[Any]:
                         rejected=_response(example["rejected"], where, "rejected"),
                         margin=0.0 if margin is None else float(margin), row=row))
     return out
+
+
+# ---------------------------------------------------------------------------------------------- episodes
+_ROW_TAG = re.compile(r"^<rewardlab-row (\d+)>")
+
+
+def env_dataset(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """An environment task's rows as the `train_dataset` of a GRPOTrainer that runs `as_trl_rollout_func`.
+
+    TRL hands a `rollout_func` the prompts alone, and an environment's rows may share a prompt (guess_number's differ
+    only in their secret), so each prompt starts with the row's index, `<rewardlab-row I>`, which the rollout
+    function reads and removes: the model is given the row's own prompt, never the tag. The other columns are the
+    rows' fields (`answer`, ...), for the reward functions.
+
+    Args:
+        rows: the task rows, e.g. `rewardlab.envs.make_env("guess_number").rows("train", 64)`; each with a string
+            `prompt`.
+    Returns:
+        a `datasets.Dataset` with `prompt` (tagged) and the rows' other fields (a field some rows lack is None).
+    Raises:
+        ValueError: no rows, or a row without a string `prompt` (naming its index).
+    """
+    from datasets import Dataset
+
+    if not rows:
+        raise ValueError("env_dataset: no rows")
+    keys = list(dict.fromkeys(k for r in rows for k in r if k != "prompt"))
+    for i, r in enumerate(rows):
+        if not isinstance(r.get("prompt"), str):
+            raise ValueError(f"env_dataset: row {i} has no string 'prompt'")
+    cols: dict[str, list[Any]] = {"prompt": [f"<rewardlab-row {i}>{r['prompt']}" for i, r in enumerate(rows)]}
+    for k in keys:
+        cols[k] = [r.get(k) for r in rows]
+    return Dataset.from_dict(cols)
+
+
+def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turns: int, max_new_tokens: int,
+                        max_episode_tokens: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0
+                        ) -> Callable[[list[Any], Any], dict[str, list[Any]]]:
+    """A TRL `rollout_func` that runs rewardlab episodes (`rewardlab.envs.run_episodes`) with the trainer's model:
+    token in, token out, the ids exactly as sampled, environment tokens masked.
+
+    TRL 1.16 calls `rollout_func(prompts, trainer)` with the prompts of its batch (each repeated num_generations
+    times, consecutively) and expects per completion `prompt_ids`, `completion_ids` and `logprobs` (behaviour
+    log-probs of the sampled tokens, natural log, 0.0 on environment tokens), plus `env_mask` (1 on sampled tokens,
+    0 on tokens the environment or the template inserted; TRL's tool mask). The episode itself goes to the reward
+    functions as the column `rewardlab_rollout` (`ROLLOUT_COLUMN`): `as_trl_reward_funcs` then scores that
+    `Rollout` (its final model turn, its turns and turn rewards), not a re-tokenized text.
+
+    Args:
+        env: a rewardlab environment (`rewardlab.envs.make_env(name)`).
+        rows: the rows the dataset was made from by `env_dataset` (the prompts carry their index into `rows`).
+        max_turns, max_new_tokens, max_episode_tokens, temperature, top_p: as in `run_episodes` (tokens, turns).
+        seed: the episodes' random streams are (seed, trainer.state.global_step, episode, call, turn).
+    Returns:
+        rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs", "env_mask",
+        "rewardlab_rollout"}, lists of one entry per prompt.
+    Raises (at a call):
+        ValueError: a prompt without its `<rewardlab-row I>` tag or with an index outside `rows`; an episode that
+            the chat template split into several rows (TRL takes one sequence per completion); one line each.
+    """
+    from rewardlab.envs import run_episodes
+    from rewardlab.policy.hf import Policy
+
+    table = [dict(r) for r in rows]
+    calls = [0]
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        index = []
+        for p in prompts:
+            m = _ROW_TAG.match(p) if isinstance(p, str) else None
+            if m is None or int(m.group(1)) >= len(table):
+                raise ValueError(f"as_trl_rollout_func: prompt {str(p)[:60]!r} does not start with a "
+                                 f"<rewardlab-row I> tag of one of the {len(table)} rows; build the dataset with "
+                                 "env_dataset(rows)")
+            index.append(int(m.group(1)))
+        runs: list[int] = []  # the lengths of the runs of one repeated prompt: one group of episodes each
+        for k, i in enumerate(index):
+            if k > 0 and index[k - 1] == i:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        policy = Policy(model, trainer.processing_class)
+        step = int(getattr(trainer.state, "global_step", 0))
+        episodes: list[Rollout] = []
+        start = 0
+        with torch_no_grad():
+            for size in runs:
+                row = table[index[start]]
+                got = run_episodes(policy, env, [row], n=size, max_turns=max_turns, max_new_tokens=max_new_tokens,
+                                   max_episode_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
+                                   seed=seed, step=step, round=calls[0], episode_offset=start)
+                if len(got) != size:
+                    raise ValueError(f"as_trl_rollout_func: an episode of row {index[start]} became several rows "
+                                     "(the chat template rewrites earlier turns); TRL takes one sequence per "
+                                     "completion, so use a template that only appends")
+                episodes += got
+                start += size
+        calls[0] += 1
+        return {"prompt_ids": [list(r.prompt_ids) for r in episodes],
+                "completion_ids": [list(r.completion_ids) for r in episodes],
+                "logprobs": [list(r.logprobs) for r in episodes],
+                "env_mask": [list(r.loss_mask) for r in episodes],
+                ROLLOUT_COLUMN: episodes}
+
+    return rollout_func
+
+
+def torch_no_grad():
+    import torch
+
+    return torch.no_grad()
