@@ -526,7 +526,7 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
         step = int(getattr(trainer.state, "global_step", 0))
         episodes: list[Rollout] = []
         start = 0
-        with torch_no_grad():
+        with _no_grad():
             for size in runs:
                 row = table[index[start]]
                 got = run_episodes(policy, env, [row], n=size, max_turns=max_turns, max_new_tokens=max_new_tokens,
@@ -548,7 +548,7 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
     return rollout_func
 
 
-def torch_no_grad():
-    import torch
+def _no_grad():
+    import torch  # here, so that importing the reward adapters does not need torch's import time
 
     return torch.no_grad()
