@@ -177,3 +177,15 @@ def test_episodes_handed_over_by_the_rollout_func_are_scored_themselves():
              **PEERS) == [1.0]
     with pytest.raises(ValueError, match="column 'rewardlab_rollout' must hold one rewardlab Rollout per completion"):
         f(["p"], ["x"], [[1]], **{ROLLOUT_COLUMN: ["not a rollout"]}, **PEERS)
+
+
+def test_failures_are_counted_once_per_batch_whichever_function_runs_first(flaky):
+    logged = []
+    funcs, _ = as_trl_reward_funcs(flaky(), on_error="zero")
+    peers = dict(PEERS, log_metric=lambda name, value: logged.append((name, value)))
+    batch = (["p", "p"], ["boom", "boom"], [[1], [2]])
+    funcs[1](*batch, **peers)  # a component function scores the batch first
+    funcs[0](*batch, **peers)
+    funcs[0](*batch, **peers)  # the same batch again: not counted twice
+    assert logged == [("rewardlab/errors", 2.0), ("rewardlab/errors/flaky", 2.0)]
+    assert funcs[0].failed == 2

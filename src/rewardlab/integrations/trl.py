@@ -59,6 +59,7 @@ class _Scorer:
         self.needed = needed_fields(reward)
         self.checked = False
         self.failed = 0  # rows whose reward failed, over this scorer's life
+        self.batches = 0  # batches scored so far (a composed function counts a batch's failures once)
         self._last: tuple[Any, Any, Any, list[RewardOutput | None]] | None = None
 
     def score(self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[Any] | None,
@@ -110,6 +111,7 @@ class _Scorer:
             for i, out in zip(todo, self.reward(rollouts)):
                 outputs[i] = out
         self._last = (prompts, completions, completion_ids, outputs)
+        self.batches += 1
         return outputs, True
 
 
@@ -161,6 +163,7 @@ class TRLRewardFunc:
     def __init__(self, scorer: _Scorer, name: str, key: str | None = None) -> None:
         self._scorer, self.key = scorer, key
         self.__name__ = name
+        self._counted = 0  # the last batch (scorer.batches) whose failures this function counted
 
     @property
     def failed(self) -> int:
@@ -168,7 +171,7 @@ class TRLRewardFunc:
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
                  completion_ids: Sequence[Sequence[int]] | None = None, **kwargs: Any) -> list[float | None]:
-        outputs, fresh = self._scorer.score(prompts, completions, completion_ids, kwargs)
+        outputs, _ = self._scorer.score(prompts, completions, completion_ids, kwargs)
         if self.key is not None:
             return [None if o is None or o.error is not None or self.key not in o.components
                     else float(o.components[self.key]) for o in outputs]
@@ -176,7 +179,8 @@ class TRLRewardFunc:
         on_error = self._scorer.on_error
         if failed and on_error == "raise":
             raise RewardError(f"{self.__name__}: {failed[0].error}")
-        if fresh:
+        if self._counted != self._scorer.batches:  # once per batch, whichever function scored it
+            self._counted = self._scorer.batches
             self._scorer.failed += len(failed)
             log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
             if log_metric is not None and on_error != "raise":
