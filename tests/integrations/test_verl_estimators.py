@@ -165,3 +165,42 @@ def test_verl_loads_compute_score_from_its_config_and_calls_it():
     got = fn(data_source="openai/gsm8k", solution_str="The answer is 18.", ground_truth="18",
              extra_info={"split": "test", "index": 0, "rollout_reward_scores": {}, "num_turns": 2})
     assert got == {"score": 1.0, "numeric": 1.0, "error": 0.0}
+
+
+@needs_verl
+def test_verls_batch_reward_manager_calls_compute_score_batch(tmp_path):
+    """verl's BatchRewardManager decodes the responses, calls the batch form once with its lists (and its
+    reward_kwargs), puts each score on the response's last token and stacks the other keys per key."""
+    from verl import DataProto
+    from verl.workers.reward_manager.batch import BatchRewardManager
+
+    from rewardlab.integrations.verl import compute_score_batch
+    from rewardlab.policy.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    prompts = ["2+2=", "3+3=", "1+1="]
+    responses = ["<answer>4</answer>", "7", "so 2"]
+    P = max(len(tok(p)["input_ids"]) for p in prompts)
+    R = max(len(tok(r, add_special_tokens=False)["input_ids"]) for r in responses)
+    prompt_ids = torch.full((3, P), tok.pad_token_id)
+    response_ids = torch.full((3, R), tok.pad_token_id)
+    attention = torch.zeros(3, P + R, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        p_ids, r_ids = tok(p)["input_ids"], tok(r, add_special_tokens=False)["input_ids"]
+        prompt_ids[i, P - len(p_ids):] = torch.tensor(p_ids)        # verl left-pads prompts
+        response_ids[i, :len(r_ids)] = torch.tensor(r_ids)          # and right-pads responses
+        attention[i, P - len(p_ids):P + len(r_ids)] = 1
+    data = DataProto.from_dict(
+        tensors={"prompts": prompt_ids, "responses": response_ids, "attention_mask": attention},
+        non_tensors={"data_source": np.array(["mine", "mine", "openai/gsm8k"], dtype=object),
+                     "reward_model": np.array([{"ground_truth": "4"}, {"ground_truth": "6"}, {"ground_truth": "2"}],
+                                              dtype=object),
+                     "extra_info": np.array([{"reward": "exact_match"}, {"reward": "exact_match"}, {}], dtype=object)})
+    manager = BatchRewardManager(tok, num_examine=0, compute_score=compute_score_batch, on_error="zero")
+    out = manager(data, return_dict=True)
+    rewards = out["reward_tensor"]
+    lengths = [len(tok(r, add_special_tokens=False)["input_ids"]) for r in responses]
+    assert [rewards[i, lengths[i] - 1].item() for i in range(3)] == [1.0, 0.0, 1.0]
+    assert rewards.sum().item() == 2.0  # nothing anywhere else
+    info = out["reward_extra_info"]
+    assert info["error"] == [0.0, 0.0, 0.0] and info["score"] == [1.0, 0.0, 1.0]
