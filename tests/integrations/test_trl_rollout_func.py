@@ -47,7 +47,6 @@ def test_grpo_trainer_runs_rewardlab_episodes_on_guess_number(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from rewardlab.envs import make_env
     from rewardlab.policy.tiny import create_tiny
 
     path = create_tiny(tmp_path / "tiny", seed=0)
