@@ -556,3 +556,104 @@ def _no_grad():
     import torch  # here, so that importing the reward adapters does not need torch's import time
 
     return torch.no_grad()
+
+
+# ---------------------------------------------------------------------------------------------- environments
+def _tool_method(env: Any, name: str, fn: Callable[..., Any]) -> Callable[..., str]:
+    """A method named like the tool `fn`, with its parameters, type hints and docstring (what TRL and transformers'
+    `get_json_schema` read), that runs the call in `env`'s tool pool with its checks and timeout."""
+    import inspect
+
+    schema = next(s for s in env.tools if s["function"]["name"] == name)
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> str:
+        from rewardlab.envs import check_arguments
+
+        params = list(inspect.signature(fn).parameters)
+        arguments = {**dict(zip(params, args)), **kwargs}
+        why = check_arguments(schema, arguments)
+        call = {"name": name, "arguments": arguments, "status": "ok" if why is None else "bad_arguments",
+                "error": why}
+        content = env.run_calls([call])[0]
+        self.tool_calls.append({"name": name, "arguments": arguments, "status": call["status"],
+                                "seconds": call.get("seconds", 0.0)})
+        return content
+
+    sig = inspect.signature(fn)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    method.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])  # type: ignore[attr-defined]
+    method.__annotations__ = dict(getattr(fn, "__annotations__", {}))
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = fn.__doc__
+    return method
+
+
+def as_trl_environment(env: Any, **options: Any) -> type:
+    """A class for `GRPOTrainer(environment_factory=...)` backed by a rewardlab environment.
+
+    TRL's loop acts only through tools: it renders the conversation with the model's chat template (re-templating it
+    between turns, so its token ids are not the sampled ones: use `as_trl_rollout_func` for token-exact episodes),
+    parses the tool calls of each turn and calls the environment instance's public methods with their arguments.
+
+        calculator, python (a `ToolEnv`): one method per tool, the tool's own name, parameters and docstring; the
+            call runs in the environment's tool pool (its argument checks, worker processes and timeout), and a bad
+            call returns the environment's one-line "error: ..." text, as rewardlab's own loop would.
+        guess_number: `guess(n: int)`: the turn `<g>n</g>`, answered "higher", "lower" or, when found, "found";
+            `get_reward()` is rewardlab's outcome `guess_found` (1.0 once the secret was guessed).
+
+    `reset(**example)` (TRL passes the whole dataset example) starts the environment on that row; the instance keeps
+    `state` (rewardlab's episode state), `tool_calls` (each call's name, arguments, status, seconds) and
+    `turn_rewards` (guess_number's per-guess rewards).
+
+    Args:
+        env: an environment name of `rewardlab.envs.ENVIRONMENTS` (with `options`), or an environment instance.
+    Returns:
+        a class whose instances TRL creates, one per completion slot; they share the one rewardlab environment.
+    Raises:
+        ValueError: an unknown environment name (listing the valid ones), options with an instance, or an
+            environment TRL's tool loop cannot drive (one line saying which are supported).
+    """
+    from rewardlab.envs import GuessNumberEnv, ToolEnv, make_env
+
+    if isinstance(env, str):
+        built = make_env(env, **options)
+    elif options:
+        raise ValueError(f"as_trl_environment: options {sorted(options)} are for an environment name, not an instance")
+    else:
+        built = env
+    label = env if isinstance(env, str) else type(env).__name__
+
+    def reset(self: Any, **example: Any) -> None:
+        self.state = built.reset(dict(example))
+        self.tool_calls, self.turn_rewards = [], []
+
+    namespace: dict[str, Any] = {"reset": reset, "env": built, "__doc__": f"rewardlab environment {label} for TRL."}
+    if isinstance(built, ToolEnv):
+        for schema in built.tools:
+            name = schema["function"]["name"]
+            namespace[name] = _tool_method(built, name, built._functions[name])
+    elif isinstance(built, GuessNumberEnv):
+        def guess(self, n: int) -> str:  # noqa: ANN001 - no hint on self: transformers' schema reads every hint
+            """Guess the secret number.
+
+            Args:
+                n: the guess, an integer in the range the prompt gives.
+            """
+            if self.state.get("found"):
+                return "found: the game is over"
+            step = built.step(self.state, f"<g>{n}</g>")
+            self.turn_rewards.append(0.0 if step.reward is None else float(step.reward))
+            if self.state.get("found"):
+                return "found"
+            return built.raw_text({"content": step.observation}) if isinstance(step.observation, str) \
+                else str(step.observation)
+
+        def get_reward(self) -> float:  # noqa: ANN001
+            """rewardlab's guess_found: 1.0 when the secret was guessed, else 0.0."""
+            return float(bool(self.state.get("found")))
+
+        namespace.update(guess=guess, get_reward=get_reward)
+    else:
+        raise ValueError(f"as_trl_environment: TRL's loop acts only through tools, and {label} has none it can call; "
+                         "supported: ToolEnv environments (calculator, python) and guess_number")
+    return type(f"TRL_{label}", (), namespace)
