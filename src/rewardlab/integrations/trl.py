@@ -1,4 +1,5 @@
-"""rewardlab inside TRL (1.16): rewards as `GRPOTrainer` reward functions, and datasets in TRL's formats.
+"""rewardlab inside TRL (1.16): rewards as `GRPOTrainer` reward functions, datasets in TRL's formats, rewardlab's
+token-exact episode loop as a `rollout_func`, and environments as an `environment_factory`.
 
 Reward functions. TRL's GRPOTrainer calls each reward function as
 
@@ -17,6 +18,10 @@ component functions read the same outputs.
 Datasets. `pairs_to_trl` / `step_rows_to_trl` write rewardlab preference pairs and PRM step labels as TRL's
 preference and stepwise-supervision datasets; `trl_to_rows` / `trl_to_pairs` read TRL prompt and preference datasets
 back as rewardlab task rows and pairs.
+
+Episodes. `as_trl_rollout_func(env, rows)` generates with rewardlab's episode loop (ids exactly as sampled,
+environment tokens masked by `env_mask`) on a dataset made by `env_dataset(rows)`, and hands the episodes to the
+reward functions; `as_trl_environment(name)` exposes an environment's tools to TRL's own tool loop.
 """
 
 from __future__ import annotations
