@@ -124,6 +124,8 @@ class MathReward:
     """
 
     name = "math"
+    #: The row fields it cannot score without (read by the TRL and verl adapters' column check).
+    row_fields = ("answer",)
 
     def __init__(
         self,
