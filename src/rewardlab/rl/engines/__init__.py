@@ -1,7 +1,6 @@
 """Rollout engines: where the trainer's `collect` generates rollouts (episodes) and scores them.
 
-    engine = make_engine(cfg, policy=policy, episodes=episodes, reward=reward, reward_spec=spec, env_spec=task.env,
-                         threads=threads)
+    engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads)
     engine.publish(policy, version=0)                           # the weights the next rollouts are sampled with
     rollouts = engine.generate(rows, n=8, stream=(seed, step, round))   # every row of every episode, in order
     outputs = engine.score(episode_ends(rollouts))              # one RewardOutput per rollout (episode)
@@ -157,15 +156,12 @@ def sample_chunk(policy: Any, episodes: Any, settings: SamplingSettings, rows: S
     return out
 
 
-def make_engine(cfg: Any, *, episodes: Any, reward: Any, reward_spec: Any, env_spec: dict[str, Any] | None,
-                threads: int) -> Engine:
+def make_engine(cfg: Any, *, episodes: Any, reward: Any, threads: int) -> Engine:
     """The engine `cfg.rl.engine` names, for a `rewardlab.config.TrainConfig`.
 
     Args:
-        episodes, reward: the learner's environment settings and reward (engine local uses them).
-        reward_spec: what the reward was built from (`cfg.rewards`, else the task's reward), for the reward workers.
-        env_spec: the task's environment ({"name", "options"}, `Task.env`), None for single completions; each
-            rollout worker builds its own from it.
+        episodes, reward: the learner's environment settings and reward (engine local uses them; engine ray's
+            workers build their own from `cfg`).
         threads: the run's torch threads (`apply_threads`'s result); every worker sets the same.
     Raises:
         ValueError: rl.engine ray without the ray package ("pip install rewardlab[ray]"), or what `RayEngine`
@@ -178,7 +174,7 @@ def make_engine(cfg: Any, *, episodes: Any, reward: Any, reward_spec: Any, env_s
         return LocalEngine(settings, episodes=episodes, reward=reward)
     from rewardlab.rl.engines.ray_engine import RayEngine
 
-    return RayEngine(cfg, settings, reward_spec=reward_spec, env_spec=env_spec, threads=threads)
+    return RayEngine(cfg, settings, threads=threads)
 
 
 __all__ = ["Engine", "LocalEngine", "SamplingSettings", "chunk_spans", "make_engine", "row_spans", "sample_chunk"]

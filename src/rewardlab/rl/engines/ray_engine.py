@@ -2,6 +2,8 @@
 
 - `RolloutWorker` (rl.rollout_workers actors, rl.rollout_worker_cpus / _gpus each): a policy replica built from the
   run's config, and its own environment (`load_episodes`: an environment's tool pools live in the worker's process).
+  Workers build the task, the model and the reward from the config as the driver does: `rewardlab` (and any
+  reward or environment a config imports by path) must be importable on every node, and model.path readable there.
   It loads each published state dict and samples the chunks it is given (`sample_chunk`, the call engine local
   makes).
 - `RewardWorker` (rl.reward_workers actors, rl.reward_worker_cpus / _gpus each): the run's reward, built from its
@@ -20,7 +22,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 from rewardlab.rl.engines import SamplingSettings, chunk_spans, row_spans, sample_chunk
@@ -43,25 +44,35 @@ def import_ray() -> Any:
 
 
 class RolloutWorker:
-    """A rollout worker's state: a policy replica and its environment. Built inside its actor's process.
+    """A rollout worker (the state of one actor): a policy replica and its environment, built by `start` inside
+    the actor's process from the run's config, as the driver builds its own (`load_task`, `load_policy`,
+    `load_episodes`).
 
     Args:
-        cfg: the run's `TrainConfig` (model, seed, env section).
-        env_spec: the task's environment ({"name", "options"}), None for single completions.
+        cfg: the run's `TrainConfig` (model, seed, task, env section).
         settings: the run's sampling settings.
         threads: torch threads (the driver's).
     """
 
-    def __init__(self, cfg: Any, env_spec: dict[str, Any] | None, settings: SamplingSettings, threads: int) -> None:
+    def __init__(self, cfg: Any, settings: SamplingSettings, threads: int) -> None:
+        self.cfg, self.settings, self.threads = cfg, settings, threads
+        self.policy: Any = None
+        self.episodes: Any = None
+        self.version = 0
+
+    def start(self) -> None:
+        """Build the policy and the environment (a method, not the constructor: an error here reaches the driver
+        as itself)."""
         from rewardlab.envs.sampling import load_episodes
         from rewardlab.policy import load_policy
+        from rewardlab.tasks import load as load_task
         from rewardlab.threads import apply_threads
 
-        apply_threads(threads)
-        self.settings = settings
+        cfg = self.cfg
+        apply_threads(self.threads)
+        task = load_task(cfg.task.spec, **cfg.task.options)
         self.policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
-        self.episodes = load_episodes(SimpleNamespace(env=env_spec), cfg.env, self.policy)
-        self.version = 0
+        self.episodes = load_episodes(task, cfg.env, self.policy)
 
     def load(self, state_dict: dict[str, Any], version: int) -> int:
         """Load published weights (an object-store reference resolves to the state dict); returns `version`."""
@@ -83,20 +94,29 @@ class RolloutWorker:
 
 
 class RewardWorker:
-    """A reward worker's state: the run's reward built from its spec. Built inside its actor's process.
+    """A reward worker (the state of one actor): the run's reward, built by `start` inside the actor's process as
+    the driver builds it (`build_reward(cfg.rewards, else the task's reward, on_error=cfg.on_error)`, after loading
+    the task, which registers the rewards it names).
 
     Args:
-        spec: what the trainer builds its reward from (`cfg.rewards`, else the task's reward).
-        on_error: the run's `on_error`.
+        cfg: the run's `TrainConfig`.
         threads: the run's threads (torch's, and the default size of the reward's process pools).
     """
 
-    def __init__(self, spec: Any, on_error: str, threads: int) -> None:
+    def __init__(self, cfg: Any, threads: int) -> None:
+        self.cfg, self.threads = cfg, threads
+        self.reward: Any = None
+
+    def start(self) -> None:
+        """Build the reward (an error here reaches the driver as itself)."""
         from rewardlab.rewards import build_reward
+        from rewardlab.tasks import load as load_task
         from rewardlab.threads import apply_threads
 
-        apply_threads(threads)
-        self.reward = build_reward(spec, on_error=on_error)
+        cfg = self.cfg
+        apply_threads(self.threads)
+        task = load_task(cfg.task.spec, **cfg.task.options)
+        self.reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
 
     def score(self, rollouts: list[Rollout]) -> list[RewardOutput]:
         """One chunk's reward outputs, one per rollout."""
@@ -114,16 +134,13 @@ class RayEngine:
     Args:
         cfg: the run's `TrainConfig`.
         settings: the run's sampling settings (rl.rollout_chunk included).
-        reward_spec: what the reward is built from (`cfg.rewards`, else the task's reward).
-        env_spec: the task's environment ({"name", "options"}), None for single completions.
         threads: the run's torch threads; every worker sets them.
     Raises:
         ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined;
             a worker that cannot be built (its cause, one line).
     """
 
-    def __init__(self, cfg: Any, settings: SamplingSettings, *, reward_spec: Any, env_spec: dict[str, Any] | None,
-                 threads: int) -> None:
+    def __init__(self, cfg: Any, settings: SamplingSettings, *, threads: int) -> None:
         ray = import_ray()
         rl = cfg.rl
         self.settings = settings
@@ -148,11 +165,9 @@ class RayEngine:
                                                               num_gpus=rl.rollout_worker_gpus)
             reward_actor = ray.remote(RewardWorker).options(num_cpus=rl.reward_worker_cpus,
                                                             num_gpus=rl.reward_worker_gpus)
-            self._rollout = [rollout_actor.remote(cfg, env_spec, settings, threads)
-                             for _ in range(rl.rollout_workers)]
-            self._reward = [reward_actor.remote(reward_spec, cfg.on_error, threads) for _ in range(rl.reward_workers)]
-            # a method call waits for its actor's constructor: a worker that cannot be built fails here
-            _get(ray, [a.__ray_ready__.remote() for a in self._rollout + self._reward], "building the workers")
+            self._rollout = [rollout_actor.remote(cfg, settings, threads) for _ in range(rl.rollout_workers)]
+            self._reward = [reward_actor.remote(cfg, threads) for _ in range(rl.reward_workers)]
+            _get(ray, [a.start.remote() for a in self._rollout + self._reward], "building the workers")
         except BaseException:
             self.close()
             raise

@@ -1,0 +1,113 @@
+"""Engine ray on one local Ray cluster (the session's `ray_cluster`): for a seed and rl.rollout_chunk, 1 and 2 rollout
+and reward workers log the rollouts, rewards and metrics.jsonl values (timings and ray/* aside) of engine local, bit
+for bit, on a single-turn task and on env:guess_number; published weights are counted; a reward's errors come back
+as errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import TINY_ARCH, TINY_OVERRIDES
+
+from rewardlab.config import TrainConfig, load_config
+from rewardlab.policy import load_policy
+from rewardlab.rewards import RewardError
+from rewardlab.rl.trainer import train
+
+#: A reward imported by path, so each reward worker imports it too: the fraction of digits of the completion; an
+#: error for a completion of odd length (about half of them), to see errors travel.
+REWARD = '''
+def digits(completion):
+    if len(completion) % 2:
+        raise ValueError(f"odd length {len(completion)}")
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+'''
+
+SINGLE_TURN = ["task.spec=reasoning_gym:chain_sum", "task.options={size: 40, test_size: 4, min_terms: 2, max_terms: 2, "
+               "min_digits: 1, max_digits: 1, template: compact}", "rl.prompts_per_step=4", "rl.group_size=2",
+               "rl.rollout_chunk=4", "rl.max_new_tokens=4"]
+GUESS = ["task.spec=env:guess_number", "task.options={n: 8, size: 20, test_size: 2}", "env.max_turns=3",
+         "env.max_episode_tokens=48"]
+WORKERS = {"local": [], "ray-1": ["rl.engine=ray", "rl.rollout_workers=1", "rl.reward_workers=1"],
+           "ray-2": ["rl.engine=ray", "rl.rollout_workers=2", "rl.reward_workers=2"]}
+
+
+@pytest.fixture(scope="module")
+def guesser(tmp_path_factory):
+    """The tiny model after 120 steps of SFT on guess_number's binary-search transcripts (a few seconds): it writes
+    `<g>K</g>` guesses, so its episodes have several turns (the untrained model ends every one in its first)."""
+    from rewardlab.cli import main
+
+    out = tmp_path_factory.mktemp("guesser") / "sft"
+    assert main(["sft", *TINY_OVERRIDES, *GUESS, "sft.steps=120", "sft.batch_size=8", "sft.lr=1e-2", "threads=1",
+                 f"--out={out}"]) == 0
+    return out / "checkpoints" / "step-120"
+
+
+def _run(tmp_path, name, *overrides):
+    cfg = load_config(TrainConfig, None, ["rl.steps=2", "rl.lr=5e-2", "threads=1", "seed=11",
+                                          f"out={tmp_path / name}", *overrides])
+    train(cfg, show_progress=False)
+    lines = lambda f: [json.loads(x) for x in (tmp_path / name / f).read_text().splitlines()]  # noqa: E731
+    return lines("metrics.jsonl"), lines("samples.jsonl")
+
+
+def _semantic(metrics):
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "ray/"))} for m in metrics]
+
+
+def test_ray_workers_log_what_local_logs_on_a_single_turn_task(tmp_path, ray_cluster):
+    (tmp_path / "r.py").write_text(REWARD)
+    task = [*TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:digits'}}]", "rl.max_reward_error_frac=null"]
+    runs = {name: _run(tmp_path, name, *task, *extra) for name, extra in WORKERS.items()}
+    metrics, samples = runs["local"]
+    assert len(metrics) == 2 and len(samples) == 16
+    assert metrics[0]["policy/grad_norm"] > 0  # step 2 samples with new weights: publishing them matters
+    errors = [s["error"] for s in samples if s["error"]]
+    assert errors and all("odd length" in e for e in errors)  # failed items are errors, not silent zeros
+    assert sum(m["reward/errors"] for m in metrics) == len(errors)
+    params = sum(p.numel() * p.element_size() for p in load_policy("tiny", tiny_arch=TINY_ARCH).model.parameters())
+    for name in ("ray-1", "ray-2"):
+        ray_metrics, ray_samples = runs[name]
+        assert _semantic(ray_metrics) == _semantic(metrics), name
+        assert ray_samples == samples, name
+        assert [m["ray/weights_bytes"] for m in ray_metrics] == [params, params]  # the state dict, tied weights once
+        assert "ray/weights_bytes" not in metrics[0]
+
+
+def test_ray_workers_log_what_local_logs_on_guess_number_episodes(tmp_path, ray_cluster, guesser):
+    task = [f"model.path={guesser}", *GUESS, "rl.prompts_per_step=2", "rl.group_size=2", "rl.rollout_chunk=2",
+            "rl.max_new_tokens=8", "rl.estimator=turn_grpo", "rl.lr=1e-3"]
+    runs = {name: _run(tmp_path, name, *task, *extra) for name, extra in WORKERS.items()}
+    metrics, samples = runs["local"]
+    assert len(samples) == 8 and sum(s["n_turns"] > 1 for s in samples) >= 4  # episodes of several turns
+    for name in ("ray-1", "ray-2"):
+        ray_metrics, ray_samples = runs[name]
+        assert _semantic(ray_metrics) == _semantic(metrics), name
+        assert ray_samples == samples, name  # token ids, loss masks, log-probs, messages, turns, rewards
+
+
+def test_a_reward_exception_with_on_error_raise_reaches_the_driver_as_itself(tmp_path, ray_cluster):
+    (tmp_path / "r.py").write_text(REWARD)
+    with pytest.raises(RewardError, match="odd length"):
+        _run(tmp_path, "raise", *TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:digits'}}]", "on_error=raise",
+             *WORKERS["ray-1"])
+
+
+def test_a_worker_runs_torch_on_the_runs_threads_not_on_rays_omp_setting(ray_cluster):
+    import os
+
+    import torch
+
+    from rewardlab.rl.engines.ray_engine import RewardWorker
+
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN])
+    actor = ray_cluster.remote(RewardWorker).options(num_cpus=1).remote(cfg, 2)
+    try:
+        ray_cluster.get(actor.start.remote())
+        seen = ray_cluster.get(actor.__ray_call__.remote(
+            lambda worker: (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))))
+    finally:
+        ray_cluster.kill(actor)
+    assert seen == (2, "1")  # Ray set OMP_NUM_THREADS to the actor's 1 CPU; the worker set the run's 2 threads
