@@ -57,6 +57,7 @@ def _semantic(metrics):
     return [{k: v for k, v in m.items() if not k.startswith(("time/", "ray/"))} for m in metrics]
 
 
+@pytest.mark.slow  # trains three times on Ray (in `make test`, within its 90 s of Ray tests)
 def test_ray_workers_log_what_local_logs_on_a_single_turn_task(tmp_path, ray_cluster):
     (tmp_path / "r.py").write_text(REWARD)
     task = [*TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:digits'}}]", "rl.max_reward_error_frac=null"]
@@ -76,6 +77,7 @@ def test_ray_workers_log_what_local_logs_on_a_single_turn_task(tmp_path, ray_clu
         assert "ray/weights_bytes" not in metrics[0]
 
 
+@pytest.mark.slow  # trains three times on Ray (in `make test`, within its 90 s of Ray tests)
 def test_ray_workers_log_what_local_logs_on_guess_number_episodes(tmp_path, ray_cluster, guesser):
     task = [f"model.path={guesser}", *GUESS, "rl.prompts_per_step=2", "rl.group_size=2", "rl.rollout_chunk=2",
             "rl.max_new_tokens=8", "rl.estimator=turn_grpo", "rl.lr=1e-3"]
@@ -88,6 +90,7 @@ def test_ray_workers_log_what_local_logs_on_guess_number_episodes(tmp_path, ray_
         assert ray_samples == samples, name  # token ids, loss masks, log-probs, messages, turns, rewards
 
 
+@pytest.mark.slow  # trains on Ray
 def test_a_reward_exception_with_on_error_raise_reaches_the_driver_as_itself(tmp_path, ray_cluster):
     (tmp_path / "r.py").write_text(REWARD)
     with pytest.raises(RewardError, match="odd length"):
