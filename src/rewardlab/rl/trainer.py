@@ -591,7 +591,8 @@ def collect(state: TrainState) -> Collected:
         rows = [state.task.train[i] for i in indices]
         tg = time.perf_counter()
         # each rollout (episode) draws from its own stream (seed, step, index in this round's batch, round[, turn]),
-        # so what it samples does not depend on the chunk it shares, the worker or torch's global generator
+        # and the engine samples in rl.rollout_chunk chunks whatever its workers, so what a rollout samples depends
+        # neither on the engine, the worker nor torch's global generator
         sampled = state.engine.generate(rows, n=rl.group_size, stream=(state.cfg.seed, state.step, rounds))
         gen_s += time.perf_counter() - tg
         gen_tokens += sum(r.sampled_tokens for r in sampled)
