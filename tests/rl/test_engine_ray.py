@@ -114,3 +114,18 @@ def test_a_worker_runs_torch_on_the_runs_threads_not_on_rays_omp_setting(ray_clu
     finally:
         ray_cluster.kill(actor)
     assert seen == (2, "1")  # Ray set OMP_NUM_THREADS to the actor's 1 CPU; the worker set the run's 2 threads
+
+
+def test_a_cluster_that_cannot_be_joined_is_one_line_naming_rl_ray_address(monkeypatch, ray_cluster):
+    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.rl.engines.ray_engine import RayEngine
+
+    def init(**kw):
+        raise ConnectionError("Could not find any running Ray instance.\nPlease specify the one to connect to")
+
+    monkeypatch.setattr(ray_cluster, "is_initialized", lambda: False)  # as in a process not connected yet
+    monkeypatch.setattr(ray_cluster, "init", init)
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", "rl.ray_address=auto"])
+    with pytest.raises(ValueError, match=r"^rl\.ray_address: cannot join 'auto': Could not find any running Ray "
+                                         r"instance\.$"):
+        RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)

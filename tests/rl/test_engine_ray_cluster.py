@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import TINY_OVERRIDES
@@ -54,11 +55,12 @@ def test_a_run_joins_a_two_node_cluster_by_address_and_logs_what_local_logs(tmp_
     train(load_config(TrainConfig, None, [*run, f"out={tmp_path / 'local'}"]), show_progress=False)
     ray_run = [*run, f"out={tmp_path / 'ray'}", "rl.engine=ray", "rl.rollout_workers=2", "rl.rollout_worker_cpus=1",
                "rl.reward_workers=1", "rl.reward_worker_cpus=0"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [os.path.abspath("src"), os.environ.get(
-        "PYTHONPATH", "")] if p)}
+    src = str(Path(__file__).resolve().parents[2] / "src")  # this checkout's rewardlab, in the child too
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [src, os.environ.get("PYTHONPATH", "")] if p)}
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(ray_run)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     local = _metrics(tmp_path / "local")
     assert len(local) == 2 and local[0]["policy/grad_norm"] > 0  # step 2 samples with published weights
     assert _metrics(tmp_path / "ray") == local
+
