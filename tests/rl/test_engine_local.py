@@ -141,3 +141,20 @@ def test_a_rollout_chunk_of_the_whole_batch_is_the_default(tmp_path):
         lines.append([{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
                       for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
     assert lines[0] == lines[1] and len(lines[0]) == 2
+
+
+def test_step_s_samples_with_policy_version_s_minus_1_also_after_a_resume(tmp_path, monkeypatch):
+    seen = []
+    generate = LocalEngine.generate
+
+    def recording(self, rows, **kw):
+        out = generate(self, rows, **kw)
+        seen.append(sorted({r.policy_version for r in out}))
+        return out
+
+    monkeypatch.setattr(LocalEngine, "generate", recording)
+    train(_config(tmp_path, "run", "save_every=1"), show_progress=False)
+    assert seen == [[0], [1]]  # the initial weights, then the weights step 1's update produced
+    seen.clear()
+    train(_config(tmp_path, "run", "save_every=1", "rl.steps=3"), resume=True, show_progress=False)
+    assert seen == [[2]]
