@@ -129,3 +129,18 @@ def test_a_cluster_that_cannot_be_joined_is_one_line_naming_rl_ray_address(monke
     with pytest.raises(ValueError, match=r"^rl\.ray_address: cannot join 'auto': Could not find any running Ray "
                                          r"instance\.$"):
         RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
+
+
+def test_a_dashboard_without_its_packages_is_one_line_naming_rl_ray_dashboard(monkeypatch, ray_cluster):
+    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.rl.engines.ray_engine import RayEngine
+
+    def init(**kw):  # what ray.init says with include_dashboard=True on a minimal ray install
+        assert kw["include_dashboard"] is True
+        raise Exception("Cannot include dashboard with missing packages.")
+
+    monkeypatch.setattr(ray_cluster, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_cluster, "init", init)
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", "rl.ray_dashboard=true"])
+    with pytest.raises(ValueError, match=r"^rl\.ray_dashboard: .*pip install 'ray\[default\]'.*missing packages\.$"):
+        RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)

@@ -259,7 +259,7 @@ class RLConfig(_Base):
     reward_worker_gpus: float = Field(0.0, ge=0, description="engine ray: GPUs per reward worker (a reward model "
                                       "or judge on a GPU)")
     ray_dashboard: bool = Field(False, description="engine ray: start Ray's dashboard with the local cluster "
-                                "(rl.ray_address null only)")
+                                "(rl.ray_address null only; needs pip install 'ray[default]')")
 
     @field_validator("mask_truncated")
     @classmethod

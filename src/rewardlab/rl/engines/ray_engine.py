@@ -157,7 +157,11 @@ class RayEngine:
                 else:
                     ray.init(address=rl.ray_address, logging_level=logging.WARNING)
             except Exception as exc:  # noqa: BLE001 (ConnectionError, ValueError, RuntimeError: all one line)
-                where = f"rl.ray_address: cannot join {rl.ray_address!r}" if rl.ray_address else "rl.engine: ray"
+                where = "rl.engine: ray: cannot start a local cluster"
+                if rl.ray_address is not None:
+                    where = f"rl.ray_address: cannot join {rl.ray_address!r}"
+                elif rl.ray_dashboard and "dashboard" in str(exc):
+                    where = "rl.ray_dashboard: the dashboard needs ray's full install (pip install 'ray[default]')"
                 raise ValueError(f"{where}: {_first_line(exc)}") from None
             self._started = True
         try:
