@@ -15,13 +15,14 @@ from rewardlab.policy import load_policy
 from rewardlab.rewards import RewardError
 from rewardlab.rl.trainer import train
 
-#: A reward imported by path, so each reward worker imports it too: the fraction of digits of the completion; an
-#: error for a completion of odd length (about half of them), to see errors travel.
+#: A reward imported by path, so each reward worker imports it too: the fraction of characters of even code (dense,
+#: so groups are rarely tied); an error for a completion whose first character's code is a multiple of 3 (about a
+#: third of them), to see errors travel.
 REWARD = '''
-def digits(completion):
-    if len(completion) % 2:
-        raise ValueError(f"odd length {len(completion)}")
-    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+def dense(completion):
+    if ord(completion[:1] or "a") % 3 == 0:
+        raise ValueError(f"first character {completion[:1]!r}: code a multiple of 3")
+    return sum(ord(c) % 2 == 0 for c in completion) / max(1, len(completion))
 '''
 
 SINGLE_TURN = ["task.spec=reasoning_gym:chain_sum", "task.options={size: 40, test_size: 4, min_terms: 2, max_terms: 2, "
@@ -60,13 +61,14 @@ def _semantic(metrics):
 @pytest.mark.slow  # trains three times on Ray (in `make test`, within its 90 s of Ray tests)
 def test_ray_workers_log_what_local_logs_on_a_single_turn_task(tmp_path, ray_cluster):
     (tmp_path / "r.py").write_text(REWARD)
-    task = [*TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:digits'}}]", "rl.max_reward_error_frac=null"]
+    task = [*TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:dense'}}]",
+            "rl.max_reward_error_frac=null"]
     runs = {name: _run(tmp_path, name, *task, *extra) for name, extra in WORKERS.items()}
     metrics, samples = runs["local"]
     assert len(metrics) == 2 and len(samples) == 16
     assert metrics[0]["policy/grad_norm"] > 0  # step 2 samples with new weights: publishing them matters
     errors = [s["error"] for s in samples if s["error"]]
-    assert errors and all("odd length" in e for e in errors)  # failed items are errors, not silent zeros
+    assert errors and all("code a multiple of 3" in e for e in errors)  # failed items are errors, not silent zeros
     assert sum(m["reward/errors"] for m in metrics) == len(errors)
     params = sum(p.numel() * p.element_size() for p in load_policy("tiny", tiny_arch=TINY_ARCH).model.parameters())
     for name in ("ray-1", "ray-2"):
@@ -93,9 +95,9 @@ def test_ray_workers_log_what_local_logs_on_guess_number_episodes(tmp_path, ray_
 @pytest.mark.slow  # trains on Ray
 def test_a_reward_exception_with_on_error_raise_reaches_the_driver_as_itself(tmp_path, ray_cluster):
     (tmp_path / "r.py").write_text(REWARD)
-    with pytest.raises(RewardError, match="odd length"):
-        _run(tmp_path, "raise", *TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:digits'}}]", "on_error=raise",
-             *WORKERS["ray-1"])
+    with pytest.raises(RewardError, match="code a multiple of 3"):
+        _run(tmp_path, "raise", *TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:dense'}}]",
+             "on_error=raise", *WORKERS["ray-1"])
 
 
 def test_a_worker_runs_torch_on_the_runs_threads_not_on_rays_omp_setting(ray_cluster):
