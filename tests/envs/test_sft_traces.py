@@ -158,8 +158,10 @@ def test_a_trace_under_a_template_that_rewrites_earlier_turns_gives_the_episodes
     renderer = make_renderer(tok, "chat", raw_text=env.raw_text)
     row = {"prompt": env.prompt(), "answer": "48", "n": 64}
     # [1,64] -> 32 higher -> [33,64] -> 48
-    trace = [{"role": "user", "content": env.prompt()}, {"role": "assistant", "content": "<think>mid</think><g>32</g>"},
-             {"role": "user", "content": "<o>higher</o>"}, {"role": "assistant", "content": "<think>up</think><g>48</g>"}]
+    trace = [{"role": "user", "content": env.prompt()},
+             {"role": "assistant", "content": "<think>mid</think><g>32</g>"},
+             {"role": "user", "content": "<o>higher</o>"},
+             {"role": "assistant", "content": "<think>up</think><g>48</g>"}]
     first, second = trace_rollouts(renderer, trace, eos_id=EOS, stop=env.stop)
     assert first.completion_ids == enc("<think>mid</think><g>32</g>") and first.loss_mask == [1] * 27
     assert first.termination is None and first.turns == [(0, 27)] and first.first_turn == 0
