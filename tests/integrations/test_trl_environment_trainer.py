@@ -16,7 +16,16 @@ import pytest
 
 pytest.importorskip("trl")
 
+import importlib.util  # noqa: E402
+
 import torch  # noqa: E402
+import transformers  # noqa: E402
+from packaging.version import Version  # noqa: E402
+
+# TRL parses tool calls with transformers' response templates (>= 5.13), or below that with its legacy schema, which
+# needs jmespath (not installed with verl's transformers 5.10 in .venv-verl).
+if Version(transformers.__version__) < Version("5.13") and importlib.util.find_spec("jmespath") is None:
+    pytest.skip("TRL's tool parsing needs transformers >= 5.13 or jmespath", allow_module_level=True)
 
 from rewardlab.integrations.trl import as_trl_environment, as_trl_reward_func  # noqa: E402
 
