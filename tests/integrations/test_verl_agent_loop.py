@@ -217,3 +217,39 @@ def test_sample_names_its_environment(policy):
                                            "n": 4}, reward_model={"ground_truth": "3"}))
     assert out.extra_fields["rewardlab_termination"] == "env_done"  # the secret came from reward_model
     assert out.response_mask == [1] * 8
+
+
+def test_verl_imports_the_loop_from_its_external_modules_variable():
+    """VERL_USE_EXTERNAL_MODULES=rewardlab.integrations.verl_agent: importing verl registers the loop (how verl's
+    agent-loop workers get it without a config file)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import verl\nfrom verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
+            "print(_agent_loop_registry['rewardlab_env']['_target_'])")
+    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="rewardlab.integrations.verl,rewardlab.integrations.verl_agent")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "rewardlab.integrations.verl_agent.RewardlabAgentLoop"
+
+
+def test_agent_loop_config_file_sets_the_options(policy, tmp_path):
+    """An entry of `rollout.agent.agent_loop_config_path`, loaded as verl's worker loads it (OmegaConf, one registry
+    entry per item, the whole entry, `name` included, given to hydra): its options reach the loop."""
+    path = tmp_path / "agent_loops.yaml"
+    path.write_text("- name: guess4\n  _target_: rewardlab.integrations.verl_agent.RewardlabAgentLoop\n"
+                    "  env: guess_number\n  env_options: {n: 4}\n  max_turns: 4\n  max_new_tokens: 12\n"
+                    "  reward: guess_found\n")
+    (entry,) = OmegaConf.load(path)
+    tok = policy.tokenizer
+    server = ScriptedServer(tok, [("<g>2</g>", -0.5), ("<g>3</g>", -0.25)])
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {
+        "prompt_length": 256, "response_length": 40, "multi_turn": {"max_assistant_turns": None}}}, "data": {}})
+    loop = hydra.utils.instantiate(config=entry, trainer_config=DictConfigWrap(config), server_manager=server,
+                                   tokenizer=tok, processor=None, hf_model_type=None, dataset_cls=None,
+                                   data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+    assert loop.name == "guess4" and loop.limits.max_turns == 4 and loop.env_options == {"n": 4}
+    out = run(loop, ROW)
+    assert [c[2]["max_tokens"] for c in server.calls] == [12, 12]  # the per-turn cap, under 40 - 8 - 13 left
+    assert out.reward_score == 1.0
