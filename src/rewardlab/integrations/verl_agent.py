@@ -105,8 +105,8 @@ class RewardlabAgentLoop(AgentLoopBase):
         tool_keep: "start" or "end", which end of a clipped tool output is kept.
         reward: a rewardlab reward (a name or a spec, as in `rewards:`) that scores the finished episode (its final
             model turn, turns and turn rewards: `Rollout` as rewardlab's trainer scores it) into
-            `AgentLoopOutput.reward_score`, with its components in `extra_fields["reward_extra_info"]`; verl then
-            skips its reward function for the sample. None: verl's reward function scores the decoded response.
+            `AgentLoopOutput.reward_score`, with its components and `error` (1.0 when the reward failed, which then
+            scores 0.0) in `extra_fields["reward_extra_info"]`; verl then skips its reward function for the sample. None: verl's reward function scores the decoded response.
     Episode budgets: `max_episode_tokens` = `rollout.response_length` (model and environment tokens after the first
     prompt, so the response fits verl's padding); the first prompt must fit `rollout.prompt_length`.
 
