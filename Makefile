@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast test-ray-long install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -21,8 +21,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rewardlab quickstart --overwrite
 
+# Everything but the long Ray tests (`ray_long`); the Ray tests in it share one local cluster.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not ray_long"
+
+# The long Ray tests: training on a two-node Ray cluster (ray.cluster_utils.Cluster) joined through rl.ray_address.
+test-ray-long: $(STAMP)
+	$(PY) -m pytest -m ray_long
 
 # The full suite less the `slow` tests (the fault-injection suite and the end-to-end training runs), for the edit loop.
 test-fast: $(STAMP)

@@ -80,3 +80,14 @@ def chain_sum_task():
     from rewardlab.tasks import load
 
     return load("reasoning_gym:chain_sum", size=400, test_size=50, seed=0, **CHAIN_SUM)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster (2 CPUs, no dashboard) for every Ray test of the session, shut down at its end. ray is
+    imported only when a test asks for this fixture; engine ray finds the connection (`ray.is_initialized()`) and
+    keeps it."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()

@@ -55,6 +55,9 @@ class Rollout:
             (`ok`, `malformed`, `unknown_tool`, `bad_arguments`, `error`, `timeout`) and `seconds`. Default: [].
         messages: the whole transcript as chat messages ([{"role", "content", ...}]), prompt included; [] for a
             single-turn rollout.
+        policy_version: the policy version that sampled it: the number of RL steps whose weights it was sampled
+            with, i.e. the step whose update produced them (0: the initial weights; a synchronous step s samples
+            with version s - 1). Set by the trainer's rollout engine (`rewardlab.rl.engines`); None elsewhere.
     In an episode, `completion` is the text of the final model turn (what answer extractors read, so a tool's
     output is never scored as the answer).
     """
@@ -78,6 +81,7 @@ class Rollout:
     termination: str | None = None
     tool_calls: list[list[dict[str, Any]]] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         T = len(self.completion_ids)

@@ -23,6 +23,9 @@ import episode_envs  # noqa: F401  (registers env:test_turns, its reward and the
 ENV_ONLY = ["env.max_turns=2", "env.max_episode_tokens=30", "env.max_tool_tokens=20", "env.tool_keep=end",
             "env.tool_timeout_s=2", "rl.turn_rewards=info_gain"]
 SINGLE_TURN_ONLY = ["rl.step_separator=';'"]
+#: Keys that only engine ray reads, refused on engine local (every run below) in both modes.
+RAY_ONLY = ["rl.rollout_workers=3", "rl.reward_workers=1", "rl.ray_address=auto", "rl.rollout_worker_cpus=1",
+            "rl.rollout_worker_gpus=0.5", "rl.reward_worker_cpus=1", "rl.reward_worker_gpus=0.5", "rl.ray_dashboard=true"]
 
 
 @pytest.fixture
@@ -69,7 +72,8 @@ def _single_task(tmp_path):
 
 
 BASE = [*TINY_OVERRIDES, "rl.steps=1", "rl.prompts_per_step=2", "rl.group_size=2", "rl.max_new_tokens=3",
-        "save_every=1", "keep_checkpoints=1", "threads=1", "rl.eval_every=1", "rl.eval_n=2", "rl.log_samples=3"]
+        "save_every=1", "keep_checkpoints=1", "threads=1", "rl.eval_every=1", "rl.eval_n=2", "rl.log_samples=3",
+        "rl.rollout_chunk=2"]
 SINGLE_RUNS = [
     [],
     ["rl.estimator=gae", "rl.beta=0.1", "rl.kl_in=reward", "rl.ref_refresh_every=1", "rl.entropy_coef=0.01",
@@ -97,7 +101,7 @@ def test_every_train_key_is_read_in_each_mode_or_refused(mode, tmp_path, reads):
         train(cfg, show_progress=False)
     read = _consumed(reads)  # before the schema walk below, which reads every default
     owners = _leaf_owners(TrainConfig)
-    refused = ENV_ONLY if mode == "single" else SINGLE_TURN_ONLY
+    refused = (ENV_ONLY if mode == "single" else SINGLE_TURN_ONLY) + RAY_ONLY
     refused_keys = {o.partition("=")[0] for o in refused}
     unread = sorted(k for k, owner in owners.items()
                     if owner not in read and k not in refused_keys)

@@ -231,6 +231,35 @@ class RLConfig(_Base):
                             "eval_n held-out (test split) questions under the task's verifier (max_new_tokens "
                             "tokens), logged as eval/accuracy and plotted (TRL's eval_strategy=steps); 0: off")
     eval_n: int = Field(200, gt=0, description="held-out questions per evaluation (the first N of the test split)")
+    # Where the rollouts and rewards run (rewardlab.rl.engines; docs/scale-out.md). The engine is a performance
+    # switch: the same seed and rollout_chunk give the same run on local and on ray with any worker count.
+    engine: Literal["local", "ray"] = Field(
+        "local", description="where generation and scoring run: local (this process) or ray (rollout and reward "
+        "worker actors on a Ray cluster; pip install rewardlab[ray]); the learner stays in this process")
+    rollout_chunk: int | None = Field(
+        None, gt=0, description="rollouts (episodes, for an environment task) per generation chunk, a multiple of "
+        "rl.group_size: each chunk is sampled as one padded batch and scored as one call, whole on one worker. It "
+        "is part of the run's semantics on every engine (padding moves logits in their last bits, enough to flip "
+        "a sampled token now and then), so runs with the same rollout_chunk match bit for bit across engines and "
+        "worker counts. null: each generation round's whole batch is one chunk")
+    rollout_workers: int = Field(2, ge=1, description="engine ray: rollout worker actors, each with a policy "
+                                 "replica and its own environment (tool pools included)")
+    reward_workers: int = Field(2, ge=1, description="engine ray: reward worker actors, each with the run's "
+                                "reward (code sandbox, math-verify, judges)")
+    ray_address: str | None = Field(
+        None, description="engine ray: the cluster to join (ray.init(address=...)): null starts a local one in this "
+        "process, 'auto' joins the one in $RAY_ADDRESS (else the one `ray start` left running on this machine), "
+        "anything else is an address such as 10.0.0.1:6379")
+    rollout_worker_cpus: float = Field(0.5, ge=0, description="engine ray: CPUs Ray reserves per rollout worker "
+                                       "(fractional: 2 rollout + 2 reward workers fit on 2 CPUs); each worker "
+                                       "still runs torch on the run's `threads`")
+    rollout_worker_gpus: float = Field(0.0, ge=0, description="engine ray: GPUs per rollout worker (fractional "
+                                       "shares one GPU)")
+    reward_worker_cpus: float = Field(0.5, ge=0, description="engine ray: CPUs Ray reserves per reward worker")
+    reward_worker_gpus: float = Field(0.0, ge=0, description="engine ray: GPUs per reward worker (a reward model "
+                                      "or judge on a GPU)")
+    ray_dashboard: bool = Field(False, description="engine ray: start Ray's dashboard with the local cluster "
+                                "(rl.ray_address null only; needs pip install 'ray[default]')")
 
     @field_validator("mask_truncated")
     @classmethod
@@ -252,6 +281,34 @@ class RLConfig(_Base):
         weight.update({reason: {"mask": 0.0, "keep": 1.0}.get(rule, rule) if isinstance(rule, str) else float(rule)
                        for reason, rule in rules.items()})
         return weight
+
+    def engine_changed(self) -> list[str]:
+        """The `rl.*` keys that only engine ray reads, set to other than their defaults (e.g. ["rl.ray_address"])."""
+        values = self.model_dump(include=set(RAY_KEYS))
+        return [f"rl.{k}" for k in RAY_KEYS if values[k] != type(self).model_fields[k].default]
+
+    def check_engine(self) -> None:
+        """The engine keys' rules: rl.rollout_chunk is a multiple of rl.group_size (a chunk holds whole prompt
+        groups); on engine local the ray-only keys (`RAY_KEYS`) keep their defaults.
+
+        Raises:
+            ValueError: one line naming the key(s).
+        """
+        if self.rollout_chunk is not None and self.rollout_chunk % self.group_size:
+            raise ValueError(f"rl.rollout_chunk: {self.rollout_chunk} is not a multiple of rl.group_size "
+                             f"({self.group_size}); a chunk holds whole prompt groups")
+        given = self.engine_changed()
+        if self.engine == "local" and given:
+            raise ValueError(f"{', '.join(given)}: applies to rl.engine ray only, and rl.engine is local; drop "
+                             f"the setting or set rl.engine=ray")
+        if self.ray_dashboard and self.ray_address is not None:
+            raise ValueError("rl.ray_dashboard: starts the dashboard of a local cluster, and rl.ray_address joins an "
+                             f"existing one ({self.ray_address!r}); start it there (ray start --include-dashboard)")
+
+
+#: The `rl` keys that only engine ray reads (refused on engine local when changed).
+RAY_KEYS = ("rollout_workers", "reward_workers", "ray_address", "rollout_worker_cpus", "rollout_worker_gpus",
+            "reward_worker_cpus", "reward_worker_gpus", "ray_dashboard")
 
 
 class EvalParams(_Base):
@@ -341,6 +398,7 @@ class TrainConfig(_Checkpoints, _Verb):
     @model_validator(mode="after")
     def _env_applies(self):
         check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
+        self.rl.check_engine()
         return self
 
 
@@ -465,6 +523,7 @@ class QuickstartConfig(_Run):
         if self.sft.tool_frac is not None and not self.task.spec.startswith("env:"):
             raise ValueError("sft.tool_frac: applies to environment tasks (preset tools); drop the setting")
         check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
+        self.rl.check_engine()
         return self
 
 

@@ -128,7 +128,8 @@ def load_episodes(task: Any, section: Any, policy: Any) -> EpisodeSettings | Non
 
 def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: EpisodeSettings | None, n: int = 1,
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
-                    stream: tuple[int, int, int] | None = None, batch_size: int | None = None) -> list[Rollout]:
+                    stream: tuple[int, int, int] | None = None, batch_size: int | None = None,
+                    first_row: int = 0) -> list[Rollout]:
     """Sample `n` rollouts of each row: single completions, or with `episodes` whole episodes.
 
     Args:
@@ -143,10 +144,15 @@ def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: Ep
             episode, so what it samples depends neither on the rows it is batched with nor on torch's global
             generator. None: torch's global generator (single completions) or stream (0, 0, k, 0, turn) (episodes).
         batch_size: rows per sampling call (default all at once); results do not depend on it when `stream` is set.
+        first_row: the index of rows[0] in the batch these rows are a chunk of (a rollout engine's chunk,
+            `rewardlab.rl.engines`): sample k of the call is sample first_row * n + k of that batch (its stream,
+            group and episode id), so sampling a batch chunk by chunk gives the rollouts of sampling it at once with
+            batch_size = the chunk's rows.
     Returns:
-        Single-turn: len(rows) * n rollouts, rollout k of row k // n with group k // n. Episodes: the rows of each
-        episode in episode order (episode k of row k // n), one rollout per row, every row with its `episode_id`
-        (k) and group k // n; read them per episode with `episode_ends` / `episode_rows`.
+        Single-turn: len(rows) * n rollouts, rollout k of row k // n with group first_row + k // n. Episodes: the
+        rows of each episode in episode order (episode k of row k // n), one rollout per row, every row with its
+        `episode_id` (first_row * n + k) and group first_row + k // n; read them per episode with `episode_ends` /
+        `episode_rows`.
     Raises:
         ValueError: what `Policy.generate` or `run_episodes` raise for bad settings.
     """
@@ -154,7 +160,7 @@ def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: Ep
     out: list[Rollout] = []
     for start in range(0, len(rows), step):
         chunk = list(rows[start:start + step])
-        offset = start * n
+        offset = (first_row + start) * n
         if episodes is None:
             streams = ([(stream[0], stream[1], offset + k, stream[2]) for k in range(len(chunk) * n)]
                        if stream is not None and not greedy else None)
@@ -168,7 +174,7 @@ def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: Ep
                                max_tool_tokens=episodes.max_tool_tokens, tool_keep=episodes.tool_keep, seed=seed,
                                step=at, round=rnd, episode_offset=offset)
         for r in new:
-            r.group += start
+            r.group += first_row + start
         out += new
     return out
 

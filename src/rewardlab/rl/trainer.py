@@ -1,10 +1,12 @@
 """The RL training loop (GRPO family): `train` = `setup` + per step `collect` -> `assign_credit` -> `update` -> log.
 
 - `setup(cfg, resume)` -> `TrainState`: task, reward, policy, reference, critic, optimizer, schedule, prompt sampler,
-  and for an environment task (task.spec env:NAME) its environment and budgets; opens the run directory and, on a
-  resume, restores the newest valid checkpoint.
-- `collect(state)` -> `Collected`: draw prompts (curriculum looked up by name) -> generate G rollouts each (episodes,
-  for an environment task: `rewardlab.envs.sample_rollouts`; each counted and scored once, on its last row) -> score ->
+  and for an environment task (task.spec env:NAME) its environment and budgets, and the rollout engine
+  (`rewardlab.rl.engines`, rl.engine local or ray) with the policy's weights published to it; opens the run
+  directory and, on a resume, restores the newest valid checkpoint.
+- `collect(state)` -> `Collected`: draw prompts (curriculum looked up by name) -> the engine generates G rollouts each
+  (episodes, for an environment task: `rewardlab.envs.sample_rollouts`, chunk by chunk; each counted and scored once,
+  on its last row) -> the engine scores them ->
   keep groups (group filter looked up by name, generating more rounds when it drops some) -> leave out errored
   rollouts (on_error=skip) and groups left below the estimator's minimum size -> the estimator's inputs that need
   generation (e.g. ReMax's greedy baseline), all generation counted in time/gen_s.
@@ -13,7 +15,8 @@
   looked up by name; its other inputs, such as reward components, step rewards or the critic's values, computed
   by the providers below, looked up by input name) and the critic's returns.
 - `update(state, batch, credit)`: mu epochs of minibatch policy-loss minimization (loss, aggregation and KL
-  estimator looked up by name; optional entropy bonus), the critic's update, the learning-rate schedule.
+  estimator looked up by name; optional entropy bonus), the critic's update, the learning-rate schedule; then the new
+  weights are published to the engine as policy version `step`.
 - `log_step`, `save_checkpoint`: metrics.jsonl, samples.jsonl, atomic checkpoints.
 - held-out evaluation every rl.eval_every steps (`rewardlab.evaluation.heldout`), logged on the step's metrics line.
 
@@ -48,6 +51,7 @@ from rewardlab.rewards import Reward, RewardError, build_reward
 from rewardlab.rewards.compose import check_specs, component_weights
 from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
+from rewardlab.rl.engines import Engine, make_engine
 from rewardlab.rl.episodes import episode_advantages, episode_minibatches, episode_tensors
 from rewardlab.rl.curricula import CURRICULA, make_curriculum
 from rewardlab.rl.filters import GROUP_FILTERS, filter_groups
@@ -253,6 +257,8 @@ class TrainState:
             `train` recounts it from metrics.jsonl on a resume); an episode counts once.
         episodes: an environment task's environment and budgets (`task.spec` env:NAME, the `env` section), else
             None (single completions).
+        engine: where `collect` generates and scores (`rewardlab.rl.engines`, rl.engine); its `version` is the
+            last published policy version.
     """
 
     cfg: TrainConfig
@@ -272,6 +278,7 @@ class TrainState:
     step: int = 0
     generated_total: int = 0
     episodes: EpisodeSettings | None = None
+    engine: Engine | None = None
 
 
 @dataclass
@@ -472,7 +479,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
         see `train`.
     """
     check_names(cfg)
-    apply_threads(cfg.threads)
+    threads = apply_threads(cfg.threads)
     if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0):
         check_model_dir(cfg.model.path)  # a bad path is refused before the run directory is created
     rl = cfg.rl
@@ -493,7 +500,13 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     # tokenizer, known here unless resuming) before the run directory is touched
     episodes = load_episodes(task, cfg.env, policy)
     heldout_rows(task, rl.eval_every, rl.eval_n, field="rl.eval_every")  # no held-out rows: refused before the run
-    run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
+    # the rollout engine (rl.engine ray: its workers, ray missing refused) before the run directory is touched
+    engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads)
+    try:
+        run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
+    except BaseException:
+        engine.close()
+        raise
     try:
         latest = None
         if resume:  # the newest valid checkpoint, logs rolled back to it; allowed changes written to config.yaml
@@ -535,14 +548,16 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
             start_step = saved["step"]
         loss_options = resolve_loss_options(rl)
         _, agg_options = split_loss_options(rl.loss, rl.agg, loss_options)
+        engine.publish(policy, version=start_step)  # the weights step start_step + 1 samples with
     except BaseException:
         run.close()
         close_env(episodes)
+        engine.close()
         raise
     policy.model.train()
     return TrainState(cfg, task, reward, policy, reference, critic, optimizer, scheduler, sampler, run,
                       loss_options, agg_options, start_step=start_step, latest=latest, step=start_step,
-                      episodes=episodes)
+                      episodes=episodes, engine=engine)
 
 
 def close_env(episodes: EpisodeSettings | None) -> None:
@@ -576,10 +591,9 @@ def collect(state: TrainState) -> Collected:
         rows = [state.task.train[i] for i in indices]
         tg = time.perf_counter()
         # each rollout (episode) draws from its own stream (seed, step, index in this round's batch, round[, turn]),
-        # so what it samples does not depend on the batch it shares or on torch's global generator
-        sampled = sample_rollouts(policy, rows, episodes=state.episodes, n=rl.group_size,
-                                  temperature=rl.temperature, top_p=rl.top_p, max_new_tokens=rl.max_new_tokens,
-                                  stream=(state.cfg.seed, state.step, rounds))
+        # and the engine samples in rl.rollout_chunk chunks whatever its workers, so what a rollout samples depends
+        # neither on the engine, the worker nor torch's global generator
+        sampled = state.engine.generate(rows, n=rl.group_size, stream=(state.cfg.seed, state.step, rounds))
         gen_s += time.perf_counter() - tg
         gen_tokens += sum(r.sampled_tokens for r in sampled)
         for r in sampled:
@@ -590,7 +604,7 @@ def collect(state: TrainState) -> Collected:
         new = episode_ends(sampled)  # one rollout per episode: the reward is called once per episode
         if state.episodes is not None:
             rows_of.update(episode_rows(sampled))
-        scored = state.reward(new)
+        scored = state.engine.score(new)
         all_rollouts += new
         all_outputs += scored
         correct = torch.tensor([float(o.correct) for o in scored]).view(need, rl.group_size)
@@ -607,6 +621,7 @@ def collect(state: TrainState) -> Collected:
     rollouts = rollouts[: rl.prompts_per_step * rl.group_size]
     outputs = outputs[: len(rollouts)]
     metrics = step_metrics(all_rollouts, all_outputs, rl.group_size)
+    metrics.update(state.engine.metrics())  # engine ray: ray/weights_bytes, ray/rollout_s, ray/reward_s
     if state.episodes is not None:
         metrics.update(episode_metrics([rows_of[id(r)] for r in all_rollouts]))
     if rl.group_filter is not None:
@@ -902,6 +917,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
                     batch = collect(state)  # 1. rollouts, rewards, group filter
                     credit = assign_credit(state, batch)  # 2. token rewards (- beta * KL) -> advantages
                     stats = update(state, batch, credit)  # 3. epochs x minibatches of the policy (and critic) loss
+                    state.engine.publish(state.policy, version=step)  # the weights step + 1 samples with
                     step_s = time.perf_counter() - t0
                     out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
                     evals = heldout(state.policy) if heldout.due(step, last=out_of_time) else None  # 4. held out
@@ -933,6 +949,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     finally:
         run.close()  # release the run directory's lock
         close_env(state.episodes)  # stop the environment's tool workers
+        state.engine.close()  # engine ray: its workers
 
 
 def generated_before(run: RunDir, step: int) -> int:

@@ -1,0 +1,263 @@
+"""Engine ray: the trainer's generation and scoring on Ray actors; the learner stays in the driver process.
+
+- `RolloutWorker` (rl.rollout_workers actors, rl.rollout_worker_cpus / _gpus each): a policy replica built from the
+  run's config, and its own environment (`load_episodes`: an environment's tool pools live in the worker's process).
+  Workers build the task, the model and the reward from the config as the driver does: `rewardlab` (and any
+  reward or environment a config imports by path) must be importable on every node, and model.path readable there.
+  It loads each published state dict and samples the chunks it is given (`sample_chunk`, the call engine local
+  makes).
+- `RewardWorker` (rl.reward_workers actors, rl.reward_worker_cpus / _gpus each): the run's reward, built from its
+  spec (`build_reward`); it scores the chunks it is given. A failed item is the reward's own RewardOutput error (or
+  its exception, with on_error=raise), never a silent 0.
+- `RayEngine.publish` puts the learner's state dict into the object store once (`ray.put`) and every rollout worker
+  loads that one object. Chunk i goes to worker i mod W (round robin); results are gathered in chunk order, so they
+  do not depend on the worker count.
+
+Every worker sets torch's threads to the run's `threads` (Ray sets OMP_NUM_THREADS to an actor's CPUs), so a chunk
+computes the same floats on any worker as in the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rewardlab.rl.engines import SamplingSettings, chunk_spans, row_spans, sample_chunk
+from rewardlab.types import RewardOutput, Rollout
+
+INSTALL_HINT = "pip install rewardlab[ray]"
+
+
+def import_ray() -> Any:
+    """The `ray` module.
+
+    Raises:
+        ValueError: one line naming rl.engine and `pip install rewardlab[ray]` when ray is not installed.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(f"rl.engine: ray needs the ray package, which is not installed; {INSTALL_HINT}") from None
+    return ray
+
+
+class RolloutWorker:
+    """A rollout worker (the state of one actor): a policy replica and its environment, built by `start` inside
+    the actor's process from the run's config, as the driver builds its own (`load_task`, `load_policy`,
+    `load_episodes`).
+
+    Args:
+        cfg: the run's `TrainConfig` (model, seed, task, env section).
+        settings: the run's sampling settings.
+        threads: torch threads (the driver's).
+    """
+
+    def __init__(self, cfg: Any, settings: SamplingSettings, threads: int) -> None:
+        self.cfg, self.settings, self.threads = cfg, settings, threads
+        self.policy: Any = None
+        self.episodes: Any = None
+        self.version = 0
+
+    def start(self) -> None:
+        """Build the policy and the environment (a method, not the constructor: an error here reaches the driver
+        as itself)."""
+        from rewardlab.envs.sampling import load_episodes
+        from rewardlab.policy import load_policy
+        from rewardlab.tasks import load as load_task
+        from rewardlab.threads import apply_threads
+
+        cfg = self.cfg
+        apply_threads(self.threads)
+        task = load_task(cfg.task.spec, **cfg.task.options)
+        self.policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
+        self.episodes = load_episodes(task, cfg.env, self.policy)
+
+    def load(self, state_dict: dict[str, Any], version: int) -> int:
+        """Load published weights (an object-store reference resolves to the state dict); returns `version`."""
+        self.policy.model.load_state_dict(state_dict)
+        self.version = version
+        return version
+
+    def generate(self, rows: list[dict[str, Any]], n: int, stream: tuple[int, int, int],
+                 first_row: int) -> list[Rollout]:
+        """One chunk: `sample_chunk` with this worker's policy, environment and last loaded version."""
+        return sample_chunk(self.policy, self.episodes, self.settings, rows, n=n, stream=stream, first_row=first_row,
+                            version=self.version)
+
+    def close(self) -> None:
+        """Stop the environment's tool workers."""
+        close = getattr(self.episodes.env, "close", None) if self.episodes is not None else None
+        if close is not None:
+            close()
+
+
+class RewardWorker:
+    """A reward worker (the state of one actor): the run's reward, built by `start` inside the actor's process as
+    the driver builds it (`build_reward(cfg.rewards, else the task's reward, on_error=cfg.on_error)`, after loading
+    the task, which registers the rewards it names).
+
+    Args:
+        cfg: the run's `TrainConfig`.
+        threads: the run's threads (torch's, and the default size of the reward's process pools).
+    """
+
+    def __init__(self, cfg: Any, threads: int) -> None:
+        self.cfg, self.threads = cfg, threads
+        self.reward: Any = None
+
+    def start(self) -> None:
+        """Build the reward (an error here reaches the driver as itself)."""
+        from rewardlab.rewards import build_reward
+        from rewardlab.tasks import load as load_task
+        from rewardlab.threads import apply_threads
+
+        cfg = self.cfg
+        apply_threads(self.threads)
+        task = load_task(cfg.task.spec, **cfg.task.options)
+        self.reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
+
+    def score(self, rollouts: list[Rollout]) -> list[RewardOutput]:
+        """One chunk's reward outputs, one per rollout."""
+        return self.reward(rollouts)
+
+
+class RayEngine:
+    """Generation on rollout worker actors, scoring on reward worker actors (see the module doc and
+    `rewardlab.rl.engines.Engine`).
+
+    Joins the cluster rl.ray_address names (`ray.init(address=...)`), or starts a local one (dashboard per
+    rl.ray_dashboard); a process already connected to Ray (`ray.is_initialized()`) keeps its connection. `close`
+    kills the actors and disconnects when this engine connected.
+
+    Args:
+        cfg: the run's `TrainConfig`.
+        settings: the run's sampling settings (rl.rollout_chunk included).
+        threads: the run's torch threads; every worker sets them.
+    Raises:
+        ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined;
+            a worker that cannot be built (its cause, one line).
+    """
+
+    def __init__(self, cfg: Any, settings: SamplingSettings, *, threads: int) -> None:
+        ray = import_ray()
+        rl = cfg.rl
+        self.settings = settings
+        self.version = 0
+        self._started = False
+        self._rollout: list[Any] = []
+        self._reward: list[Any] = []
+        self._loads: list[Any] = []
+        self._figures = {"ray/weights_bytes": 0.0, "ray/rollout_s": 0.0, "ray/reward_s": 0.0}
+        if not ray.is_initialized():
+            try:
+                if rl.ray_address is None:
+                    ray.init(include_dashboard=rl.ray_dashboard, logging_level=logging.WARNING)
+                else:
+                    ray.init(address=rl.ray_address, logging_level=logging.WARNING)
+            except Exception as exc:  # noqa: BLE001 (ConnectionError, ValueError, RuntimeError: all one line)
+                where = "rl.engine: ray: cannot start a local cluster"
+                if rl.ray_address is not None:
+                    where = f"rl.ray_address: cannot join {rl.ray_address!r}"
+                elif rl.ray_dashboard and "dashboard" in str(exc):
+                    where = "rl.ray_dashboard: the dashboard needs ray's full install (pip install 'ray[default]')"
+                raise ValueError(f"{where}: {_first_line(exc)}") from None
+            self._started = True
+        try:
+            rollout_actor = ray.remote(RolloutWorker).options(num_cpus=rl.rollout_worker_cpus,
+                                                              num_gpus=rl.rollout_worker_gpus)
+            reward_actor = ray.remote(RewardWorker).options(num_cpus=rl.reward_worker_cpus,
+                                                            num_gpus=rl.reward_worker_gpus)
+            self._rollout = [rollout_actor.remote(cfg, settings, threads) for _ in range(rl.rollout_workers)]
+            self._reward = [reward_actor.remote(cfg, threads) for _ in range(rl.reward_workers)]
+            _get(ray, [a.start.remote() for a in self._rollout + self._reward], "building the workers")
+        except BaseException:
+            self.close()
+            raise
+
+    def publish(self, policy: Any, version: int) -> None:
+        """Put `policy`'s state dict into the object store once; every rollout worker loads that object before its
+        next chunk (actor calls run in order). Its bytes (each tensor storage once) are logged as
+        ray/weights_bytes on the step that samples with them."""
+        import ray
+
+        state = {k: v.detach().to("cpu") for k, v in policy.model.state_dict().items()}
+        storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}
+        ref = ray.put(state)
+        self._loads = [w.load.remote(ref, version) for w in self._rollout]
+        self._figures["ray/weights_bytes"] = float(sum(storages.values()))
+        self.version = version
+
+    def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int]) -> list[Rollout]:
+        """See `Engine.generate`: chunk i on rollout worker i mod rl.rollout_workers, results in chunk order."""
+        import ray
+
+        t0 = time.perf_counter()
+        _get(ray, self._loads, "loading the published weights")
+        spans = row_spans(len(rows), n, self.settings.chunk)
+        refs = [self._rollout[i % len(self._rollout)].generate.remote(list(rows[a:b]), n, tuple(stream), a)
+                for i, (a, b) in enumerate(spans)]
+        out = [r for chunk in _get(ray, refs, "generating") for r in chunk]
+        self._figures["ray/rollout_s"] += time.perf_counter() - t0
+        return out
+
+    def score(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
+        """See `Engine.score`: chunk i on reward worker i mod rl.reward_workers, outputs in chunk order."""
+        import ray
+
+        t0 = time.perf_counter()
+        spans = chunk_spans(len(rollouts), self.settings.chunk)
+        refs = [self._reward[i % len(self._reward)].score.remote(list(rollouts[a:b]))
+                for i, (a, b) in enumerate(spans)]
+        out = [o for chunk in _get(ray, refs, "scoring") for o in chunk]
+        self._figures["ray/reward_s"] += time.perf_counter() - t0
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """ray/weights_bytes (the weights the step sampled with, bytes sent once through the object store),
+        ray/rollout_s and ray/reward_s (seconds of wall clock waiting for generation and scoring since the last
+        call)."""
+        out = dict(self._figures)
+        self._figures.update({"ray/rollout_s": 0.0, "ray/reward_s": 0.0})
+        return out
+
+    def close(self) -> None:
+        """Stop the rollout workers' environments, kill every actor and, when this engine connected to Ray,
+        disconnect (a local cluster it started stops)."""
+        import ray
+
+        if self._rollout:
+            try:
+                ray.get([w.close.remote() for w in self._rollout], timeout=30)
+            except Exception:  # noqa: BLE001 (a dead worker has nothing left to close)
+                pass
+        for actor in self._rollout + self._reward:
+            ray.kill(actor)
+        self._rollout, self._reward, self._loads = [], [], []
+        if self._started:
+            ray.shutdown()
+            self._started = False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _get(ray: Any, refs: list[Any], doing: str) -> list[Any]:
+    """`ray.get(refs)`, with a worker's exception raised as itself (a RewardError with on_error=raise stays one)
+    and a dead worker as one line.
+
+    Raises:
+        the worker's own exception; RuntimeError: a worker died while `doing`.
+    """
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException):
+            raise cause from None
+        raise RuntimeError(f"rl.engine ray: a worker failed {doing}: {_first_line(exc)}") from None
+    except ray.exceptions.RayActorError as exc:
+        raise RuntimeError(f"rl.engine ray: a worker died {doing}: {_first_line(exc)}") from None

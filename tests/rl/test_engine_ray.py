@@ -1,0 +1,148 @@
+"""Engine ray on one local Ray cluster (the session's `ray_cluster`): for a seed and rl.rollout_chunk, 1 and 2 rollout
+and reward workers log the rollouts, rewards and metrics.jsonl values (timings and ray/* aside) of engine local, bit
+for bit, on a single-turn task and on env:guess_number; published weights are counted; a reward's errors come back
+as errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import TINY_ARCH, TINY_OVERRIDES
+
+from rewardlab.config import TrainConfig, load_config
+from rewardlab.policy import load_policy
+from rewardlab.rewards import RewardError
+from rewardlab.rl.trainer import train
+
+#: A reward imported by path, so each reward worker imports it too: the fraction of characters of even code (dense,
+#: so groups are rarely tied); an error for a completion whose first character's code is a multiple of 3 (about a
+#: third of them), to see errors travel.
+REWARD = '''
+def dense(completion):
+    if ord(completion[:1] or "a") % 3 == 0:
+        raise ValueError(f"first character {completion[:1]!r}: code a multiple of 3")
+    return sum(ord(c) % 2 == 0 for c in completion) / max(1, len(completion))
+'''
+
+SINGLE_TURN = ["task.spec=reasoning_gym:chain_sum", "task.options={size: 40, test_size: 4, min_terms: 2, max_terms: 2, "
+               "min_digits: 1, max_digits: 1, template: compact}", "rl.prompts_per_step=4", "rl.group_size=2",
+               "rl.rollout_chunk=4", "rl.max_new_tokens=4"]
+GUESS = ["task.spec=env:guess_number", "task.options={n: 8, size: 20, test_size: 2}", "env.max_turns=3",
+         "env.max_episode_tokens=48"]
+WORKERS = {"local": [], "ray-1": ["rl.engine=ray", "rl.rollout_workers=1", "rl.reward_workers=1"],
+           "ray-2": ["rl.engine=ray", "rl.rollout_workers=2", "rl.reward_workers=2"]}
+
+
+@pytest.fixture(scope="module")
+def guesser(tmp_path_factory):
+    """The tiny model after 120 steps of SFT on guess_number's binary-search transcripts (a few seconds): it writes
+    `<g>K</g>` guesses, so its episodes have several turns (the untrained model ends every one in its first)."""
+    from rewardlab.cli import main
+
+    out = tmp_path_factory.mktemp("guesser") / "sft"
+    assert main(["sft", *TINY_OVERRIDES, *GUESS, "sft.steps=120", "sft.batch_size=8", "sft.lr=1e-2", "threads=1",
+                 f"--out={out}"]) == 0
+    return out / "checkpoints" / "step-120"
+
+
+def _run(tmp_path, name, *overrides):
+    cfg = load_config(TrainConfig, None, ["rl.steps=2", "rl.lr=5e-2", "threads=1", "seed=11",
+                                          f"out={tmp_path / name}", *overrides])
+    train(cfg, show_progress=False)
+    lines = lambda f: [json.loads(x) for x in (tmp_path / name / f).read_text().splitlines()]  # noqa: E731
+    return lines("metrics.jsonl"), lines("samples.jsonl")
+
+
+def _semantic(metrics):
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "ray/"))} for m in metrics]
+
+
+@pytest.mark.slow  # trains three times on Ray (in `make test`, within its 90 s of Ray tests)
+def test_ray_workers_log_what_local_logs_on_a_single_turn_task(tmp_path, ray_cluster):
+    (tmp_path / "r.py").write_text(REWARD)
+    task = [*TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:dense'}}]",
+            "rl.max_reward_error_frac=null"]
+    runs = {name: _run(tmp_path, name, *task, *extra) for name, extra in WORKERS.items()}
+    metrics, samples = runs["local"]
+    assert len(metrics) == 2 and len(samples) == 16
+    assert metrics[0]["policy/grad_norm"] > 0  # step 2 samples with new weights: publishing them matters
+    errors = [s["error"] for s in samples if s["error"]]
+    assert errors and all("code a multiple of 3" in e for e in errors)  # failed items are errors, not silent zeros
+    assert sum(m["reward/errors"] for m in metrics) == len(errors)
+    params = sum(p.numel() * p.element_size() for p in load_policy("tiny", tiny_arch=TINY_ARCH).model.parameters())
+    for name in ("ray-1", "ray-2"):
+        ray_metrics, ray_samples = runs[name]
+        assert _semantic(ray_metrics) == _semantic(metrics), name
+        assert ray_samples == samples, name
+        assert [m["ray/weights_bytes"] for m in ray_metrics] == [params, params]  # the state dict, tied weights once
+        assert "ray/weights_bytes" not in metrics[0]
+
+
+@pytest.mark.slow  # trains three times on Ray (in `make test`, within its 90 s of Ray tests)
+def test_ray_workers_log_what_local_logs_on_guess_number_episodes(tmp_path, ray_cluster, guesser):
+    task = [f"model.path={guesser}", *GUESS, "rl.prompts_per_step=2", "rl.group_size=2", "rl.rollout_chunk=2",
+            "rl.max_new_tokens=8", "rl.estimator=turn_grpo", "rl.lr=1e-3"]
+    runs = {name: _run(tmp_path, name, *task, *extra) for name, extra in WORKERS.items()}
+    metrics, samples = runs["local"]
+    assert len(samples) == 8 and sum(s["n_turns"] > 1 for s in samples) >= 4  # episodes of several turns
+    for name in ("ray-1", "ray-2"):
+        ray_metrics, ray_samples = runs[name]
+        assert _semantic(ray_metrics) == _semantic(metrics), name
+        assert ray_samples == samples, name  # token ids, loss masks, log-probs, messages, turns, rewards
+
+
+@pytest.mark.slow  # trains on Ray
+def test_a_reward_exception_with_on_error_raise_reaches_the_driver_as_itself(tmp_path, ray_cluster):
+    (tmp_path / "r.py").write_text(REWARD)
+    with pytest.raises(RewardError, match="code a multiple of 3"):
+        _run(tmp_path, "raise", *TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:dense'}}]",
+             "on_error=raise", *WORKERS["ray-1"])
+
+
+def test_a_worker_runs_torch_on_the_runs_threads_not_on_rays_omp_setting(ray_cluster):
+    import os
+
+    import torch
+
+    from rewardlab.rl.engines.ray_engine import RewardWorker
+
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN])
+    actor = ray_cluster.remote(RewardWorker).options(num_cpus=1).remote(cfg, 2)
+    try:
+        ray_cluster.get(actor.start.remote())
+        seen = ray_cluster.get(actor.__ray_call__.remote(
+            lambda worker: (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))))
+    finally:
+        ray_cluster.kill(actor)
+    assert seen == (2, "1")  # Ray set OMP_NUM_THREADS to the actor's 1 CPU; the worker set the run's 2 threads
+
+
+def test_a_cluster_that_cannot_be_joined_is_one_line_naming_rl_ray_address(monkeypatch, ray_cluster):
+    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.rl.engines.ray_engine import RayEngine
+
+    def init(**kw):
+        raise ConnectionError("Could not find any running Ray instance.\nPlease specify the one to connect to")
+
+    monkeypatch.setattr(ray_cluster, "is_initialized", lambda: False)  # as in a process not connected yet
+    monkeypatch.setattr(ray_cluster, "init", init)
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", "rl.ray_address=auto"])
+    with pytest.raises(ValueError, match=r"^rl\.ray_address: cannot join 'auto': Could not find any running Ray "
+                                         r"instance\.$"):
+        RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
+
+
+def test_a_dashboard_without_its_packages_is_one_line_naming_rl_ray_dashboard(monkeypatch, ray_cluster):
+    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.rl.engines.ray_engine import RayEngine
+
+    def init(**kw):  # what ray.init says with include_dashboard=True on a minimal ray install
+        assert kw["include_dashboard"] is True
+        raise Exception("Cannot include dashboard with missing packages.")
+
+    monkeypatch.setattr(ray_cluster, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_cluster, "init", init)
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", "rl.ray_dashboard=true"])
+    with pytest.raises(ValueError, match=r"^rl\.ray_dashboard: .*pip install 'ray\[default\]'.*missing packages\.$"):
+        RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
