@@ -37,8 +37,8 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache
 
 # verl's own environment (verl 0.9.1 pins transformers<5.11, so it cannot share .venv): torch==2.13.0 (CPU) first,
-# then verl (with cachetools, uvicorn and fastapi, which verl imports but lists only in its GPU extra), then rewardlab
-# with its test extra. `make test-verl` runs the interop tests (the verl ones skip where verl is not installed) and the
+# then rewardlab with its test and verl extras (verl, and cachetools, uvicorn and fastapi, which verl imports but lists
+# only in its GPU extra). `make test-verl` runs the interop tests (the verl ones skip where verl is not installed) and the
 # policy tests under verl's transformers.
 VERL_VENV := .venv-verl
 VERL_PY := $(VERL_VENV)/bin/python
@@ -49,8 +49,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 $(VERL_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VERL_VENV) || python3 -m venv $(VERL_VENV)
 	$(VERL_PY) -m pip install --quiet torch==2.13.0
-	$(VERL_PY) -m pip install --quiet verl==0.9.1 cachetools==8.0.2 uvicorn==0.54.0 fastapi==0.165.0
-	$(VERL_PY) -m pip install --quiet -e ".[test]"
+	$(VERL_PY) -m pip install --quiet -e ".[test,verl]"
 	touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)

@@ -606,7 +606,8 @@ def as_trl_environment(env: Any, **options: Any) -> type:
         guess_number: `guess(n: int)`: the turn `<g>n</g>`, answered "higher", "lower" or, when found, "found";
             `get_reward()` is rewardlab's outcome `guess_found` (1.0 once the secret was guessed).
 
-    `reset(**example)` (TRL passes the whole dataset example) starts the environment on that row; the instance keeps
+    `reset(**example)` (TRL passes the whole dataset example) starts the environment on that row (a conversational
+    `prompt`, a list of messages, becomes the row's `messages`); the instance keeps
     `state` (rewardlab's episode state), `tool_calls` (each call's name, arguments, status, seconds) and
     `turn_rewards` (guess_number's per-guess rewards).
 
@@ -629,7 +630,10 @@ def as_trl_environment(env: Any, **options: Any) -> type:
     label = env if isinstance(env, str) else type(env).__name__
 
     def reset(self: Any, **example: Any) -> None:
-        self.state = built.reset(dict(example))
+        row = dict(example)
+        if _is_messages(row.get("prompt")):  # a conversational dataset: the prompt turns are the row's messages
+            row["messages"] = row.pop("prompt")
+        self.state = built.reset(row)
         self.tool_calls, self.turn_rewards = [], []
 
     namespace: dict[str, Any] = {"reset": reset, "env": built, "__doc__": f"rewardlab environment {label} for TRL."}
