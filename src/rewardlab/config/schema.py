@@ -437,8 +437,8 @@ def _tools_sections() -> dict[str, dict[str, Any]]:
     """The `tools` preset's sections (the rest as in the default preset)."""
     return {
         "task": {"spec": "env:calculator", "options": {"size": 5000, "test_size": 300, "max_terms": 2}},
-        "sft": {"steps": 800, "batch_size": 64, "lr": 3e-3, "tool_frac": 0.5, "eval_every": 0},
-        "rl": {"steps": 80, "prompts_per_step": 32, "group_size": 8, "lr": 5e-4, "temperature": 0.7,
+        "sft": {"steps": 800, "batch_size": 64, "lr": 1e-3, "tool_frac": 0.5, "eval_every": 0},
+        "rl": {"steps": 50, "prompts_per_step": 32, "group_size": 8, "lr": 1e-4, "temperature": 0.7,
                "max_new_tokens": 24, "eval_every": 0},
         "eval": {"n": 1, "k": [1], "max_new_tokens": 24, "batch_size": 100},
         "env": {"max_turns": 3, "max_episode_tokens": 72, "max_tool_tokens": 16},
@@ -456,11 +456,11 @@ class QuickstartConfig(_Run):
     preset "tools" (`rewardlab quickstart --preset tools`): the calculator environment (env:calculator, sums and
     differences of two 3-4 digit numbers, which the tiny model cannot do in its head, the `calc` tool in the compact
     form `<c>EXPR</c>` -> `<o>RESULT</o>`): SFT on generated traces (sft.tool_frac of them, half, call the tool,
-    the others answer directly; 800 steps, stopped before the model copies the expression and the tool's result
-    reliably, as the default preset stops early),
-    GRPO on episodes in the environment, greedy episodes on the 300 held-out questions; and the same model, steps
-    and batches trained without the tool (SFT on direct answers only, GRPO on single completions of the same
-    questions), evaluated on the same questions (`no_tool` in summary.json).
+    the others answer directly; 800 steps at lr 1e-3, stopped while the model still answers about a quarter of the
+    questions directly, as the default preset stops early), GRPO on episodes in the environment (50 steps at lr
+    1e-4: higher rates wreck the copying SFT taught), greedy episodes on the 300 held-out questions; and the same
+    model, steps and batches trained without the tool (SFT on direct answers only, GRPO on single completions of
+    the same questions), evaluated on the same questions (`no_tool` in summary.json).
     """
 
     out: str = _out("runs/quickstart")
