@@ -1,7 +1,8 @@
 """guess_number (N = 64): success rate and mean turns after SFT and after GRPO with `grpo`, `turn_grpo` and `gigpo` at
 equal steps, per seed.
 
-    python benchmarks/agents_guess_number.py --out runs/bench_guess --seeds 0 1 2 [--parallel 3]
+    python benchmarks/agents_guess_number.py --out runs/bench_guess --seeds 0 1 2 [--rl-steps 40] [--lr 1e-4]
+                                             [--temperature 0.7] [--parallel 3]
 
 One SFT warm start on binary-search traces (stopped early, so RL has room), evaluated with greedy episodes on the
 300 held-out secrets; then, for each seed and estimator, GRPO from that checkpoint and the same evaluation. Runs go
@@ -41,7 +42,9 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_guess")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--sft-steps", type=int, default=100)
-    ap.add_argument("--rl-steps", type=int, default=20)
+    ap.add_argument("--rl-steps", type=int, default=40)
+    ap.add_argument("--lr", type=float, default=1e-4, help="GRPO learning rate (3e-4 wrecks the early-stopped start)")
+    ap.add_argument("--temperature", type=float, default=0.7, help="GRPO sampling temperature")
     ap.add_argument("--parallel", type=int, default=3, help="GRPO runs at once (each with threads=1)")
     a = ap.parse_args()
     out = Path(a.out)
@@ -58,7 +61,8 @@ def main() -> None:
         run_dir = out / f"{estimator}_seed{seed}"
         wall = run(["train", "--model", start, *TASK, "--out", str(run_dir), "--seed", str(seed), *ENV,
                     f"rl.estimator={estimator}", f"rl.steps={a.rl_steps}", "rl.prompts_per_step=8",
-                    "rl.group_size=8", "rl.max_new_tokens=10", "rl.lr=3e-4", "threads=1"])
+                    "rl.group_size=8", "rl.max_new_tokens=10", f"rl.lr={a.lr}", f"rl.temperature={a.temperature}",
+                    "threads=1"])
         ev = evaluate(str(run_dir / "checkpoints" / f"step-{a.rl_steps}"), out / f"eval_{estimator}_seed{seed}")
         return f"{estimator}/seed{seed}", {**ev, "train_s": wall}
 
