@@ -104,21 +104,20 @@ def test_workers_killed_in_mid_chunk_and_between_steps_are_replaced_and_the_run_
     # the undisturbed run, on engine local: engine ray logs the same (test_engine_ray.py), and local is quicker
     train(load_config(TrainConfig, None, [*run, f"out={tmp_path / 'calm'}"]), show_progress=False)
 
-    # The disturbed run: reward worker killed while it scores step 1's first chunk; rollout worker killed while it
-    # samples a chunk of step 2 (with version 1's weights); rollout worker 1 killed while it waits between steps 2
-    # and 3, after it loaded version 2.
+    # The disturbed run: the reward worker killed while it scores step 1's first chunk; a rollout worker killed while
+    # it samples a chunk of step 2 (with version 1's weights); rollout worker 1 killed while it waits between steps 2
+    # and 3, before version 2 is published.
     monkeypatch.setattr(ray_engine, "RolloutWorker", _trapped_rollout_worker(str(rollout_trap), str(rollout_pid)))
     publish, killed = ray_engine.RayEngine.publish, []
 
-    def publish_then_kill(self, policy, version):
-        publish(self, policy, version)
-        if version == 2:
-            ray_cluster.get(self._loads)
+    def kill_then_publish(self, policy, version):
+        if version == 2:  # the worker dies before it can load version 2 (publishing sends it to a dead actor)
             pid = ray_cluster.get(self._rollout[1].__ray_call__.remote(lambda worker: os.getpid()))
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
+        publish(self, policy, version)
 
-    monkeypatch.setattr(ray_engine.RayEngine, "publish", publish_then_kill)
+    monkeypatch.setattr(ray_engine.RayEngine, "publish", kill_then_publish)
     reward_trap.touch()
     rollout_trap.touch()
     stop = threading.Event()

@@ -160,7 +160,7 @@ class RayEngine:
         self._rollout: list[Any] = []
         self._reward: list[Any] = []
         self._loads: list[Any] = []
-        self._weights: Any = None  # the last published state dict's object-store reference (a new worker loads it)
+        self._published: Any = None  # the last published state dict's object-store reference: a new worker loads it
         self._actors: dict[str, tuple[Any, tuple[Any, ...]]] = {}  # kind -> (actor class, constructor arguments)
         self._figures = {"ray/weights_bytes": 0.0, "ray/rollout_s": 0.0, "ray/reward_s": 0.0,
                          "ray/worker_restarts": 0.0, "ray/chunk_reruns": 0.0}
@@ -202,7 +202,7 @@ class RayEngine:
         storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}
         ref = ray.put(state)
         self._loads = [w.load.remote(ref, version) for w in self._rollout]
-        self._weights = ref
+        self._published = ref
         self._figures["ray/weights_bytes"] = float(sum(storages.values()))
         self.version = version
 
@@ -212,11 +212,11 @@ class RayEngine:
         import ray
 
         t0 = time.perf_counter()
-        for slot, load in enumerate(self._loads):
+        for load in self._loads:
             try:
                 _get(ray, [load], "loading the published weights")
-            except _Died:  # a new worker in its slot loads them
-                self._restart("rollout", slot)
+            except _Died:  # its chunk finds the worker dead too, and the worker replacing it loads the weights
+                pass
         self._loads = []
         spans = row_spans(len(rows), n, self.settings.chunk)
         chunks = self._run_chunks("rollout", "generate", [(list(rows[a:b]), n, tuple(stream), a) for a, b in spans],
@@ -293,8 +293,8 @@ class RayEngine:
             pool[slot] = actor_class.remote(*arguments)
             self._figures["ray/worker_restarts"] += 1
             calls = [pool[slot].start.remote()]
-            if kind == "rollout" and self._weights is not None:
-                calls.append(pool[slot].load.remote(self._weights, self.version))
+            if kind == "rollout" and self._published is not None:
+                calls.append(pool[slot].load.remote(self._published, self.version))
             try:
                 _get(ray, calls, f"restarting {kind} worker {slot}")
                 return
@@ -325,7 +325,7 @@ class RayEngine:
                 pass
         for actor in self._rollout + self._reward:
             ray.kill(actor)
-        self._rollout, self._reward, self._loads, self._weights = [], [], [], None
+        self._rollout, self._reward, self._loads, self._published = [], [], [], None
         if self._started:
             ray.shutdown()
             self._started = False
