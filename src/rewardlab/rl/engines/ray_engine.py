@@ -140,7 +140,8 @@ class RayEngine:
 
     Joins the cluster rl.ray_address names (`ray.init(address=...)`), or starts a local one (dashboard per
     rl.ray_dashboard); a process already connected to Ray (`ray.is_initialized()`) keeps its connection. `close`
-    kills the actors and disconnects when this engine connected.
+    kills the actors and disconnects when this engine connected. A worker that dies is replaced and its unreturned
+    chunks run again (see the module doc).
 
     Args:
         cfg: the run's `TrainConfig`.
@@ -148,7 +149,8 @@ class RayEngine:
         threads: the run's torch threads; every worker sets them.
     Raises:
         ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined;
-            a worker that cannot be built (its cause, one line).
+            a worker that cannot be built (its cause, one line). generate and score: RuntimeError (one line) when a
+            chunk's workers died more than MAX_RERUNS times.
     """
 
     def __init__(self, cfg: Any, settings: SamplingSettings, *, threads: int) -> None:
