@@ -15,6 +15,13 @@
 
 Every worker sets torch's threads to the run's `threads` (Ray sets OMP_NUM_THREADS to an actor's CPUs), so a chunk
 computes the same floats on any worker as in the driver.
+
+Fault tolerance: a worker that dies (its process killed, its node lost) is replaced by a new actor in its slot, built
+from the config as at the start; a rollout worker then loads the last published weights (and version). The chunks it
+had not returned run again there. A chunk is a pure function of (weights, rows, n, stream) for generation and of its
+rollouts for scoring, so the re-run returns what the first run would have. A chunk re-runs at most `MAX_RERUNS`
+times; a worker's own exception (a RewardError with on_error=raise, a bug) is not a death and is raised as itself.
+Restarts and re-runs are logged as ray/worker_restarts and ray/chunk_reruns.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from rewardlab.rl.engines import SamplingSettings, chunk_spans, row_spans, sampl
 from rewardlab.types import RewardOutput, Rollout
 
 INSTALL_HINT = "pip install rewardlab[ray]"
+
+#: How many times one chunk may run again after the worker running it died (and how many times in a row a worker
+#: slot may die while it is being rebuilt) before the step fails with one line naming the worker kind and the chunk.
+MAX_RERUNS = 3
 
 
 def import_ray() -> Any:
@@ -129,7 +140,8 @@ class RayEngine:
 
     Joins the cluster rl.ray_address names (`ray.init(address=...)`), or starts a local one (dashboard per
     rl.ray_dashboard); a process already connected to Ray (`ray.is_initialized()`) keeps its connection. `close`
-    kills the actors and disconnects when this engine connected.
+    kills the actors and disconnects when this engine connected. A worker that dies is replaced and its unreturned
+    chunks run again (see the module doc).
 
     Args:
         cfg: the run's `TrainConfig`.
@@ -137,7 +149,8 @@ class RayEngine:
         threads: the run's torch threads; every worker sets them.
     Raises:
         ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined;
-            a worker that cannot be built (its cause, one line).
+            a worker that cannot be built (its cause, one line). generate and score: RuntimeError (one line) when a
+            chunk's workers died more than MAX_RERUNS times.
     """
 
     def __init__(self, cfg: Any, settings: SamplingSettings, *, threads: int) -> None:
@@ -149,7 +162,10 @@ class RayEngine:
         self._rollout: list[Any] = []
         self._reward: list[Any] = []
         self._loads: list[Any] = []
-        self._figures = {"ray/weights_bytes": 0.0, "ray/rollout_s": 0.0, "ray/reward_s": 0.0}
+        self._published: Any = None  # the last published state dict's object-store reference: a new worker loads it
+        self._actors: dict[str, tuple[Any, tuple[Any, ...]]] = {}  # kind -> (actor class, constructor arguments)
+        self._figures = {"ray/weights_bytes": 0.0, "ray/rollout_s": 0.0, "ray/reward_s": 0.0,
+                         "ray/worker_restarts": 0.0, "ray/chunk_reruns": 0.0}
         if not ray.is_initialized():
             try:
                 if rl.ray_address is None:
@@ -169,6 +185,8 @@ class RayEngine:
                                                               num_gpus=rl.rollout_worker_gpus)
             reward_actor = ray.remote(RewardWorker).options(num_cpus=rl.reward_worker_cpus,
                                                             num_gpus=rl.reward_worker_gpus)
+            self._actors = {"rollout": (rollout_actor, (cfg, settings, threads)),
+                            "reward": (reward_actor, (cfg, threads))}
             self._rollout = [rollout_actor.remote(cfg, settings, threads) for _ in range(rl.rollout_workers)]
             self._reward = [reward_actor.remote(cfg, threads) for _ in range(rl.reward_workers)]
             _get(ray, [a.start.remote() for a in self._rollout + self._reward], "building the workers")
@@ -186,40 +204,115 @@ class RayEngine:
         storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}
         ref = ray.put(state)
         self._loads = [w.load.remote(ref, version) for w in self._rollout]
+        self._published = ref
         self._figures["ray/weights_bytes"] = float(sum(storages.values()))
         self.version = version
 
     def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int]) -> list[Rollout]:
-        """See `Engine.generate`: chunk i on rollout worker i mod rl.rollout_workers, results in chunk order."""
+        """See `Engine.generate`: chunk i on rollout worker i mod rl.rollout_workers, results in chunk order; a chunk
+        whose worker died runs again on its replacement, which loaded the last published weights."""
         import ray
 
         t0 = time.perf_counter()
-        _get(ray, self._loads, "loading the published weights")
+        for load in self._loads:
+            try:
+                _get(ray, [load], "loading the published weights")
+            except _Died:  # its chunk finds the worker dead too, and the worker replacing it loads the weights
+                pass
+        self._loads = []
         spans = row_spans(len(rows), n, self.settings.chunk)
-        refs = [self._rollout[i % len(self._rollout)].generate.remote(list(rows[a:b]), n, tuple(stream), a)
-                for i, (a, b) in enumerate(spans)]
-        out = [r for chunk in _get(ray, refs, "generating") for r in chunk]
+        chunks = self._run_chunks("rollout", "generate", [(list(rows[a:b]), n, tuple(stream), a) for a, b in spans],
+                                  [f"rows {a}-{b - 1}" for a, b in spans])
+        out = [r for chunk in chunks for r in chunk]
         self._figures["ray/rollout_s"] += time.perf_counter() - t0
         return out
 
     def score(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
-        """See `Engine.score`: chunk i on reward worker i mod rl.reward_workers, outputs in chunk order."""
-        import ray
-
+        """See `Engine.score`: chunk i on reward worker i mod rl.reward_workers, outputs in chunk order; a chunk
+        whose worker died runs again on its replacement."""
         t0 = time.perf_counter()
         spans = chunk_spans(len(rollouts), self.settings.chunk)
-        refs = [self._reward[i % len(self._reward)].score.remote(list(rollouts[a:b]))
-                for i, (a, b) in enumerate(spans)]
-        out = [o for chunk in _get(ray, refs, "scoring") for o in chunk]
+        chunks = self._run_chunks("reward", "score", [(list(rollouts[a:b]),) for a, b in spans],
+                                  [f"rollouts {a}-{b - 1}" for a, b in spans])
+        out = [o for chunk in chunks for o in chunk]
         self._figures["ray/reward_s"] += time.perf_counter() - t0
         return out
+
+    def _run_chunks(self, kind: str, method: str, args: list[tuple[Any, ...]], names: list[str]) -> list[Any]:
+        """Each chunk's result, in chunk order: chunk i runs as `method(*args[i])` on the `kind` worker in slot
+        i mod W. A chunk whose worker died runs again on the worker that replaces it (`_restart`), at most
+        MAX_RERUNS times.
+
+        Raises:
+            a worker's own exception, as itself; RuntimeError: a chunk's workers died more than MAX_RERUNS times
+                (one line naming the worker kind, the chunk and its items).
+        """
+        import ray
+
+        pool = self._rollout if kind == "rollout" else self._reward
+        results: list[Any] = [None] * len(args)
+        reruns = [0] * len(args)
+        running: dict[Any, tuple[int, int, Any]] = {}  # result reference -> (chunk, slot, actor)
+
+        def submit(i: int) -> None:
+            slot = i % len(pool)
+            running[getattr(pool[slot], method).remote(*args[i])] = (i, slot, pool[slot])
+
+        for i in range(len(args)):
+            submit(i)
+        doing = "generating" if kind == "rollout" else "scoring"
+        while running:
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            i, slot, actor = running.pop(ref)
+            try:
+                results[i] = _get(ray, [ref], doing)[0]
+            except _Died as exc:
+                if reruns[i] == MAX_RERUNS:
+                    raise RuntimeError(f"rl.engine ray: the {kind} worker running chunk {i} ({names[i]}) died "
+                                       f"{MAX_RERUNS + 1} times; gave up after {MAX_RERUNS} re-runs: "
+                                       f"{exc.cause}") from None
+                reruns[i] += 1
+                self._figures["ray/chunk_reruns"] += 1
+                if pool[slot] is actor:  # the first of its chunks to report the death replaces the worker
+                    self._restart(kind, slot)
+                submit(i)
+        return results
+
+    def _restart(self, kind: str, slot: int) -> None:
+        """Replace the dead `kind` worker in `slot` by a new actor built as at the start (`start`); a rollout worker
+        then loads the last published weights and version. Counted in ray/worker_restarts.
+
+        Raises:
+            the new worker's own exception while it is built; RuntimeError: the slot's new workers died MAX_RERUNS + 1
+                times in a row while being built.
+        """
+        import ray
+
+        pool = self._rollout if kind == "rollout" else self._reward
+        actor_class, arguments = self._actors[kind]
+        for _ in range(MAX_RERUNS + 1):
+            ray.kill(pool[slot])  # a dead actor: Ray must not bring it back on its own
+            pool[slot] = actor_class.remote(*arguments)
+            self._figures["ray/worker_restarts"] += 1
+            calls = [pool[slot].start.remote()]
+            if kind == "rollout" and self._published is not None:
+                calls.append(pool[slot].load.remote(self._published, self.version))
+            try:
+                _get(ray, calls, f"restarting {kind} worker {slot}")
+                return
+            except _Died as exc:
+                last = exc.cause
+        raise RuntimeError(f"rl.engine ray: {kind} worker {slot} died {MAX_RERUNS + 1} times in a row while being "
+                           f"rebuilt: {last}") from None
 
     def metrics(self) -> dict[str, float]:
         """ray/weights_bytes (the weights the step sampled with, bytes sent once through the object store),
         ray/rollout_s and ray/reward_s (seconds of wall clock waiting for generation and scoring since the last
-        call)."""
+        call), ray/worker_restarts (workers replaced after they died) and ray/chunk_reruns (chunks run again on
+        them) since the last call."""
         out = dict(self._figures)
-        self._figures.update({"ray/rollout_s": 0.0, "ray/reward_s": 0.0})
+        self._figures.update({k: 0.0 for k in ("ray/rollout_s", "ray/reward_s", "ray/worker_restarts",
+                                               "ray/chunk_reruns")})
         return out
 
     def close(self) -> None:
@@ -234,7 +327,7 @@ class RayEngine:
                 pass
         for actor in self._rollout + self._reward:
             ray.kill(actor)
-        self._rollout, self._reward, self._loads = [], [], []
+        self._rollout, self._reward, self._loads, self._published = [], [], [], None
         if self._started:
             ray.shutdown()
             self._started = False
@@ -245,12 +338,22 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
+class _Died(RuntimeError):
+    """A worker died (its actor is gone, or a result it returned was lost with its node): one line; `cause` is Ray's
+    first line."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 def _get(ray: Any, refs: list[Any], doing: str) -> list[Any]:
     """`ray.get(refs)`, with a worker's exception raised as itself (a RewardError with on_error=raise stays one)
     and a dead worker as one line.
 
     Raises:
-        the worker's own exception; RuntimeError: a worker died while `doing`.
+        the worker's own exception; _Died (a RuntimeError): a worker died while `doing`, or a result it returned
+            was lost.
     """
     try:
         return ray.get(refs)
@@ -259,5 +362,5 @@ def _get(ray: Any, refs: list[Any], doing: str) -> list[Any]:
         if isinstance(cause, BaseException):
             raise cause from None
         raise RuntimeError(f"rl.engine ray: a worker failed {doing}: {_first_line(exc)}") from None
-    except ray.exceptions.RayActorError as exc:
-        raise RuntimeError(f"rl.engine ray: a worker died {doing}: {_first_line(exc)}") from None
+    except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+        raise _Died(f"rl.engine ray: a worker died {doing}: {_first_line(exc)}", _first_line(exc)) from None
