@@ -81,8 +81,13 @@ class RolloutWorker:
         return version
 
     def generate(self, rows: list[dict[str, Any]], n: int, stream: tuple[int, int, int],
-                 first_row: int) -> list[Rollout]:
-        """One chunk: `sample_chunk` with this worker's policy, environment and last loaded version."""
+                 first_row: int, weights: tuple[int, list[Any]] | None = None) -> list[Rollout]:
+        """One chunk: `sample_chunk` with this worker's policy, environment and last loaded version; with `weights`
+        (version, [its object-store reference]), with that version, loaded first unless it is the loaded one."""
+        if weights is not None and weights[0] != self.version:
+            import ray
+
+            self.load(ray.get(weights[1][0]), weights[0])
         return sample_chunk(self.policy, self.episodes, self.settings, rows, n=n, stream=stream, first_row=first_row,
                             version=self.version)
 
@@ -149,6 +154,8 @@ class RayEngine:
         self._rollout: list[Any] = []
         self._reward: list[Any] = []
         self._loads: list[Any] = []
+        self._weights: dict[int, Any] = {}  # version -> object-store reference, the last `_keep` published
+        self._keep = rl.max_staleness + 1
         self._figures = {"ray/weights_bytes": 0.0, "ray/rollout_s": 0.0, "ray/reward_s": 0.0}
         if not ray.is_initialized():
             try:
@@ -178,7 +185,8 @@ class RayEngine:
 
     def publish(self, policy: Any, version: int) -> None:
         """Put `policy`'s state dict into the object store once; every rollout worker loads that object before its
-        next chunk (actor calls run in order). Its bytes (each tensor storage once) are logged as
+        next chunk (actor calls run in order). The references of the last rl.max_staleness + 1 versions are kept
+        for `generate(..., version=v)` (a batch prefetched with older weights). Its bytes (each tensor storage once) are logged as
         ray/weights_bytes on the step that samples with them."""
         import ray
 
@@ -186,17 +194,31 @@ class RayEngine:
         storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}
         ref = ray.put(state)
         self._loads = [w.load.remote(ref, version) for w in self._rollout]
+        self._weights[version] = ref
+        for old in sorted(self._weights)[:-self._keep]:
+            del self._weights[old]
         self._figures["ray/weights_bytes"] = float(sum(storages.values()))
         self.version = version
 
-    def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int]) -> list[Rollout]:
-        """See `Engine.generate`: chunk i on rollout worker i mod rl.rollout_workers, results in chunk order."""
+    def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int],
+                 version: int | None = None) -> list[Rollout]:
+        """See `Engine.generate`: chunk i on rollout worker i mod rl.rollout_workers, results in chunk order. Safe to
+        call from another thread than `publish`'s (the trainer's prefetch thread).
+
+        Raises:
+            RuntimeError: `version` is not one of the last rl.max_staleness + 1 published.
+        """
         import ray
 
         t0 = time.perf_counter()
-        _get(ray, self._loads, "loading the published weights")
+        version = self.version if version is None else version
+        ref = self._weights.get(version)
+        if ref is None:
+            raise RuntimeError(f"rl.engine ray: policy version {version} is not kept (kept: {sorted(self._weights)})")
+        _get(ray, list(self._loads), "loading the published weights")
         spans = row_spans(len(rows), n, self.settings.chunk)
-        refs = [self._rollout[i % len(self._rollout)].generate.remote(list(rows[a:b]), n, tuple(stream), a)
+        refs = [self._rollout[i % len(self._rollout)].generate.remote(list(rows[a:b]), n, tuple(stream), a,
+                                                                      (version, [ref]))
                 for i, (a, b) in enumerate(spans)]
         out = [r for chunk in _get(ray, refs, "generating") for r in chunk]
         self._figures["ray/rollout_s"] += time.perf_counter() - t0

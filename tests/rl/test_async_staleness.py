@@ -1,0 +1,166 @@
+"""Asynchronous training's fixed lag (rl.max_staleness = k): step s trains on the batch of step s sampled by policy
+version max(0, s - 1 - k), staleness logged, every finished rollout trained, filtered or in flight, and a resume
+trains what the uninterrupted run trains.
+
+The schedule itself is checked without Ray (`Prefetch` on a stub engine); the end-to-end runs use the session's
+`ray_cluster` with one rollout and one reward worker and a tiny model (engine local refuses a lag)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from conftest import TINY_OVERRIDES
+
+from rewardlab.config import TrainConfig, load_config
+from rewardlab.config.loader import ConfigError
+from rewardlab.rl import trainer
+from rewardlab.rl.trainer import Collected, Prefetch, train
+from rewardlab.types import RewardOutput, Rollout
+
+#: A dense reward without errors (fraction of characters of even code), imported by path so the reward worker
+#: imports it too: groups are rarely tied, so every step moves the weights.
+REWARD = '''
+def dense(completion):
+    return sum(ord(c) % 2 == 0 for c in completion) / max(1, len(completion))
+'''
+TASK = ["task.spec=reasoning_gym:chain_sum", "task.options={size: 40, test_size: 4, min_terms: 2, max_terms: 2, "
+        "min_digits: 1, max_digits: 1, template: compact}", "rl.prompts_per_step=2", "rl.group_size=2",
+        "rl.max_new_tokens=4", "rl.lr=5e-2", "threads=1", "seed=5"]
+RAY = ["rl.engine=ray", "rl.rollout_workers=1", "rl.reward_workers=1"]
+PER_STEP = 4  # rollouts per batch: 2 prompts x 2
+
+
+# -- the schedule, without Ray ---------------------------------------------------------------------------------------
+
+def _stub_state(lag: int, steps: int, start_step: int = 0):
+    engine = SimpleNamespace(version=start_step)
+    cfg = SimpleNamespace(rl=SimpleNamespace(max_staleness=lag, steps=steps, engine="local",
+                                             max_reward_error_frac=None))
+    return SimpleNamespace(cfg=cfg, engine=engine, start_step=start_step)
+
+
+def _fake_produce(made):
+    def produce(state, step, version=None):
+        made.append((step, version, state.engine.version))
+        r = Rollout(prompt="p", prompt_ids=[1], completion="c", completion_ids=[2], logprobs=[-1.0],
+                    policy_version=version)
+        return Collected([r], [RewardOutput(score=1.0)], [r], [RewardOutput(score=1.0)])
+    return produce
+
+
+@pytest.mark.parametrize("lag", [0, 1, 2])
+def test_step_s_trains_the_batch_of_step_s_sampled_by_version_max_0_s_minus_1_minus_k(lag, monkeypatch):
+    made: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(trainer, "produce", _fake_produce(made))
+    monkeypatch.setattr(trainer, "finish", lambda state, batch: batch)
+    state = _stub_state(lag, steps=5)
+    pre = Prefetch(state)
+    stale = []
+    for step in range(1, 6):  # the train loop's order: take, update, publish, log, (checkpoint), submit
+        batch = pre.take(step)
+        stale.append(batch.metrics["async/staleness_max"])
+        assert batch.all_rollouts[0].policy_version == max(0, step - 1 - lag)
+        state.engine.version = step  # publish
+        counts = pre.counts(step)
+        assert counts["async/trained"] == step  # one rollout per batch, each trained once
+        assert counts["async/in_flight"] == max(0, min(lag - 1, 5 + lag - step))  # batches step+1..step+lag-1
+        if lag:
+            pre.submit()
+    # batches 1..steps+lag, each once, in step order; batch t sampled by version max(0, t-1-lag), and submitted
+    # as soon as that version was published (never with a newer one in the engine)
+    assert [t for t, _, _ in made] == list(range(1, 6 + lag))
+    assert all(v == max(0, t - 1 - lag) == published for t, v, published in made)
+    # off by one: step 1 trains on version 0 whatever the lag; the staleness grows by one a step up to the lag
+    assert stale == [float(min(s - 1, lag)) for s in range(1, 6)]
+    if lag == 2:
+        assert stale == [0.0, 1.0, 2.0, 2.0, 2.0]
+    assert sorted(pre.batches) == list(range(6, 6 + lag))  # the last `lag` batches are in flight at the end
+    assert pre.counts(float("inf"))["async/in_flight"] == lag
+
+
+def test_a_resumed_prefetch_goes_on_from_the_checkpoint_without_older_weights(monkeypatch):
+    made: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(trainer, "produce", _fake_produce(made))
+    monkeypatch.setattr(trainer, "finish", lambda state, batch: batch)
+    state = _stub_state(2, steps=6)
+    pre = Prefetch(state)
+    for step in (1, 2, 3):
+        pre.take(step)
+        state.engine.version = step
+        pre.counts(step)
+        saved = pre.state_dict()  # a checkpoint of step 3 at the last pass
+        pre.submit()
+    made.clear()
+    resumed = Prefetch(_stub_state(2, steps=6, start_step=3), saved)
+    assert sorted(resumed.batches) == [4, 5] and resumed.next == 6 and resumed.trained == 3
+    assert resumed.take(4).all_rollouts[0].policy_version == 1  # the stored batch, sampled by version 1
+    assert made == [(6, 3, 3)]  # the first batch produced after the resume: step 6 on version 3, the current one
+
+
+def test_max_staleness_on_engine_local_is_one_line_naming_the_key():
+    with pytest.raises((ConfigError, ValueError), match=r"rl\.max_staleness: applies to rl\.engine ray only"):
+        load_config(TrainConfig, None, [*TINY_OVERRIDES, *TASK, "rl.max_staleness=1"])
+
+
+# -- end to end on Ray -----------------------------------------------------------------------------------------------
+
+def _lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _run(tmp_path, name, *overrides, resume=False):
+    (tmp_path / "r.py").write_text(REWARD)
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *TASK, f"rewards=[{{name: '{tmp_path / 'r.py'}:dense'}}]",
+                                          f"out={tmp_path / name}", *overrides])
+    summary = train(cfg, show_progress=False, resume=resume)
+    return _lines(tmp_path / name / "metrics.jsonl"), _lines(tmp_path / name / "samples.jsonl"), summary
+
+
+def _semantic(metrics):
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "ray/"))} for m in metrics]
+
+
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory):
+    """Engine local, synchronous, rl.lr=1e-30 (each AdamW step is below float32's resolution of the weights): every policy
+    version holds the initial weights."""
+    return _run(tmp_path_factory.mktemp("frozen"), "frozen", "rl.steps=4", "rl.lr=1e-30")
+
+
+@pytest.mark.slow  # trains three times on Ray (in `make test`, within its 90 s of Ray tests)
+def test_lag_2_on_ray_staleness_accounting_and_an_exact_resume(tmp_path, ray_cluster, frozen):
+    k, steps = 2, 4
+    metrics, samples, summary = _run(tmp_path, "lag", *RAY, f"rl.max_staleness={k}", f"rl.steps={steps}",
+                                     "save_every=1")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert metrics[0]["policy/grad_norm"] > 0  # the weights move: versions differ
+    # staleness = s - 1 - version: 0, 1 while warming up (steps 1..k+1 train on version 0), then exactly k
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 2.0, 2.0]
+    assert [m["async/staleness_mean"] for m in metrics] == [0.0, 1.0, 2.0, 2.0]
+    assert [s["policy_version"] for s in samples] == [v for v in (0, 0, 0, 1) for _ in range(PER_STEP)]
+    # the warm-up batches are sampled by the initial weights: what a run whose weights never move samples at
+    # those steps (same prompts, streams and rewards; the batch of step s keyed by s whatever the lag)
+    pick = lambda rows: [(r["step"], r["prompt"], r["completion"], r["reward"]) for r in rows]  # noqa: E731
+    assert pick(samples[:3 * PER_STEP]) == pick(frozen[1][:3 * PER_STEP])
+    # every finished rollout trained, filtered or in flight: counts against samples.jsonl and the final checkpoint
+    for m in metrics:
+        upto = [s for s in samples if s["step"] <= m["step"]]
+        assert m["async/trained"] == sum(s["kept"] for s in upto)
+        assert m["async/filtered"] == sum(not s["kept"] for s in upto)
+        assert m["async/in_flight"] == (k - 1) * PER_STEP  # batch step+1 finished, step+2 generating
+    assert summary["async"] == {"async/trained": float(len(samples)), "async/filtered": 0.0,
+                                "async/in_flight": float(k * PER_STEP)}  # batches 5 and 6, prefetched past the end
+    saved = trainer.load_state(tmp_path / "lag" / "checkpoints" / f"step-{steps}")["prefetch"]
+    assert sorted(saved["batches"]) == [5, 6] and saved["next"] == 7
+    assert [r.policy_version for t in (5, 6) for r in saved["batches"][t]["all_rollouts"]] == [2] * 4 + [3] * 4
+
+    # a run of 2 steps, resumed for 4: the checkpoint's prefetched batches (3 on version 0, 4 on version 1) make
+    # it log what the uninterrupted run logs, staleness included
+    first, _, _ = _run(tmp_path, "split", *RAY, f"rl.max_staleness={k}", "rl.steps=2", "save_every=1")
+    assert _semantic(first) == _semantic(metrics[:2])
+    again, again_samples, _ = _run(tmp_path, "split", *RAY, f"rl.max_staleness={k}", f"rl.steps={steps}",
+                                   "save_every=1", resume=True)
+    assert _semantic(again) == _semantic(metrics)
+    assert again_samples == samples
