@@ -104,6 +104,45 @@ def test_max_staleness_on_engine_local_is_one_line_naming_the_key():
         load_config(TrainConfig, None, [*TINY_OVERRIDES, *TASK, "rl.max_staleness=1"])
 
 
+# -- lag 0 on the asynchronous code path is the synchronous loop, byte for byte ---------------------------------------
+
+def test_lag_0_produced_in_the_prefetch_thread_logs_what_the_synchronous_collect_logs(tmp_path, monkeypatch):
+    """Episodes of env:test_turns (several turns, terminations, truncations by the episode's token budget), once
+    through `Prefetch` with its background thread and version-pinned generation (engine ray's path, on engine
+    local), once through the synchronous `collect`: the same samples.jsonl bytes and metrics."""
+    import episode_envs  # noqa: F401  (registers env:test_turns and its reward)
+
+    def run(name):
+        cfg = load_config(TrainConfig, None, [
+            "task.spec=env:test_turns", f"out={tmp_path / name}", *TINY_OVERRIDES, "rl.prompts_per_step=2",
+            "rl.group_size=4", "rl.max_new_tokens=4", "env.max_turns=3", "env.max_episode_tokens=24", "rl.lr=1e-2",
+            "rl.steps=3", "rl.estimator=turn_grpo", "threads=1", "seed=3"])
+        train(cfg, show_progress=False)
+        return _lines(tmp_path / name / "metrics.jsonl"), (tmp_path / name / "samples.jsonl").read_bytes()
+
+    with monkeypatch.context() as m:
+        threads = []
+        real = trainer.produce
+        m.setattr(trainer, "produce", lambda *a, **kw: threads.append(__import__("threading").current_thread().name)
+                  or real(*a, **kw))
+        m.setattr(trainer, "Prefetch", lambda state, saved: Prefetch(state, saved, background=True))
+        metrics, samples = run("thread")
+        assert threads == ["rewardlab-prefetch_0"] * 3  # each batch produced in the prefetch thread
+    with monkeypatch.context() as m:
+        m.setattr(Prefetch, "take", lambda self, step: trainer.collect(self.state))  # the synchronous step
+        m.setattr(Prefetch, "counts", lambda self, step: {})
+        sync_metrics, sync_samples = run("sync")
+    records = [json.loads(x) for x in samples.splitlines()]
+    ends = {r["termination"] for r in records}
+    assert {"max_turns", "max_new_tokens", "max_episode_tokens"} <= ends, ends  # three truncation decisions
+    assert any(r["n_turns"] > 1 for r in records)
+    assert samples == sync_samples  # ids, masks, log-probs, turns, terminations, rewards, advantages, versions
+    assert [{k: v for k, v in m.items() if not k.startswith(("time/", "async/"))} for m in metrics] == \
+        [{k: v for k, v in m.items() if not k.startswith("time/")} for m in sync_metrics]
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 0.0, 0.0]
+    assert [r["policy_version"] for r in records] == [s for s in (0, 1, 2) for _ in range(8)]
+
+
 # -- end to end on Ray -----------------------------------------------------------------------------------------------
 
 def _lines(path):
@@ -129,8 +168,8 @@ def frozen(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("frozen"), "frozen", "rl.steps=4", "rl.lr=1e-30")
 
 
-@pytest.mark.slow  # trains three times on Ray (in `make test`, within its 90 s of Ray tests)
-def test_lag_2_on_ray_staleness_accounting_and_an_exact_resume(tmp_path, ray_cluster, frozen):
+@pytest.mark.slow  # trains once on Ray (in `make test`, within its 90 s of Ray tests)
+def test_lag_2_on_ray_staleness_warm_up_accounting_and_the_checkpoint(tmp_path, ray_cluster, frozen):
     k, steps = 2, 4
     metrics, samples, summary = _run(tmp_path, "lag", *RAY, f"rl.max_staleness={k}", f"rl.steps={steps}",
                                      "save_every=1")
@@ -156,11 +195,48 @@ def test_lag_2_on_ray_staleness_accounting_and_an_exact_resume(tmp_path, ray_clu
     assert sorted(saved["batches"]) == [5, 6] and saved["next"] == 7
     assert [r.policy_version for t in (5, 6) for r in saved["batches"][t]["all_rollouts"]] == [2] * 4 + [3] * 4
 
-    # a run of 2 steps, resumed for 4: the checkpoint's prefetched batches (3 on version 0, 4 on version 1) make
-    # it log what the uninterrupted run logs, staleness included
+
+@pytest.mark.slow
+@pytest.mark.ray_long  # two more runs on Ray, beyond `make test`'s Ray budget
+def test_lag_2_a_run_resumed_from_its_final_checkpoint_for_more_steps_logs_the_longer_run(tmp_path, ray_cluster):
+    """A run of 2 steps, resumed for 4: the final checkpoint's prefetched batches (step 3 on version 0, step 4 on
+    version 1) make it log what the uninterrupted 4-step run logs, staleness included."""
+    k = 2
+    metrics, samples, _ = _run(tmp_path, "whole", *RAY, f"rl.max_staleness={k}", "rl.steps=4", "save_every=1")
     first, _, _ = _run(tmp_path, "split", *RAY, f"rl.max_staleness={k}", "rl.steps=2", "save_every=1")
     assert _semantic(first) == _semantic(metrics[:2])
-    again, again_samples, _ = _run(tmp_path, "split", *RAY, f"rl.max_staleness={k}", f"rl.steps={steps}",
+    again, again_samples, _ = _run(tmp_path, "split", *RAY, f"rl.max_staleness={k}", "rl.steps=4",
                                    "save_every=1", resume=True)
     assert _semantic(again) == _semantic(metrics)
+    assert [m["async/staleness_max"] for m in again] == [0.0, 1.0, 2.0, 2.0]
     assert again_samples == samples
+
+
+@pytest.mark.slow
+@pytest.mark.ray_long  # a child driver on the session's cluster, killed, and two more runs
+def test_lag_1_killed_by_sigkill_and_resumed_logs_the_uninterrupted_run(tmp_path, ray_cluster):
+    """The child joins the session's cluster (rl.ray_address), is SIGKILLed after a seeded number of metrics
+    lines, and is resumed here: steps 1..6 once each, the uninterrupted run's metrics (timings and ray/* aside),
+    staleness 0 at step 1 and exactly 1 after, before and after the resume."""
+    import random
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
+    from sigkill_resume import kill_midway
+
+    (tmp_path / "r.py").write_text(REWARD)
+    address = ray_cluster.get_runtime_context().gcs_address
+    common = [*TINY_OVERRIDES, *TASK, f"rewards=[{{name: '{tmp_path / 'r.py'}:dense'}}]", *RAY,
+              f"rl.ray_address={address}", "rl.max_staleness=1", "rl.steps=6", "save_every=2", "keep_checkpoints=2"]
+    cfg = lambda out: load_config(TrainConfig, None, [*common, f"out={out}"])  # noqa: E731
+    train(cfg(tmp_path / "a"), show_progress=False)
+    k, _ = kill_midway("TrainConfig", [*common, f"out={tmp_path / 'b'}"], "rewardlab.rl.trainer.train",
+                       tmp_path / "b", rng=random.Random(7), after=(3, 4), pause=0.3, timeout=300)
+    assert len(_lines(tmp_path / "b" / "metrics.jsonl")) < 6
+    train(cfg(tmp_path / "b"), show_progress=False, resume=True)
+    a, b = _lines(tmp_path / "a" / "metrics.jsonl"), _lines(tmp_path / "b" / "metrics.jsonl")
+    assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
+    assert _semantic(b) == _semantic(a)
+    assert [m["async/staleness_max"] for m in b] == [0.0] + [1.0] * 5
+    assert _lines(tmp_path / "b" / "samples.jsonl") == _lines(tmp_path / "a" / "samples.jsonl")

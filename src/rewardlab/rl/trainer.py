@@ -701,9 +701,11 @@ class Prefetch:
         state: the run (its engine holds the last published version).
         saved: `state_dict()` of the resumed checkpoint, or None (a new run, or a checkpoint of a synchronous run
             written before prefetching existed: nothing prefetched).
+        background: produce in a background thread; None: on engine ray only.
     """
 
-    def __init__(self, state: TrainState, saved: dict[str, Any] | None = None) -> None:
+    def __init__(self, state: TrainState, saved: dict[str, Any] | None = None, *,
+                 background: bool | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         rl = state.cfg.rl
@@ -714,7 +716,9 @@ class Prefetch:
         if saved is not None:
             self.next, self.trained, self.filtered = saved["next"], saved["trained"], saved["filtered"]
             self.batches = {t: Collected.from_state(b) for t, b in saved["batches"].items()}
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rewardlab-prefetch") if rl.engine != "local" else None
+        if background is None:
+            background = rl.engine != "local"
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rewardlab-prefetch") if background else None
 
     def version_for(self, step: int) -> int:
         """The policy version that samples step `step`'s batch: max(0, step - 1 - lag)."""
