@@ -179,6 +179,12 @@ def test_lag_2_on_ray_staleness_warm_up_accounting_and_the_checkpoint(tmp_path, 
     assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 2.0, 2.0]
     assert [m["async/staleness_mean"] for m in metrics] == [0.0, 1.0, 2.0, 2.0]
     assert [s["policy_version"] for s in samples] == [v for v in (0, 0, 0, 1) for _ in range(PER_STEP)]
+    # the loss's ratio is new / behaviour (the log-probs recorded when sampling): 1 up to float32 rounding on the
+    # weights that sampled (step 1; sampling with a KV cache and scoring in one pass differ in the last bits),
+    # spread once they are 1 or 2 updates old (a learner that recomputed the old log-probs with its current
+    # weights would log no spread at any step)
+    assert metrics[0]["policy/ratio_std"] < 1e-5
+    assert all(m["policy/ratio_std"] > 0.1 for m in metrics[1:]), [m["policy/ratio_std"] for m in metrics]
     # the warm-up batches are sampled by the initial weights: what a run whose weights never move samples at
     # those steps (same prompts, streams and rewards; the batch of step s keyed by s whatever the lag)
     pick = lambda rows: [(r["step"], r["prompt"], r["completion"], r["reward"]) for r in rows]  # noqa: E731
@@ -237,6 +243,9 @@ def test_lag_1_killed_by_sigkill_and_resumed_logs_the_uninterrupted_run(tmp_path
     train(cfg(tmp_path / "b"), show_progress=False, resume=True)
     a, b = _lines(tmp_path / "a" / "metrics.jsonl"), _lines(tmp_path / "b" / "metrics.jsonl")
     assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
+    resumed_from = [json.loads(x)["step"] for x in (tmp_path / "b" / "events.jsonl").read_text().splitlines()
+                    if json.loads(x)["event"] == "resume_from"]
+    assert resumed_from in ([2], [4]) and resumed_from[0] < k  # from a checkpoint holding a prefetched batch
     assert _semantic(b) == _semantic(a)
     assert [m["async/staleness_max"] for m in b] == [0.0] + [1.0] * 5
     assert _lines(tmp_path / "b" / "samples.jsonl") == _lines(tmp_path / "a" / "samples.jsonl")
