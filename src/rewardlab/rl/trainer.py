@@ -17,6 +17,9 @@
 - `update(state, batch, credit)`: mu epochs of minibatch policy-loss minimization (loss, aggregation and KL
   estimator looked up by name; optional entropy bonus), the critic's update, the learning-rate schedule; then the new
   weights are published to the engine as policy version `step`.
+- `Prefetch`: where the loop takes each step's batch. Step s trains on the batch of step s sampled by policy version
+  max(0, s - 1 - rl.max_staleness), produced ahead (`produce`; on engine ray in a background thread, while the learner
+  updates); rl.max_staleness 0 is the synchronous `collect`. Checkpoints hold the batches prefetched.
 - `log_step`, `save_checkpoint`: metrics.jsonl, samples.jsonl, atomic checkpoints.
 - held-out evaluation every rl.eval_every steps (`rewardlab.evaluation.heldout`), logged on the step's metrics line.
 
@@ -1047,6 +1050,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     (SIGINT, main thread only) ends the run after the step it is in: a checkpoint of that step and the summary
     (`interrupted: true`) are written and `Interrupted` is raised; a second one raises KeyboardInterrupt at once.
     The SIGINT handler in place before the call is restored.
+    With rl.max_staleness = k (engine ray), step s trains on the batch of step s sampled by policy version
+    max(0, s - 1 - k), generated while the learner runs the steps before it (`Prefetch`); checkpoints hold the
+    batches prefetched, so a resume stays exact, and the summary's `async` counts every finished rollout as trained,
+    filtered or in flight.
 
     Returns:
         the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or
