@@ -249,3 +249,38 @@ def test_lag_1_killed_by_sigkill_and_resumed_logs_the_uninterrupted_run(tmp_path
     assert _semantic(b) == _semantic(a)
     assert [m["async/staleness_max"] for m in b] == [0.0] + [1.0] * 5
     assert _lines(tmp_path / "b" / "samples.jsonl") == _lines(tmp_path / "a" / "samples.jsonl")
+
+
+@pytest.mark.slow
+@pytest.mark.ray_long  # two more actors on Ray, beyond `make test`'s Ray budget
+def test_engine_ray_samples_with_the_version_asked_and_keeps_the_last_k_plus_1(ray_cluster):
+    """publish v0 then v1 (other weights): generate(version=0) after v1 was published samples what v0 sampled
+    (the worker reloads it), version 1 samples otherwise; with k = 1, v0 is dropped once v2 is published."""
+    import torch
+
+    from rewardlab.policy import load_policy
+    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.rl.engines.ray_engine import RayEngine
+    from rewardlab.tasks import load as load_task
+
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *TASK, *RAY, "rl.max_staleness=1"])
+    rows = load_task(cfg.task.spec, **cfg.task.options).train[:2]
+    policy = load_policy("tiny", seed=cfg.seed, **cfg.model.policy_options())
+    engine = RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
+    try:
+        engine.publish(policy, version=0)
+        first = engine.generate(rows, n=2, stream=(5, 1, 1))
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.mul_(-3.0)
+        engine.publish(policy, version=1)
+        old = engine.generate(rows, n=2, stream=(5, 1, 1), version=0)
+        new = engine.generate(rows, n=2, stream=(5, 1, 1))
+        engine.publish(policy, version=2)
+        with pytest.raises(RuntimeError, match=r"policy version 0 is not kept \(kept: \[1, 2\]\)"):
+            engine.generate(rows, n=2, stream=(5, 1, 1), version=0)
+    finally:
+        engine.close()
+    assert [r.policy_version for r in old] == [0] * 4 and [r.policy_version for r in new] == [1] * 4
+    assert [(r.completion_ids, r.logprobs) for r in old] == [(r.completion_ids, r.logprobs) for r in first]
+    assert [r.logprobs for r in new] != [r.logprobs for r in first]
