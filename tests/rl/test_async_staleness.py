@@ -163,8 +163,8 @@ def _semantic(metrics):
 
 @pytest.fixture(scope="module")
 def frozen(tmp_path_factory):
-    """Engine local, synchronous, rl.lr=1e-30 (each AdamW step is below float32's resolution of the weights): every policy
-    version holds the initial weights."""
+    """Engine local, synchronous, rl.lr=1e-30 (each AdamW step is below float32's resolution of the weights): every
+    policy version holds the initial weights."""
     return _run(tmp_path_factory.mktemp("frozen"), "frozen", "rl.steps=4", "rl.lr=1e-30")
 
 

@@ -958,10 +958,10 @@ def log_step(state: TrainState, batch: Collected, credit: Credit | None, stats: 
     first rl.log_samples of the step); returns the metrics.
 
     A single completion's line holds its prompt, completion, answer, reward, components, error, advantage (on its
-    first token), whether the loss saw it (kept), truncated and the policy version that sampled it. An environment task writes one line per episode,
-    `rewardlab.envs.episode_record` (each row's ids, loss mask and behaviour log-probs, the turns, messages, tool
-    calls, termination, reward, turn rewards and the advantage of each turn on its first sampled token, which
-    `rewardlab.envs.replay` rebuilds) plus step, kept and policy_version.
+    first token), whether the loss saw it (kept), truncated and the policy version that sampled it. An environment
+    task writes one line per episode, `rewardlab.envs.episode_record` (each row's ids, loss mask and behaviour
+    log-probs, the turns, messages, tool calls, termination, reward, turn rewards and the advantage of each turn on
+    its first sampled token, which `rewardlab.envs.replay` rebuilds) plus step, kept and policy_version.
 
     Adds `rollout/generated` (the rollouts this step generated and scored, every group-filter round included: its
     samples.jsonl rows; a sampled estimator input such as ReMax's greedy baseline is not counted) to

@@ -186,8 +186,8 @@ class RayEngine:
     def publish(self, policy: Any, version: int) -> None:
         """Put `policy`'s state dict into the object store once; every rollout worker loads that object before its
         next chunk (actor calls run in order). The references of the last rl.max_staleness + 1 versions are kept
-        for `generate(..., version=v)` (a batch prefetched with older weights). Its bytes (each tensor storage once) are logged as
-        ray/weights_bytes on the step that samples with them."""
+        for `generate(..., version=v)` (a batch prefetched with older weights). Its bytes (each tensor storage once)
+        are logged as ray/weights_bytes on the step that samples with them."""
         import ray
 
         state = {k: v.detach().to("cpu") for k, v in policy.model.state_dict().items()}
