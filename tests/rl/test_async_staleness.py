@@ -245,7 +245,7 @@ def test_lag_1_killed_by_sigkill_and_resumed_logs_the_uninterrupted_run(tmp_path
     assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
     resumed_from = [json.loads(x)["step"] for x in (tmp_path / "b" / "events.jsonl").read_text().splitlines()
                     if json.loads(x)["event"] == "resume_from"]
-    assert resumed_from in ([2], [4]) and resumed_from[0] < k  # from a checkpoint holding a prefetched batch
+    assert resumed_from in ([2], [4])  # its checkpoint holds a prefetched batch (3 on version 1, or 5 on 3)
     assert _semantic(b) == _semantic(a)
     assert [m["async/staleness_max"] for m in b] == [0.0] + [1.0] * 5
     assert _lines(tmp_path / "b" / "samples.jsonl") == _lines(tmp_path / "a" / "samples.jsonl")
