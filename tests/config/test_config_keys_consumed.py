@@ -25,7 +25,8 @@ ENV_ONLY = ["env.max_turns=2", "env.max_episode_tokens=30", "env.max_tool_tokens
 SINGLE_TURN_ONLY = ["rl.step_separator=';'"]
 #: Keys that only engine ray reads, refused on engine local (every run below) in both modes.
 RAY_ONLY = ["rl.rollout_workers=3", "rl.reward_workers=1", "rl.ray_address=auto", "rl.rollout_worker_cpus=1",
-            "rl.rollout_worker_gpus=0.5", "rl.reward_worker_cpus=1", "rl.reward_worker_gpus=0.5", "rl.ray_dashboard=true"]
+            "rl.rollout_worker_gpus=0.5", "rl.reward_worker_cpus=1", "rl.reward_worker_gpus=0.5", "rl.ray_dashboard=true",
+            "rl.max_staleness=1"]
 
 
 @pytest.fixture

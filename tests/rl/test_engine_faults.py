@@ -77,7 +77,7 @@ def _trapped_rollout_worker(trap: str, pid_file: str):
     from rewardlab.rl.engines.ray_engine import RolloutWorker
 
     class Trapped(RolloutWorker):
-        def generate(self, rows, n, stream, first_row):
+        def generate(self, rows, n, stream, first_row, weights=None):
             if stream[1] == 2:
                 try:
                     os.rename(trap, trap + ".sprung")
@@ -87,7 +87,7 @@ def _trapped_rollout_worker(trap: str, pid_file: str):
                     Path(pid_file + ".tmp").write_text(str(os.getpid()))
                     os.rename(pid_file + ".tmp", pid_file)
                     time.sleep(120)
-            return super().generate(rows, n, stream, first_row)
+            return super().generate(rows, n, stream, first_row, weights)
 
     return Trapped
 

@@ -22,7 +22,8 @@ from rewardlab.rl.losses import (
 SETTINGS = settings(max_examples=50, deadline=None)
 STAT_KEYS = {
     "policy/clip_frac_low", "policy/clip_frac_high", "policy/clip_frac_dual", "policy/clip_frac",
-    "policy/approx_kl", "policy/ratio_mean", "policy/ratio_min", "policy/ratio_max", "policy/log_ratio_clamped",
+    "policy/approx_kl", "policy/ratio_mean", "policy/ratio_min", "policy/ratio_max", "policy/ratio_std",
+    "policy/log_ratio_clamped",
 }
 
 
@@ -66,6 +67,8 @@ def test_ppo_clip_values_gradients_and_stats():
     assert stats["policy/ratio_mean"] == pytest.approx(1.72, abs=1e-5)
     assert stats["policy/ratio_min"] == pytest.approx(0.5, abs=1e-6)
     assert stats["policy/ratio_max"] == pytest.approx(5.0, abs=1e-5)
+    # population std: sqrt(mean((rho - 1.72)^2)) = sqrt((.0484 + 1.4884 + 1.4884 + 10.7584 + .3844) / 5)
+    assert stats["policy/ratio_std"] == pytest.approx(math.sqrt(14.168 / 5), abs=1e-5)
     # approx_kl = mean(rho - 1 - log rho) (k3 of KL(old || new))
     rhos = [1.5, 0.5, 0.5, 5.0, 1.1]
     expected_kl = sum(r - 1 - math.log(r) for r in rhos) / 5

@@ -260,6 +260,12 @@ class RLConfig(_Base):
                                       "or judge on a GPU)")
     ray_dashboard: bool = Field(False, description="engine ray: start Ray's dashboard with the local cluster "
                                 "(rl.ray_address null only; needs pip install 'ray[default]')")
+    max_staleness: int = Field(
+        0, ge=0, description="engine ray: asynchronous training with a fixed lag k: step s trains on a batch "
+        "sampled by policy version max(0, s - 1 - k) (version v: the weights after step v, 0 the initial ones), "
+        "generated while the learner runs the steps before it; 0: synchronous (step s samples with version s - 1). "
+        "Nothing finished is discarded; checkpoints hold the batches prefetched, so a resume is exact "
+        "(docs/scale-out.md, Asynchronous training)")
 
     @field_validator("mask_truncated")
     @classmethod
@@ -308,7 +314,7 @@ class RLConfig(_Base):
 
 #: The `rl` keys that only engine ray reads (refused on engine local when changed).
 RAY_KEYS = ("rollout_workers", "reward_workers", "ray_address", "rollout_worker_cpus", "rollout_worker_gpus",
-            "reward_worker_cpus", "reward_worker_gpus", "ray_dashboard")
+            "reward_worker_cpus", "reward_worker_gpus", "ray_dashboard", "max_staleness")
 
 
 class EvalParams(_Base):

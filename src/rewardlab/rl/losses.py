@@ -20,7 +20,9 @@ Stats (python floats, computed without gradient, over masked tokens):
 ``policy/clip_frac_low``, ``policy/clip_frac_high``, ``policy/clip_frac_dual`` (fraction of response tokens where
 that clip decides the loss), ``policy/clip_frac`` (any of them), ``policy/approx_kl`` (k3 estimate of
 KL(old || new) from tokens sampled by the old policy: mean of exp(d) - 1 - d, d = logprobs - old_logprobs),
-``policy/ratio_mean``, ``policy/ratio_min``, ``policy/ratio_max`` (of the importance ratio the loss uses),
+``policy/ratio_mean``, ``policy/ratio_min``, ``policy/ratio_max``, ``policy/ratio_std`` (population standard
+deviation; of the importance ratio the loss uses, new / behaviour, so its spread grows with the staleness of
+asynchronous training),
 ``policy/log_ratio_clamped`` (number of response tokens whose log-ratio reached the bound, see below).
 
 Extreme log-ratios are clamped, following verl: the policy losses use d = clamp(logprobs - old_logprobs, -20, 20)
@@ -293,6 +295,7 @@ def _stats(ratio: Tensor, log_ratio: Tensor, m: Tensor, low: Tensor, high: Tenso
         "policy/ratio_mean": float(ratios.mean()) if has else 1.0,
         "policy/ratio_min": float(ratios.min()) if has else 1.0,
         "policy/ratio_max": float(ratios.max()) if has else 1.0,
+        "policy/ratio_std": float(ratios.std(unbiased=False)) if has else 0.0,
         "policy/log_ratio_clamped": float(((d.abs() >= LOG_RATIO_BOUND) & on).sum()),
     }
 

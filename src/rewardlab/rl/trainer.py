@@ -17,6 +17,9 @@
 - `update(state, batch, credit)`: mu epochs of minibatch policy-loss minimization (loss, aggregation and KL
   estimator looked up by name; optional entropy bonus), the critic's update, the learning-rate schedule; then the new
   weights are published to the engine as policy version `step`.
+- `Prefetch`: where the loop takes each step's batch. Step s trains on the batch of step s sampled by policy version
+  max(0, s - 1 - rl.max_staleness), produced ahead (`produce`; on engine ray in a background thread, while the learner
+  updates); rl.max_staleness 0 is the synchronous `collect`. Checkpoints hold the batches prefetched.
 - `log_step`, `save_checkpoint`: metrics.jsonl, samples.jsonl, atomic checkpoints.
 - held-out evaluation every rl.eval_every steps (`rewardlab.evaluation.heldout`), logged on the step's metrics line.
 
@@ -259,6 +262,8 @@ class TrainState:
             None (single completions).
         engine: where `collect` generates and scores (`rewardlab.rl.engines`, rl.engine); its `version` is the
             last published policy version.
+        prefetch: the batches produced ahead of the steps that train them (`Prefetch`, built by `train`);
+            saved_prefetch: its state in the resumed checkpoint (None for a new run or a checkpoint without one).
     """
 
     cfg: TrainConfig
@@ -279,6 +284,8 @@ class TrainState:
     generated_total: int = 0
     episodes: EpisodeSettings | None = None
     engine: Engine | None = None
+    prefetch: Any = None
+    saved_prefetch: dict[str, Any] | None = None
 
 
 @dataclass
@@ -296,6 +303,7 @@ class Collected:
         inputs: estimator inputs that needed generation (e.g. ReMax's `baseline` [N] float32).
         metrics: reward, accuracy, rollout-shape and filter metrics.
         gen_s: seconds spent generating (rounds and sampled inputs). gen_tokens: tokens generated.
+        before: (prompt sampler state, RNG states) before the batch was produced (`stop_on_reward_errors`).
     """
 
     rollouts: list[Rollout]
@@ -307,6 +315,23 @@ class Collected:
     gen_s: float = 0.0
     gen_tokens: int = 0
     rows_of: dict[int, list[Rollout]] = field(default_factory=dict)
+    before: tuple[dict, dict] | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        """A picklable copy for a checkpoint (`rows_of` keyed by position, not by id)."""
+        at = {id(r): i for i, r in enumerate(self.all_rollouts)}
+        return {"all_rollouts": self.all_rollouts, "all_outputs": self.all_outputs,
+                "kept": [at[id(r)] for r in self.rollouts], "outputs": self.outputs, "inputs": self.inputs,
+                "metrics": self.metrics, "gen_s": self.gen_s, "gen_tokens": self.gen_tokens,
+                "rows": [self.rows_of.get(id(r)) for r in self.all_rollouts]}
+
+    @classmethod
+    def from_state(cls, saved: dict[str, Any]) -> Collected:
+        """The inverse of `to_state`."""
+        every = saved["all_rollouts"]
+        rows_of = {id(r): rows for r, rows in zip(every, saved["rows"]) if rows is not None}
+        return cls([every[i] for i in saved["kept"]], saved["outputs"], every, saved["all_outputs"], saved["inputs"],
+                   saved["metrics"], saved["gen_s"], saved["gen_tokens"], rows_of)
 
     def rows(self, rollouts: list[Rollout], outputs: list[RewardOutput]) -> tuple[list[Rollout], list[RewardOutput],
                                                                                   list[int]]:
@@ -534,7 +559,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
         sampler = make_curriculum(rl.curriculum, task.train, seed=cfg.seed, **rl.curriculum_options)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        start_step = 0
+        start_step, saved_prefetch = 0, None
         if latest is not None:
             saved = load_state(latest[1])
             optimizer.load_state_dict(saved["optimizer"])
@@ -546,6 +571,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
             if reference is not None and saved.get("reference") is not None:
                 reference.model.load_state_dict(saved["reference"])
             start_step = saved["step"]
+            saved_prefetch = saved.get("prefetch")
         loss_options = resolve_loss_options(rl)
         _, agg_options = split_loss_options(rl.loss, rl.agg, loss_options)
         engine.publish(policy, version=start_step)  # the weights step start_step + 1 samples with
@@ -557,7 +583,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     policy.model.train()
     return TrainState(cfg, task, reward, policy, reference, critic, optimizer, scheduler, sampler, run,
                       loss_options, agg_options, start_step=start_step, latest=latest, step=start_step,
-                      episodes=episodes, engine=engine)
+                      episodes=episodes, engine=engine, saved_prefetch=saved_prefetch)
 
 
 def close_env(episodes: EpisodeSettings | None) -> None:
@@ -568,14 +594,25 @@ def close_env(episodes: EpisodeSettings | None) -> None:
 
 
 def collect(state: TrainState) -> Collected:
-    """Step `state.step`'s rollouts: draw prompts, generate rl.group_size rollouts each, score them, update the
-    curriculum; with a group filter, keep the groups it passes and generate more rounds (up to rl.max_rounds) until
-    rl.prompts_per_step groups are kept. Then leave out what the estimator must not see (`training_rollouts`) and
-    generate the estimator's sampled inputs (e.g. ReMax's greedy baseline), all generation timed in `gen_s`.
+    """Step `state.step`'s rollouts, synchronously: `produce` them with the last published weights, stop on reward
+    errors, then `finish` (the estimator's sampled inputs).
 
     Raises:
         RewardError: at least rl.max_reward_error_frac of the step's scored rollouts have a reward error; the run's
             state is put back to the end of the step before and checkpointed first (`stop_on_reward_errors`).
+    """
+    batch = produce(state, state.step)
+    stop_on_reward_errors(state, batch.all_outputs, batch.before)
+    return finish(state, batch)
+
+
+def produce(state: TrainState, step: int, version: int | None = None) -> Collected:
+    """The rollouts of step `step`, sampled by policy `version` (None: the last published): draw prompts, generate
+    rl.group_size rollouts each (streams keyed by (seed, `step`, round)), score them, update the curriculum; with a
+    group filter, keep the groups it passes and generate more rounds (up to rl.max_rounds) until rl.prompts_per_step
+    groups are kept. Then leave out what the estimator must not see (`training_rollouts`). Generation is timed in
+    `gen_s`. Touches the prompt sampler and the engine only (no global RNG), so the prefetch thread may run it while
+    the learner updates (`Prefetch`).
     """
     rl, policy, sampler = state.cfg.rl, state.policy, state.sampler
     before = (sampler.state_dict(), rng_state())  # the end of the step before: what a stop for reward errors saves
@@ -583,7 +620,7 @@ def collect(state: TrainState) -> Collected:
     rollouts, outputs, all_outputs, all_rollouts = [], [], [], []
     rows_of: dict[int, list[Rollout]] = {}
     rounds = dropped = 0
-    next_group = state.step * rl.prompts_per_step * rl.max_rounds  # group ids unique across steps
+    next_group = step * rl.prompts_per_step * rl.max_rounds  # group ids unique across steps
     while rounds < rl.max_rounds and len(rollouts) < rl.prompts_per_step * rl.group_size:
         rounds += 1
         need = rl.prompts_per_step - len(rollouts) // rl.group_size
@@ -593,7 +630,7 @@ def collect(state: TrainState) -> Collected:
         # each rollout (episode) draws from its own stream (seed, step, index in this round's batch, round[, turn]),
         # and the engine samples in rl.rollout_chunk chunks whatever its workers, so what a rollout samples depends
         # neither on the engine, the worker nor torch's global generator
-        sampled = state.engine.generate(rows, n=rl.group_size, stream=(state.cfg.seed, state.step, rounds))
+        sampled = state.engine.generate(rows, n=rl.group_size, stream=(state.cfg.seed, step, rounds), version=version)
         gen_s += time.perf_counter() - tg
         gen_tokens += sum(r.sampled_tokens for r in sampled)
         for r in sampled:
@@ -617,7 +654,6 @@ def collect(state: TrainState) -> Collected:
         dropped += int((~keep).sum()) // rl.group_size
         rollouts += [r for r, k in zip(new, keep) if k]
         outputs += [o for o, k in zip(scored, keep) if k]
-    stop_on_reward_errors(state, all_outputs, before)
     rollouts = rollouts[: rl.prompts_per_step * rl.group_size]
     outputs = outputs[: len(rollouts)]
     metrics = step_metrics(all_rollouts, all_outputs, rl.group_size)
@@ -631,22 +667,139 @@ def collect(state: TrainState) -> Collected:
         rollouts, outputs, skip_errors=state.cfg.on_error == "skip",
         min_group_size=estimator_min_group_size(rl.estimator))
     metrics.update({"reward/skipped": float(skipped), "rollout/dropped_groups": float(dropped_groups)})
-    inputs: dict[str, torch.Tensor] = {}
-    for provider in _providers(rl.estimator, rl.estimator_options, SAMPLED_INPUTS) if rollouts else []:
+    return Collected(rollouts, outputs, all_rollouts, all_outputs, {}, metrics, gen_s, gen_tokens, rows_of,
+                     before=before)
+
+
+def finish(state: TrainState, batch: Collected) -> Collected:
+    """Generate the estimator's sampled inputs (e.g. ReMax's greedy baseline) of a produced batch with the learner's
+    current policy, timed in `gen_s`; returns `batch`."""
+    rl = state.cfg.rl
+    for provider in _providers(rl.estimator, rl.estimator_options, SAMPLED_INPUTS) if batch.rollouts else []:
         tg = time.perf_counter()
-        more, generated = provider(state, rollouts)
-        gen_s += time.perf_counter() - tg
-        gen_tokens += sum(r.sampled_tokens for r in generated)
-        inputs.update(more)
-    return Collected(rollouts, outputs, all_rollouts, all_outputs, inputs, metrics, gen_s, gen_tokens, rows_of)
+        more, generated = provider(state, batch.rollouts)
+        batch.gen_s += time.perf_counter() - tg
+        batch.gen_tokens += sum(r.sampled_tokens for r in generated)
+        batch.inputs.update(more)
+    return batch
 
 
-def stop_on_reward_errors(state: TrainState, outputs: list[RewardOutput], before: tuple[dict, dict]) -> None:
+class Prefetch:
+    """The batches of later steps, produced ahead of the learner: asynchronous training with a fixed lag.
+
+    With lag k = rl.max_staleness, step s trains on the batch of step s (prompts and streams keyed by s, as in a
+    synchronous run) sampled by policy version `version_for(s)` = max(0, s - 1 - k): the batches of steps 1..k+1
+    with the initial weights, then batch s + k + 1 as soon as step s has published version s. k = 0 is the
+    synchronous loop (batch s sampled by version s - 1). Batches are produced one after the other, in step order,
+    so the prompt sampler's draws and curriculum updates happen in the same order whatever k is; nothing produced
+    is discarded (every batch up to rl.steps + k is produced, the last k are in flight when the run ends).
+
+    On engine ray a background thread produces them (the workers generate and score while this process runs the
+    update; `Engine.generate(..., version=v)` samples with the kept weights of version v); on engine local, each is
+    produced in this thread when its step asks for it. Checkpoints wait for the batch in production and store the
+    finished, untrained ones (`state_dict`); older weights are then never needed: after a resume from step s the
+    next batch produced is s + k + 1, with version s, the weights the checkpoint holds.
+
+    Args:
+        state: the run (its engine holds the last published version).
+        saved: `state_dict()` of the resumed checkpoint, or None (a new run, or a checkpoint of a synchronous run
+            written before prefetching existed: nothing prefetched).
+        background: produce in a background thread; None: on engine ray only.
+    """
+
+    def __init__(self, state: TrainState, saved: dict[str, Any] | None = None, *,
+                 background: bool | None = None) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        rl = state.cfg.rl
+        self.state, self.lag = state, rl.max_staleness
+        self.batches: dict[int, Any] = {}  # step -> Collected, or the Future of one in production
+        self.next = state.start_step + 1  # the next step whose batch to produce
+        self.trained = self.filtered = 0  # rollouts (episodes) trained and left out, cumulative
+        if saved is not None:
+            self.next, self.trained, self.filtered = saved["next"], saved["trained"], saved["filtered"]
+            self.batches = {t: Collected.from_state(b) for t, b in saved["batches"].items()}
+        if background is None:
+            background = rl.engine != "local"
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rewardlab-prefetch") if background else None
+
+    def version_for(self, step: int) -> int:
+        """The policy version that samples step `step`'s batch: max(0, step - 1 - lag)."""
+        return max(0, step - 1 - self.lag)
+
+    def submit(self) -> None:
+        """Start producing, in step order, every batch up to rl.steps + lag whose weights are published."""
+        state = self.state
+        while (self.next <= state.cfg.rl.steps + self.lag
+               and self.version_for(self.next) <= state.engine.version):
+            t, v = self.next, self.version_for(self.next)
+            self.batches[t] = self._pool.submit(produce, state, t, v) if self._pool else produce(state, t, v)
+            self.next += 1
+
+    def wait(self, upto: float) -> None:
+        """Wait for the batches of steps up to `upto` (their production's exception, if any, raised here)."""
+        for t in sorted(self.batches):
+            if t <= upto and not isinstance(self.batches[t], Collected):
+                self.batches[t] = self.batches[t].result()
+
+    def take(self, step: int) -> Collected:
+        """Step `step`'s batch (produced now if it was not yet), its reward errors checked
+        (`stop_on_reward_errors`), finished (`finish`) and its staleness logged: async/staleness_mean and
+        async/staleness_max, over the rollouts trained, of step - 1 - Rollout.policy_version (exactly
+        min(step - 1, lag)).
+
+        Raises:
+            RewardError: see `stop_on_reward_errors` (with a lag, no roll-back: the later batches are drawn).
+        """
+        state = self.state
+        self.submit()
+        self.wait(step)
+        batch = self.batches.pop(step)
+        if self.lag == 0:
+            self.next = step  # a stop for reward errors rolls the sampler back to before this batch
+            stop_on_reward_errors(state, batch.all_outputs, batch.before)
+            self.next = step + 1
+        else:
+            stop_on_reward_errors(state, batch.all_outputs, None)
+        batch = finish(state, batch)
+        stale = [step - 1 - r.policy_version for r in batch.rollouts or batch.all_rollouts]
+        batch.metrics.update({"async/staleness_mean": sum(stale) / max(len(stale), 1),
+                              "async/staleness_max": float(max(stale, default=0))})
+        self.trained += len(batch.rollouts)
+        self.filtered += len(batch.all_rollouts) - len(batch.rollouts)
+        return batch
+
+    def counts(self, step: int) -> dict[str, float]:
+        """The accounting after step `step` trained: async/trained and async/filtered (rollouts trained, and left out
+        by the group filter, on_error=skip or the estimator's minimum group size; cumulative over the run) and
+        async/in_flight (finished rollouts of the batches of steps step+1 .. step+lag-1, waited for; batch
+        step + lag, the newest, counts once finished). Every finished rollout is exactly one of the three."""
+        self.wait(step + self.lag - 1)
+        flight = sum(len(b.all_rollouts) for t, b in self.batches.items() if t <= step + self.lag - 1)
+        return {"async/trained": float(self.trained), "async/filtered": float(self.filtered),
+                "async/in_flight": float(flight)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint stores, after waiting for every batch in production: the next step to produce, the
+        finished untrained batches and the counts."""
+        self.wait(float("inf"))
+        return {"next": self.next, "trained": self.trained, "filtered": self.filtered,
+                "batches": {t: b.to_state() for t, b in self.batches.items()}}
+
+    def close(self) -> None:
+        """Wait for the batch in production, if any, and stop the thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def stop_on_reward_errors(state: TrainState, outputs: list[RewardOutput], before: tuple[dict, dict] | None) -> None:
     """Stop the run when at least rl.max_reward_error_frac of step `state.step`'s scored rollouts (`outputs`, every
     round) have a reward error: a reward that fails that often (a wrong option, a crashing checker) would otherwise
     train on zeros for the rest of the run. Before raising, the prompt sampler and the RNGs are put back to `before`
     (their state at the end of the step before), that step is checkpointed unless it is the newest checkpoint, and a
-    `reward_errors` event is logged; so a fixed reward goes on with --resume from exactly where the run was.
+    `reward_errors` event is logged; so a fixed reward goes on with --resume from exactly where the run was. With
+    `before` None (asynchronous training: later batches are drawn and scored already) nothing is rolled back or
+    saved: the event is logged and the error names the newest checkpoint.
 
     Raises:
         RewardError: one line naming the step, the fraction and the limit, the first cause and the checkpoint.
@@ -656,6 +809,14 @@ def stop_on_reward_errors(state: TrainState, outputs: list[RewardOutput], before
     if limit is None or not outputs or len(failed) / len(outputs) < limit:
         return
     step = state.step
+    if before is None:  # asynchronous: the later batches are drawn already; stop at the newest checkpoint
+        first = "; ".join(f"{name}: {cause}" for name, cause in failed[0].errors[:1]) or failed[0].error
+        state.run.log_event("reward_errors", step=step, failed=len(failed), rollouts=len(outputs), limit=limit,
+                            first=first, checkpoint=state.latest[1].name if state.latest else None)
+        raise RewardError(f"rl.max_reward_error_frac: {len(failed)} of {len(outputs)} rollouts of step {step} "
+                          f"({len(failed) / len(outputs):.0%}) have a reward error, the limit is {limit:g}; first: "
+                          f"{first}. Stopped; the newest checkpoint is "
+                          f"{state.latest[1] if state.latest else '(none)'}")
     state.sampler.load_state_dict(before[0])
     set_rng_state(before[1])
     if state.latest is None or state.latest[0] != step - 1:
@@ -797,10 +958,10 @@ def log_step(state: TrainState, batch: Collected, credit: Credit | None, stats: 
     first rl.log_samples of the step); returns the metrics.
 
     A single completion's line holds its prompt, completion, answer, reward, components, error, advantage (on its
-    first token), whether the loss saw it (kept) and truncated. An environment task writes one line per episode,
-    `rewardlab.envs.episode_record` (each row's ids, loss mask and behaviour log-probs, the turns, messages, tool
-    calls, termination, reward, turn rewards and the advantage of each turn on its first sampled token, which
-    `rewardlab.envs.replay` rebuilds) plus step and kept.
+    first token), whether the loss saw it (kept), truncated and the policy version that sampled it. An environment
+    task writes one line per episode, `rewardlab.envs.episode_record` (each row's ids, loss mask and behaviour
+    log-probs, the turns, messages, tool calls, termination, reward, turn rewards and the advantage of each turn on
+    its first sampled token, which `rewardlab.envs.replay` rebuilds) plus step, kept and policy_version.
 
     Adds `rollout/generated` (the rollouts this step generated and scored, every group-filter round included: its
     samples.jsonl rows; a sampled estimator input such as ReMax's greedy baseline is not counted) to
@@ -823,6 +984,7 @@ def log_step(state: TrainState, batch: Collected, credit: Credit | None, stats: 
             {"step": state.step, "group": r.group, "prompt": r.row.get("prompt", r.prompt),
              "completion": r.completion, "answer": r.row.get("answer"), "reward": o.score, "components": o.components,
              "error": o.error, "advantage": adv_seq.get(id(r)), "kept": id(r) in adv_seq, "truncated": r.truncated,
+             "policy_version": r.policy_version,
              **({"step_scores": o.step_scores} if o.step_scores is not None else {})}
             for r, o in logged
         )
@@ -836,23 +998,28 @@ def log_step(state: TrainState, batch: Collected, credit: Credit | None, stats: 
         if kept:  # each turn's advantage on its first sampled token
             turn_adv = [credit.advantages[at[id(row)], next((t for t in range(a, b) if row.loss_mask[t]), a)].item()
                         for row in rows for a, b in row.turns]
-        records.append({"step": state.step, **episode_record(rows, o, turn_adv), "kept": kept})
+        records.append({"step": state.step, **episode_record(rows, o, turn_adv), "kept": kept,
+                        "policy_version": r.policy_version})
     state.run.log_samples(records)
     return metrics
 
 
 def save_checkpoint(state: TrainState) -> Path:
     """Checkpoint step `state.step` (weights, trainer_state.pt, the critic) atomically; records it as `latest`.
+    trainer_state.pt holds the batches prefetched for later steps (`Prefetch.state_dict`, after waiting for the one
+    in production), so a resume trains what the uninterrupted run trains.
 
     Raises:
         OSError: the checkpoint could not be written (the message names it and the intact previous one).
     """
     rl = state.cfg.rl
+    # first: waits for the batches in production, whose prompts the sampler's state has already drawn
+    prefetched = state.prefetch.state_dict() if state.prefetch is not None else None
 
     def write(tmp: Path) -> None:
         state.policy.save(tmp)
         refreshed = state.reference is not None and rl.ref_refresh_every is not None
-        save_state(tmp, {"step": state.step, "optimizer": state.optimizer.state_dict(),
+        save_state(tmp, {"step": state.step, "prefetch": prefetched, "optimizer": state.optimizer.state_dict(),
                          "scheduler": state.scheduler.state_dict(), "sampler": state.sampler.state_dict(),
                          "rng": rng_state(), "reference": state.reference.model.state_dict() if refreshed else None,
                          "critic_optimizer": state.critic.optimizer.state_dict() if state.critic else None})
@@ -883,6 +1050,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     (SIGINT, main thread only) ends the run after the step it is in: a checkpoint of that step and the summary
     (`interrupted: true`) are written and `Interrupted` is raised; a second one raises KeyboardInterrupt at once.
     The SIGINT handler in place before the call is restored.
+    With rl.max_staleness = k (engine ray), step s trains on the batch of step s sampled by policy version
+    max(0, s - 1 - k), generated while the learner runs the steps before it (`Prefetch`); checkpoints hold the
+    batches prefetched, so a resume stays exact, and the summary's `async` counts every finished rollout as trained,
+    filtered or in flight.
 
     Returns:
         the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or
@@ -907,6 +1078,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
                               state.task.reward, every=rl.eval_every, last_step=rl.steps,
                               max_new_tokens=rl.max_new_tokens, episodes=state.episodes)
         state.generated_total = generated_before(run, state.start_step)
+        state.prefetch = prefetch = Prefetch(state, state.saved_prefetch)
         wall0, last, out_of_time = time.perf_counter(), {}, False
         with StopRequest() as stop:  # a first Ctrl-C ends the run after the current step
             with stage(rl.estimator.upper(), rl.steps, enabled=show_progress) as bar:
@@ -914,10 +1086,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
                 for step in range(state.start_step + 1, rl.steps + 1):
                     t0 = time.perf_counter()
                     state.step = step
-                    batch = collect(state)  # 1. rollouts, rewards, group filter
+                    batch = prefetch.take(step)  # 1. rollouts, rewards, group filter (sampled by step-1-lag)
                     credit = assign_credit(state, batch)  # 2. token rewards (- beta * KL) -> advantages
                     stats = update(state, batch, credit)  # 3. epochs x minibatches of the policy (and critic) loss
-                    state.engine.publish(state.policy, version=step)  # the weights step + 1 samples with
+                    state.engine.publish(state.policy, version=step)  # the weights step + 1 + lag samples with
+                    stats.update(prefetch.counts(step))
                     step_s = time.perf_counter() - t0
                     out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
                     evals = heldout(state.policy) if heldout.due(step, last=out_of_time) else None  # 4. held out
@@ -928,6 +1101,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
                         save_checkpoint(state)
                     if out_of_time or stop.requested:
                         break
+                    if prefetch.lag:
+                        prefetch.submit()  # batch step + 1 + lag, on version step, while the next steps run
             run.plot(["reward/mean", "accuracy", "eval/accuracy", "policy/entropy", "rollout/len_mean"], "train.png")
             interrupted = stop.requested and state.step < rl.steps and not out_of_time
             summary = {
@@ -941,12 +1116,15 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
                 "wall_s": time.perf_counter() - wall0,
                 "final_metrics": last or (run.read_metrics() or [{}])[-1],
                 "final_checkpoint": str(state.latest[1]) if state.latest else None,
+                "async": prefetch.counts(float("inf")),  # every finished rollout: trained, filtered or in flight
             }
             run.write_summary(summary)
         if interrupted:
             raise Interrupted("train", cfg.out, state.step, state.latest[1])
         return summary
     finally:
+        if state.prefetch is not None:
+            state.prefetch.close()  # the batch in production, if any
         run.close()  # release the run directory's lock
         close_env(state.episodes)  # stop the environment's tool workers
         state.engine.close()  # engine ray: its workers

@@ -20,7 +20,9 @@ chunk as one call of the reward; results are put back in chunk order. So a seed 
 metrics on either engine and any worker count.
 
 A policy version (`Rollout.policy_version`) counts published weights: `publish(policy, version=s)` after step s's
-update (0 for the initial weights), so a synchronous step s samples with version s - 1.
+update (0 for the initial weights), so a synchronous step s samples with version s - 1. `generate(..., version=v)`
+samples with version v: engine ray keeps the last rl.max_staleness + 1 published versions for batches prefetched
+with older weights (`rewardlab.rl.trainer.Prefetch`); engine local holds only the current one.
 """
 
 from __future__ import annotations
@@ -81,9 +83,11 @@ class Engine(Protocol):
     def publish(self, policy: Any, version: int) -> None:
         """Make `policy`'s current weights the ones the next `generate` samples with, as policy version `version`."""
 
-    def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int]) -> list[Rollout]:
+    def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int],
+                 version: int | None = None) -> list[Rollout]:
         """`n` rollouts (episodes) of each row: `sample_rollouts(policy, rows, n=n, stream=stream, ...)` chunk by
-        chunk, each rollout's `policy_version` set."""
+        chunk with the weights of policy version `version` (None: the last published), each rollout's
+        `policy_version` set."""
 
     def score(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
         """The reward of each rollout (an episode's last row), chunk by chunk; a failed item is a RewardOutput with
@@ -114,14 +118,19 @@ class LocalEngine:
         """Sample with `policy` itself from now on (nothing is copied: the learner's weights are the sampler's)."""
         self.policy, self.version = policy, version
 
-    def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int]) -> list[Rollout]:
+    def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int],
+                 version: int | None = None) -> list[Rollout]:
         """See `Engine.generate`.
 
         Raises:
-            RuntimeError: nothing was published yet.
+            RuntimeError: nothing was published yet, or `version` is not the last published one (the learner's
+                weights are the sampler's: older versions are not kept).
         """
         if self.policy is None:
             raise RuntimeError("LocalEngine.generate: no policy published yet (call publish first)")
+        if version is not None and version != self.version:
+            raise RuntimeError(f"LocalEngine.generate: version {version} asked, and the engine holds only the last "
+                               f"published one ({self.version})")
         out: list[Rollout] = []
         for a, b in row_spans(len(rows), n, self.settings.chunk):
             out += sample_chunk(self.policy, self.episodes, self.settings, rows[a:b], n=n, stream=stream,

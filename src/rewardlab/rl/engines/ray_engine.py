@@ -92,8 +92,13 @@ class RolloutWorker:
         return version
 
     def generate(self, rows: list[dict[str, Any]], n: int, stream: tuple[int, int, int],
-                 first_row: int) -> list[Rollout]:
-        """One chunk: `sample_chunk` with this worker's policy, environment and last loaded version."""
+                 first_row: int, weights: tuple[int, list[Any]] | None = None) -> list[Rollout]:
+        """One chunk: `sample_chunk` with this worker's policy, environment and last loaded version; with `weights`
+        (version, [its object-store reference]), with that version, loaded first unless it is the loaded one."""
+        if weights is not None and weights[0] != self.version:
+            import ray
+
+            self.load(ray.get(weights[1][0]), weights[0])
         return sample_chunk(self.policy, self.episodes, self.settings, rows, n=n, stream=stream, first_row=first_row,
                             version=self.version)
 
@@ -163,6 +168,8 @@ class RayEngine:
         self._reward: list[Any] = []
         self._loads: list[Any] = []
         self._published: Any = None  # the last published state dict's object-store reference: a new worker loads it
+        self._weights: dict[int, Any] = {}  # version -> object-store reference, the last `_keep` published
+        self._keep = rl.max_staleness + 1
         self._actors: dict[str, tuple[Any, tuple[Any, ...]]] = {}  # kind -> (actor class, constructor arguments)
         self._figures = {"ray/weights_bytes": 0.0, "ray/rollout_s": 0.0, "ray/reward_s": 0.0,
                          "ray/worker_restarts": 0.0, "ray/chunk_reruns": 0.0}
@@ -196,8 +203,9 @@ class RayEngine:
 
     def publish(self, policy: Any, version: int) -> None:
         """Put `policy`'s state dict into the object store once; every rollout worker loads that object before its
-        next chunk (actor calls run in order). Its bytes (each tensor storage once) are logged as
-        ray/weights_bytes on the step that samples with them."""
+        next chunk (actor calls run in order). The references of the last rl.max_staleness + 1 versions are kept
+        for `generate(..., version=v)` (a batch prefetched with older weights). Its bytes (each tensor storage once)
+        are logged as ray/weights_bytes on the step that samples with them."""
         import ray
 
         state = {k: v.detach().to("cpu") for k, v in policy.model.state_dict().items()}
@@ -205,23 +213,37 @@ class RayEngine:
         ref = ray.put(state)
         self._loads = [w.load.remote(ref, version) for w in self._rollout]
         self._published = ref
+        self._weights[version] = ref
+        for old in sorted(self._weights)[:-self._keep]:
+            del self._weights[old]
         self._figures["ray/weights_bytes"] = float(sum(storages.values()))
         self.version = version
 
-    def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int]) -> list[Rollout]:
-        """See `Engine.generate`: chunk i on rollout worker i mod rl.rollout_workers, results in chunk order; a chunk
-        whose worker died runs again on its replacement, which loaded the last published weights."""
+    def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int],
+                 version: int | None = None) -> list[Rollout]:
+        """See `Engine.generate`: chunk i on rollout worker i mod rl.rollout_workers with the weights of `version`
+        (default: the last published), results in chunk order; a chunk whose worker died runs again, with the same
+        version, on its replacement. Safe to call from another thread than `publish`'s (the trainer's prefetch
+        thread).
+
+        Raises:
+            RuntimeError: `version` is not one of the last rl.max_staleness + 1 published; what `_run_chunks` raises.
+        """
         import ray
 
         t0 = time.perf_counter()
-        for load in self._loads:
+        version = self.version if version is None else version
+        ref = self._weights.get(version)
+        if ref is None:
+            raise RuntimeError(f"rl.engine ray: policy version {version} is not kept (kept: {sorted(self._weights)})")
+        for load in list(self._loads):
             try:
                 _get(ray, [load], "loading the published weights")
             except _Died:  # its chunk finds the worker dead too, and the worker replacing it loads the weights
                 pass
-        self._loads = []
         spans = row_spans(len(rows), n, self.settings.chunk)
-        chunks = self._run_chunks("rollout", "generate", [(list(rows[a:b]), n, tuple(stream), a) for a, b in spans],
+        chunks = self._run_chunks("rollout", "generate",
+                                  [(list(rows[a:b]), n, tuple(stream), a, (version, [ref])) for a, b in spans],
                                   [f"rows {a}-{b - 1}" for a, b in spans])
         out = [r for chunk in chunks for r in chunk]
         self._figures["ray/rollout_s"] += time.perf_counter() - t0
