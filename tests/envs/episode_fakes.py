@@ -19,6 +19,41 @@ def enc(text: str) -> list[int]:
     return TOK(text, add_special_tokens=False)["input_ids"]
 
 
+#: ChatML on the tiny tokenizer (its <s> and </s> spelled out) that drops the text up to the last </think> of assistant
+#: turns before the last user message, as Qwen3's template does: not append-only once an observation follows a turn
+#: that reasoned.
+THINK_STRIP = (
+    "{% set ns = namespace(last=-1) %}"
+    "{% for m in messages %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% set c = m.content %}"
+    "{% if m.role == 'assistant' and loop.index0 < ns.last and '</think>' in c %}"
+    "{% set c = c.split('</think>')[-1] %}{% endif %}"
+    "<s>{{ m.role }}\n{{ c }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+
+class RecordedChat:
+    """The real chat renderer (`rewardlab.envs.make_renderer(tok, "chat", raw_text=raw_text)`) over the tiny
+    tokenizer with `template`, recording the prompts it starts (`starts`: the fake sampler's prefix check allows a
+    restarted row)."""
+
+    def __init__(self, template: str, raw_text: Any = None) -> None:
+        from rewardlab.envs.render import make_renderer
+
+        self.tokenizer = build_tokenizer()
+        self.tokenizer.chat_template = template
+        self.inner, self.starts = make_renderer(self.tokenizer, "chat", raw_text=raw_text), []
+
+    def start(self, messages):
+        ids = self.inner.start(messages)
+        self.starts.append(list(ids))
+        return ids
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 class RawRenderer:
     """A raw renderer fake: a prompt is <s> + the messages' texts joined; a tool message renders as `open + content +
     close`; extend appends the new messages' texts. `split_at`: the extend calls (1-based, counted over the whole

@@ -8,46 +8,15 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from episode_fakes import EOS, ScriptedSampler, assert_prefixes, enc
+from episode_fakes import EOS, THINK_STRIP, RecordedChat, ScriptedSampler, assert_prefixes, enc
 
 from rewardlab.envs import StepResult, run_episodes
-from rewardlab.policy.tiny import build_tokenizer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("rewardlab.envs.render") is None,
                                 reason="needs rewardlab.envs.render")
 
 CHATML = ("{% for m in messages %}<s>{{ m.role }}\n{{ m.content }}</s>\n{% endfor %}"
           "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
-#: Drops the text up to the last </think> of assistant turns before the last user message (Qwen3-style).
-THINK_STRIP = (
-    "{% set ns = namespace(last=-1) %}"
-    "{% for m in messages %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
-    "{% for m in messages %}{% set c = m.content %}"
-    "{% if m.role == 'assistant' and loop.index0 < ns.last and '</think>' in c %}"
-    "{% set c = c.split('</think>')[-1] %}{% endif %}"
-    "<s>{{ m.role }}\n{{ c }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
-)
-
-
-class Recorded:
-    """The real chat renderer, recording the prompts it starts (for the fake sampler's prefix check)."""
-
-    def __init__(self, template):
-        from rewardlab.envs.render import make_renderer
-
-        tok = build_tokenizer()
-        tok.chat_template = template
-        self.inner, self.starts = make_renderer(tok, "chat"), []
-        self.tokenizer = tok
-
-    def start(self, messages):
-        ids = self.inner.start(messages)
-        self.starts.append(list(ids))
-        return ids
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 class Guess:
@@ -63,7 +32,7 @@ class Guess:
 
 
 def play(template):
-    renderer = Recorded(template)
+    renderer = RecordedChat(template)
     sampler = ScriptedSampler({0: ["<think>hm</think>5$", "<think>ok</think>7$"]}, renderer=renderer)
     out = run_episodes(sampler, Guess(), [{"prompt": "Q"}], n=1, max_turns=3, max_new_tokens=30,
                        max_episode_tokens=200, temperature=1.0, renderer=renderer)

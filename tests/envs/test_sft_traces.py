@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TINY_ARCH
-from episode_fakes import BOS, EOS, ScriptedSampler, enc
+from episode_fakes import BOS, EOS, THINK_STRIP, RecordedChat, ScriptedSampler, enc
 
 from rewardlab.envs import make_env, make_renderer, run_episodes, trace_rollouts
 from rewardlab.policy import Policy, load_policy
@@ -135,27 +135,13 @@ def test_trace_ids_equal_the_episode_a_sampler_of_the_same_turns_makes(calculato
         assert [m["content"] for m in ro.messages] == [m["content"] for m in episode.messages]
 
 
-#: ChatML that drops the reasoning (up to the last </think>) of assistant turns before the last user message, as
-#: Qwen3's template does: not append-only once an observation follows a turn that reasoned.
-THINK_STRIP = (
-    "{% set ns = namespace(last=-1) %}"
-    "{% for m in messages %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
-    "{% for m in messages %}{% set c = m.content %}"
-    "{% if m.role == 'assistant' and loop.index0 < ns.last and '</think>' in c %}"
-    "{% set c = c.split('</think>')[-1] %}{% endif %}"
-    "<s>{{ m.role }}\n{{ c }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
-)
-
-
 def test_a_trace_under_a_template_that_rewrites_earlier_turns_gives_the_episodes_rows():
     """Where the template re-lays an earlier turn, the trace goes on in a new row exactly as the episode does: the
     same rows (prompt ids, completion ids, loss masks, turns, first turn, termination), by hand and against the
     episode a scripted sampler of the same turns runs."""
-    tok = build_tokenizer()
-    tok.chat_template = THINK_STRIP
     env = make_env("guess_number", n=64)
-    renderer = make_renderer(tok, "chat", raw_text=env.raw_text)
+    renderer = RecordedChat(THINK_STRIP, raw_text=env.raw_text)
+    tok = renderer.tokenizer
     row = {"prompt": env.prompt(), "answer": "48", "n": 64}
     # [1,64] -> 32 higher -> [33,64] -> 48
     trace = [{"role": "user", "content": env.prompt()},
@@ -170,22 +156,10 @@ def test_a_trace_under_a_template_that_rewrites_earlier_turns_gives_the_episodes
     assert second.completion_ids == enc("<think>up</think><g>48</g>") and second.loss_mask == [1] * 26
     assert second.first_turn == 1 and second.termination == "env_done" and second.completion.endswith("<g>48</g>")
     assert first.messages == trace[:2] and second.messages == trace
-    class Recorded:  # the renderer, recording the prompts it starts (the fake sampler's prefix check allows them)
-        def __init__(self):
-            self.starts, self.tokenizer = [], tok
-
-        def start(self, messages):
-            self.starts.append(list(renderer.start(messages)))
-            return self.starts[-1]
-
-        def __getattr__(self, name):
-            return getattr(renderer, name)
-
-    recorded = Recorded()
-    sampler = ScriptedSampler({0: _script(trace)}, renderer=recorded)
+    sampler = ScriptedSampler({0: _script(trace)}, renderer=renderer)
     sampler.tokenizer, sampler.prompt_format = tok, "chat"
     episode = run_episodes(sampler, env, [row], n=1, max_turns=8, max_new_tokens=40, max_episode_tokens=400,
-                           renderer=recorded)
+                           renderer=renderer)
     assert len(episode) == 2
     for ro, ep in zip((first, second), episode):
         assert (ro.prompt_ids, ro.completion_ids, ro.loss_mask, ro.turns, ro.first_turn, ro.termination) == (
