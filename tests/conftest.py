@@ -46,6 +46,18 @@ def without_keys(records: list[dict], *prefixes: str) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(prefixes)} for r in records]
 
 
+def child_last_line(code: str, **env: str) -> str:
+    """The last line `python -c code` prints in a child process with `env` added to this one's environment (for
+    what happens at import time in a fresh interpreter); the child must exit 0 (its stderr tail is the message)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
 def make_rollout(completion: str = "c", row: dict | None = None, *, prompt: str = "p", n_tokens: int | None = None,
                  **fields):
     """A Rollout of `completion` for scoring tests: prompt_ids [1], `n_tokens` completion ids (default one per

@@ -222,16 +222,13 @@ def test_sample_names_its_environment(policy):
 def test_verl_imports_the_loop_from_its_external_modules_variable():
     """VERL_USE_EXTERNAL_MODULES=rewardlab.integrations.verl_agent: importing verl registers the loop (how verl's
     agent-loop workers get it without a config file)."""
-    import os
-    import subprocess
-    import sys
+    from conftest import child_last_line
 
     code = ("import verl\nfrom verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
             "print(_agent_loop_registry['rewardlab_env']['_target_'])")
-    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="rewardlab.integrations.verl,rewardlab.integrations.verl_agent")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "rewardlab.integrations.verl_agent.RewardlabAgentLoop"
+    modules = "rewardlab.integrations.verl,rewardlab.integrations.verl_agent"
+    assert child_last_line(code, VERL_USE_EXTERNAL_MODULES=modules) == \
+        "rewardlab.integrations.verl_agent.RewardlabAgentLoop"
 
 
 def test_agent_loop_config_file_sets_the_options(policy, tmp_path):

@@ -3,13 +3,11 @@ calls a registered estimator (no verl needed); the others run verl's own `comput
 verl's built-in estimators where the formulas coincide (they skip where verl is not installed: `make test-verl`)."""
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import child_last_line
 
 from rewardlab.integrations.verl import UNSUPPORTED, VERL_ESTIMATORS, verl_estimator
 
@@ -146,10 +144,7 @@ def test_verl_imports_rewardlab_from_its_external_modules_variable():
     driver process gets them)."""
     code = ("import verl\nfrom verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
             "print(get_adv_estimator_fn('rewardlab_rloo').__name__)")
-    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="rewardlab.integrations.verl")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "rewardlab_rloo"
+    assert child_last_line(code, VERL_USE_EXTERNAL_MODULES="rewardlab.integrations.verl") == "rewardlab_rloo"
 
 
 @needs_verl
