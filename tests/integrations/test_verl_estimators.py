@@ -54,6 +54,16 @@ def test_remax_uses_reward_baselines():
         verl_estimator("remax")(token_level_rewards=r, response_mask=m)
 
 
+def test_what_verl_can_feed_is_derived_from_the_registrys_declarations():
+    from rewardlab.rl.advantages import ESTIMATORS
+
+    assert set(VERL_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "opo", "remax"}
+    assert not set(VERL_ESTIMATORS) & set(UNSUPPORTED) and set(VERL_ESTIMATORS) | set(UNSUPPORTED) == set(ESTIMATORS)
+    assert VERL_ESTIMATORS["remax"] == "reward_baselines as the baseline"
+    assert VERL_ESTIMATORS["reinforce_pp"] == "config.gamma (default 1.0)"
+    assert VERL_ESTIMATORS["rloo"] == "index (uid) as the group"
+
+
 def test_estimators_verl_cannot_feed_are_one_line_errors():
     assert set(UNSUPPORTED) == {"pure", "process_sum", "gdpo", "gae", "turn_grpo", "gigpo"}
     with pytest.raises(ValueError, match=r"^rewardlab_gae cannot run in verl: it needs the critic's values"):

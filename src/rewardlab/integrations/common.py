@@ -15,11 +15,13 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rewardlab.rewards import base
 from rewardlab.rewards.base import ON_ERROR, FunctionReward, Reward
 from rewardlab.rewards.compose import GatedReward, PenaltyReward, TieredReward, WeightedSum, build_reward
 
-#: The fields every rollout carries (`rewards.base._rollout_fields`): a reward asking for these needs no column.
-ROLLOUT_FIELDS = ("prompt", "completion", "steps", "row", "rollout")
+#: The fields every rollout carries (`rewards.base.ROLLOUT_FIELDS` but `answer`, which is the row's): a reward
+#: asking for these needs no column.
+ROLLOUT_FIELDS = tuple(name for name in base.ROLLOUT_FIELDS if name != "answer")
 
 #: Shaping kind -> the component its term is logged under (`rewards.shaping`); clip and delta add none.
 SHAPING_KEYS = {"length": ("length_penalty",), "overlong": ("overlong_penalty",), "par": ("par_ref",)}

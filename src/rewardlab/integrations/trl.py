@@ -124,25 +124,28 @@ def _rollout(prompt: Any, completion: Any, ids: Sequence[int] | None, row: dict[
     """A TRL (prompt, completion) as a rewardlab rollout. Conversational: the prompt text is the last user turn
     (the row keeps the prompt turns as `messages`, as a rewardlab chat row does) and the completion text is the last
     assistant turn's content."""
+    chat_prompt, chat_completion = _is_messages(prompt), _is_messages(completion)
     messages: list[dict[str, Any]] = []
-    if _is_messages(prompt):
+    if chat_prompt:
         users = [m for m in prompt if m.get("role") == "user"]
         prompt_text = _text((users or prompt)[-1].get("content")) if prompt else ""
         row.setdefault("messages", list(prompt))
         messages = list(prompt)
     else:
         prompt_text = str(prompt)
-    if _is_messages(completion):
+    if chat_completion:
         said = [m for m in completion if m.get("role") == "assistant"]
         completion_text = _text(said[-1].get("content")) if said else ""
         messages = messages + list(completion)
     else:
         completion_text = str(completion)
     row.setdefault("prompt", prompt_text)
-    ids = [int(t) for t in ids] if ids is not None else []
+    if ids is None:
+        ids = []
+    elif type(ids) is not list or (ids and type(ids[0]) is not int):  # noqa: E721 - TRL's lists of ints pass as is
+        ids = [int(t) for t in ids]
     return Rollout(prompt=prompt_text, prompt_ids=[], completion=completion_text, completion_ids=ids,
-                   logprobs=[0.0] * len(ids), row=row, group=group,
-                   messages=messages if _is_messages(completion) else [])
+                   logprobs=[0.0] * len(ids), row=row, group=group, messages=messages if chat_completion else [])
 
 
 class TRLRewardFunc:

@@ -53,16 +53,28 @@ DATA_SOURCES: dict[str, Any] = {
 #: What verl's own reward loop adds to `extra_info` (not row fields).
 VERL_EXTRA_INFO = ("rollout_reward_scores", "num_turns")
 
-#: rewardlab estimator -> what its verl wrapper reads besides token_level_rewards and response_mask.
-VERL_ESTIMATORS: dict[str, str] = {
-    "grpo": "index (uid) as the group",
-    "dr_grpo": "index (uid) as the group",
-    "rloo": "index (uid) as the group",
-    "reinforce_pp": "config.gamma (default 1.0)",
-    "reinforce_pp_baseline": "index (uid) as the group",
-    "opo": "index (uid) as the group",
-    "remax": "reward_baselines as the baseline",
-}
+#: What verl hands a registered estimator, as the rewardlab estimator inputs it fills: `needs` key -> verl argument.
+#: The group comes from `index` (the uid) and options from `config` (`gamma`); nothing else reaches an estimator.
+VERL_NEEDS = {"baseline": "reward_baselines"}
+
+
+def _verl_reads(name: str) -> str:
+    """What the verl wrapper of estimator `name` reads besides token_level_rewards and response_mask, derived from
+    the registry's declarations (`needs`, `min_group_size`, options); "" when verl cannot feed it."""
+    meta = ESTIMATORS.meta(name)
+    if ESTIMATORS.inputs(name) or any(k not in VERL_NEEDS for k in meta.get("needs", ())):
+        return ""
+    reads = [f"{VERL_NEEDS[k]} as the {k}" for k in meta.get("needs", ())]
+    if meta.get("min_group_size", 1) > 1:
+        reads.append("index (uid) as the group")
+    if "gamma" in (ESTIMATORS.options(name) or ()):
+        reads.append("config.gamma (default 1.0)")
+    return "; ".join(reads)
+
+
+#: rewardlab estimator -> what its verl wrapper reads besides token_level_rewards and response_mask: every
+#: registered estimator whose declared needs and inputs verl supplies (`VERL_NEEDS`).
+VERL_ESTIMATORS: dict[str, str] = {name: reads for name in ESTIMATORS if (reads := _verl_reads(name))}
 
 #: rewardlab estimator -> why verl cannot call it through its registry.
 UNSUPPORTED: dict[str, str] = {
@@ -233,30 +245,32 @@ def verl_estimator(name: str):
     if name not in VERL_ESTIMATORS:
         raise ValueError(f"no rewardlab estimator {name!r} for verl; valid: {', '.join(VERL_ESTIMATORS)}")
 
+    meta, option_names = ESTIMATORS.meta(name), ESTIMATORS.options(name) or ()
+    grouped = meta.get("min_group_size", 1) > 1
+
     def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
                   reward_baselines: torch.Tensor | None = None, config: Any = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         r, m = token_level_rewards, response_mask
         options: dict[str, Any] = {}
-        if name == "reinforce_pp":
+        for key in meta.get("needs", ()):  # verl's arguments for the estimator's declared needs (VERL_NEEDS)
+            value = {"reward_baselines": reward_baselines}[VERL_NEEDS[key]]
+            if value is None:
+                raise ValueError(f"rewardlab_{name}: verl passed no {VERL_NEEDS[key]} (set algorithm.adv_estimator "
+                                 f"so that verl generates the greedy baseline, as for its {name})")
+            options[key] = value.detach().cpu().double()
+        if "gamma" in option_names:
             options["gamma"] = float(_config_get(config, "gamma", 1.0))
-            group = torch.zeros(r.shape[0], dtype=torch.int64)
-        elif name == "remax":
-            if reward_baselines is None:
-                raise ValueError("rewardlab_remax: verl passed no reward_baselines (set algorithm.adv_estimator so "
-                                 "that verl generates the greedy baseline, as for its remax)")
-            options["baseline"] = reward_baselines.detach().cpu().double()
-            group = torch.zeros(r.shape[0], dtype=torch.int64)
-        else:
-            group = _groups(index, r.shape[0], name)
+        # Group-relative estimators group by verl's uid; the others see the batch (verl's reinforce_pp, remax).
+        group = (_groups(index, r.shape[0], name) if grouped else torch.zeros(r.shape[0], dtype=torch.int64))
         with torch.no_grad():
             adv = ESTIMATORS.get(name)(token_rewards=r.detach().cpu(), mask=m.detach().cpu(), group=group, **options)
-            if name in ("reinforce_pp", "remax"):
+            if grouped:
+                returns = adv
+            else:  # verl's batch estimators return the (discounted) reward-to-go
                 mask = m.detach().cpu().double()
                 returns = _reverse_discounted_sum(r.detach().cpu().double() * mask, mask,
                                                   options.get("gamma", 1.0)) * mask
-            else:
-                returns = adv
         return adv.to(r.device).float(), returns.to(r.device).float()
 
     estimator.__name__ = f"rewardlab_{name}"

@@ -50,20 +50,30 @@ def register_reward(name: str) -> Callable[[Callable[..., Reward]], Callable[...
     return REWARDS.register(name)
 
 
+#: The fields every rollout gives a reward function, over the task row's own fields (which they override): name ->
+#: its value for a rollout (`answer` is the row's, None without one).
+ROLLOUT_FIELDS: dict[str, Callable[[Rollout], Any]] = {
+    "prompt": lambda r: r.row.get("prompt", r.prompt),
+    "completion": lambda r: r.completion,
+    "answer": lambda r: r.row.get("answer"),
+    "steps": lambda r: list(r.step_text),
+    "row": lambda r: r.row,
+    "rollout": lambda r: r,
+}
+
+
 def _rollout_fields(r: Rollout) -> dict[str, Any]:
     fields = dict(r.row)
-    fields.update(
-        prompt=r.row.get("prompt", r.prompt),
-        completion=r.completion,
-        answer=r.row.get("answer"),
-        steps=list(r.step_text),
-        row=r.row,
-        rollout=r,
-    )
+    fields.update((name, get(r)) for name, get in ROLLOUT_FIELDS.items())
     return fields
 
 
 def _as_output(value: Any, name: str) -> RewardOutput:
+    if type(value) is float or type(value) is int or type(value) is bool:  # noqa: E721 - the common case, first
+        score = float(value)
+        if not math.isfinite(score):
+            return RewardOutput(score=0.0, error=f"{name}: score is {score}")
+        return RewardOutput(score=score)
     if isinstance(value, RewardOutput):
         out = value
     else:
@@ -133,6 +143,7 @@ class FunctionReward:
         unknown = set(self.options) - set(self._params)
         if unknown and not self._wants_all:
             raise ValueError(f"reward {name}: unknown option(s) {sorted(unknown)}; valid: {sorted(self._params)}")
+        self._getters = [(p, ROLLOUT_FIELDS.get(p)) for p in self._params if p not in self.options]
         self.is_async = inspect.iscoroutinefunction(fn)
         self.max_concurrency = _positive_int(name, "max_concurrency", execution.get("max_concurrency"),
                                              DEFAULT_MAX_CONCURRENCY)
@@ -150,9 +161,20 @@ class FunctionReward:
                                      "uses 'workers' and must enforce its own time limit")
 
     def _kwargs(self, rollout: Rollout) -> dict[str, Any]:
-        fields = _rollout_fields(rollout)
-        fields.update(self.options)
-        return fields if self._wants_all else {p: fields[p] for p in self._params if p in fields}
+        if self._wants_all:
+            fields = _rollout_fields(rollout)
+            fields.update(self.options)
+            return fields
+        # Only the named parameters, read straight from the rollout (the per-item cost of every reward call):
+        # an option, else a rollout field, else a row field; a parameter none of them has keeps its default.
+        kwargs = dict(self.options)
+        row = rollout.row
+        for p, get in self._getters:
+            if get is not None:
+                kwargs[p] = get(rollout)
+            elif p in row:
+                kwargs[p] = row[p]
+        return kwargs
 
     def score_one(self, rollout: Rollout) -> RewardOutput:
         if self.is_async:

@@ -144,6 +144,7 @@ class WeightedSum:
 
     def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
         per_member = [(label, m.name, w, m(rollouts)) for label, (m, w) in zip(self.labels, self.members)]
+        bare = len(self.members) == 1
         outputs = []
         for i in range(len(rollouts)):
             score, comps, errors, steps = 0.0, {}, [], None
@@ -151,7 +152,7 @@ class WeightedSum:
             unshaped = 0.0
             for label, member, weight, outs in per_member:
                 o = finite_or_error(outs[i], member)
-                add_child(comps, label, o, bare=len(self.members) == 1)
+                add_child(comps, label, o, bare=bare)
                 if o.error is not None:
                     errors.append(o.error)
                 score += weight * o.score
@@ -167,8 +168,9 @@ class WeightedSum:
                     steps = [s + weight * x for s, x in zip(steps, o.step_scores)]
             if shaped:
                 comps["unshaped"] = unshaped
-            if not errors:  # finite members can still overflow (1e308 * 10) or cancel (inf - inf)
-                cause = non_finite(score, comps, steps)
+            if not errors:  # finite members can still overflow (1e308 * 10) or cancel (inf - inf); the members'
+                # own scores and components in `comps` passed finite_or_error, so only the sums need a look
+                cause = non_finite(score, {"unshaped": unshaped} if shaped else None, steps)
                 if cause is not None:
                     errors.append(f"{self.name}: weighted {cause}")
             error = "; ".join(errors) or None
