@@ -25,6 +25,7 @@ if "test_digit_frac" not in REWARDS:  # the module may be imported twice (e.g. b
 REQUIRED_METRICS = {
     "reward/mean", "reward/std", "accuracy", "policy/entropy", "policy/clip_frac", "rollout/len_mean",
     "rollout/len_max", "rollout/truncated_frac", "rollout/tied_group_frac", "time/step_s", "time/gen_tokens_per_s",
+    "time/reward_s",
 }
 
 

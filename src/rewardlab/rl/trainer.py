@@ -616,7 +616,7 @@ def produce(state: TrainState, step: int, version: int | None = None) -> Collect
     """
     rl, policy, sampler = state.cfg.rl, state.policy, state.sampler
     before = (sampler.state_dict(), rng_state())  # the end of the step before: what a stop for reward errors saves
-    gen_s, gen_tokens = 0.0, 0
+    gen_s, gen_tokens, reward_s = 0.0, 0, 0.0
     rollouts, outputs, all_outputs, all_rollouts = [], [], [], []
     rows_of: dict[int, list[Rollout]] = {}
     rounds = dropped = 0
@@ -641,7 +641,9 @@ def produce(state: TrainState, step: int, version: int | None = None) -> Collect
         new = episode_ends(sampled)  # one rollout per episode: the reward is called once per episode
         if state.episodes is not None:
             rows_of.update(episode_rows(sampled))
+        tr = time.perf_counter()
         scored = state.engine.score(new)
+        reward_s += time.perf_counter() - tr
         all_rollouts += new
         all_outputs += scored
         correct = torch.tensor([float(o.correct) for o in scored]).view(need, rl.group_size)
@@ -657,6 +659,7 @@ def produce(state: TrainState, step: int, version: int | None = None) -> Collect
     rollouts = rollouts[: rl.prompts_per_step * rl.group_size]
     outputs = outputs[: len(rollouts)]
     metrics = step_metrics(all_rollouts, all_outputs, rl.group_size)
+    metrics["time/reward_s"] = reward_s  # the outcome reward's wall clock (every round), whatever the engine
     metrics.update(state.engine.metrics())  # engine ray: ray/weights_bytes, ray/rollout_s, ray/reward_s
     if state.episodes is not None:
         metrics.update(episode_metrics([rows_of[id(r)] for r in all_rollouts]))
