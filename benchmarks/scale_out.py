@@ -209,8 +209,37 @@ def broadcast_s(parts: dict[str, float], bandwidth_bytes_s: float) -> float:
     return parts["weights_bytes"] / bandwidth_bytes_s
 
 
-def part_model(args, expensive: dict[str, Any]) -> dict[str, Any]:
+def reward_scaling_here(rows_path: Path, repeats: int = 3) -> dict[int, float]:
+    """Seconds the expensive part's reward takes for one step's 128 rollouts on this machine, scored by the reward
+    itself (no Ray) with 1 and with 2 sandboxes at a time (`workers`): how far two reward workers can go here."""
+    import random
+
+    from rewardlab.rewards.code import CodeReward
+    from rewardlab.types import Rollout
+
+    rng = random.Random(0)
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()[:16]]
+    rollouts = [Rollout(prompt=rows[i // 8]["prompt"], prompt_ids=[], completion="".join(
+        rng.choice("0123456789 +=()") for _ in range(8)), completion_ids=[], logprobs=[], row=rows[i // 8],
+        group=i // 8) for i in range(128)]
+    out = {}
+    for workers in (1, 2):
+        reward = CodeReward(workers=workers)
+        reward(rollouts[:4])  # the launcher starts
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            reward(rollouts)
+            times.append(time.perf_counter() - t)
+        out[workers] = statistics.median(times)
+    return out
+
+
+def part_model(args, expensive: dict[str, Any], work: Path) -> dict[str, Any]:
     base = expensive["ray 1 reward worker"]
+    scaling = reward_scaling_here(work / "code_rows.jsonl")
+    print(f"model: the code reward alone on this machine, 128 rollouts: {scaling[1]:.3f} s with 1 sandbox at a time, "
+          f"{scaling[2]:.3f} s with 2 ({scaling[1] / scaling[2]:.2f}x on {os.cpu_count()} cores)", flush=True)
     chunks = 16 * 8 // CHUNK
     bandwidth = args.bandwidth_gbit * 1e9 / 8
     here = os.cpu_count() or 1
@@ -220,12 +249,18 @@ def part_model(args, expensive: dict[str, Any]) -> dict[str, Any]:
           f"MB per publication", flush=True)
     for name in ("ray 2 reward workers", "ray 1 reward worker, max_staleness=1", "ray 2 reward workers, max_staleness=1"):
         f = expensive[name]
-        pred = predict(base, rollout_workers=f["rollout_workers"], reward_workers=f["reward_workers"], chunks=chunks,
-                       lag=f["max_staleness"], cores=here, bandwidth_bytes_s=bandwidth)
-        checks[name] = {"predicted_steps_per_s": 1 / pred, "measured_steps_per_s": f["steps_per_s"],
-                        "error": f["steps_per_s"] * pred - 1}
-        print(f"  {name:40s} predicted {1 / pred:.3f} steps/s, measured {f['steps_per_s']:.3f} "
-              f"({100 * checks[name]['error']:+.1f}%)")
+        nw = f["reward_workers"]
+        # ideal: R / N (a node per reward worker); here: R scaled as the reward itself scales on this machine's cores
+        local = dict(base, reward_s=base["reward_s"] * scaling[nw] / scaling[1] * nw)
+        ideal, host = (predict(parts, rollout_workers=f["rollout_workers"], reward_workers=nw, chunks=chunks,
+                               lag=f["max_staleness"], cores=here, bandwidth_bytes_s=bandwidth)
+                       for parts in (base, local))
+        checks[name] = {"predicted_ideal_steps_per_s": 1 / ideal, "predicted_here_steps_per_s": 1 / host,
+                        "measured_steps_per_s": f["steps_per_s"], "error_ideal": f["steps_per_s"] * ideal - 1,
+                        "error_here": f["steps_per_s"] * host - 1}
+        print(f"  {name:40s} measured {f['steps_per_s']:.3f} steps/s; predicted {1 / ideal:.3f} with R / N "
+              f"({100 * checks[name]['error_ideal']:+.1f}%), {1 / host:.3f} with this machine's reward scaling "
+              f"({100 * checks[name]['error_here']:+.1f}%)")
     projection = []
     for n in (1, 2, 4, 8, 16, 32):
         row = {"reward_workers": n}
@@ -249,6 +284,7 @@ def part_model(args, expensive: dict[str, Any]) -> dict[str, Any]:
              f"{1e3 * broadcast_s(base, bandwidth):.1f} ms per rollout node here")
     print(f"  stops scaling first: {first}")
     return {"parts": {"rollout_s": G, "reward_s": R, "learner_s": L, "weights_bytes": base["weights_bytes"]},
+            "reward_scaling_here": scaling,
             "chunks": chunks, "cores": here, "bandwidth_gbit": args.bandwidth_gbit, "checks": checks,
             "projection": projection, "stops_scaling_first": first}
 
@@ -330,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if "expensive" in parts:
             results["expensive"] = part_expensive(args, work)
         if "model" in parts:
-            results["model"] = part_model(args, results["expensive"])
+            results["model"] = part_model(args, results["expensive"], work)
         if "accuracy" in parts:
             results["accuracy"] = part_accuracy(args, work)
         results["wall_s"] = time.perf_counter() - t

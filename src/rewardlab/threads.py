@@ -9,15 +9,21 @@ a verb sets torch's threads to the run's budget and records it as the default si
 
     apply_threads(None)   # $OMP_NUM_THREADS when set, else the cores in this process's affinity mask
     apply_threads(1)      # one thread: the setting for several runs side by side
+
+`freeze_heap()` after a run has loaded its model, task and reward (the RL trainer, until the run ends, and each Ray
+worker): the objects alive then (torch's and transformers' modules, the task's rows: about half a million) leave the
+cycle collector's view, so that its full collections, which a training loop's allocations trigger every few steps,
+stop costing 0.1-0.25 s each; `gc.unfreeze()` gives them back.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
-__all__ = ["THREAD_ENV", "apply_threads", "available_cores", "default_threads", "single_thread_worker",
-           "thread_budget"]
+__all__ = ["THREAD_ENV", "apply_threads", "available_cores", "default_threads", "freeze_heap",
+           "single_thread_worker", "thread_budget"]
 
 #: Environment variables that size the thread pools of OpenMP, MKL, OpenBLAS and numexpr.
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -87,3 +93,14 @@ def single_thread_worker() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+
+
+def freeze_heap() -> int:
+    """Move every object the cycle collector tracks now into its permanent generation (`gc.freeze`), after a run's
+    set-up: a full collection then traverses only what the loop allocated since, instead of the ~0.5 M objects of
+    torch, transformers and the task (a 0.1-0.25 s pause every few steps of the tiny model's RL loop, in the driver
+    and in each Ray worker). Frozen objects are still freed when their reference count drops to zero; only garbage
+    cycles among them are no longer collected. Returns the number of frozen objects (`gc.get_freeze_count`)."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

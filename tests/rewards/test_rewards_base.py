@@ -61,6 +61,22 @@ def test_options_are_passed_and_unknown_options_rejected():
         scaled(facter=2)
 
 
+def test_named_parameters_precedence_option_then_rollout_field_then_row_field_then_default():
+    seen = []
+
+    @reward(register=False)
+    def probe(completion, answer, level, unit="m", tag="none"):
+        seen.append((completion, answer, level, unit, tag))
+        return 1.0
+
+    # a row field named like a rollout field ("completion") loses to the rollout's; an option ("unit") wins over a
+    # row field of the same name; a parameter nothing gives ("tag") keeps its default; no answer in the row: None
+    probe(unit="cm")([make_rollout("7", {"completion": "row's", "unit": "km", "level": 3})])
+    assert seen == [("7", None, 3, "cm", "none")]
+    (out,) = probe()([make_rollout("7", {"answer": "7"})])  # level missing and without a default: an explicit error
+    assert out.error is not None and out.error.startswith("probe: TypeError") and "level" in out.error
+
+
 def test_var_keyword_function_gets_all_fields():
     @reward(register=False)
     def everything(**kw):

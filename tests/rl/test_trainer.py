@@ -501,3 +501,23 @@ def test_group_size_below_the_estimators_minimum_is_refused(tmp_path):
                                          "got 1"):
         train(_config(tmp_path, "run", "rl.estimator=rloo", "rl.group_size=1"), show_progress=False)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_the_loop_runs_with_the_set_up_frozen_out_of_the_cycle_collector_and_gives_it_back(tmp_path):
+    import gc
+
+    from rewardlab.rl.trainer import train
+
+    frozen = []
+
+    @reward(name="test_freeze_probe")
+    def probe(completion):
+        frozen.append(gc.get_freeze_count())
+        return 0.0
+
+    try:
+        train(_config(tmp_path, "run", "rl.steps=1", "rewards=[{name: test_freeze_probe}]"), show_progress=False)
+    finally:
+        REWARDS.unregister("test_freeze_probe")
+    assert frozen and min(frozen) > 1000  # torch's and the model's objects, frozen during the loop (rewardlab.threads)
+    assert gc.get_freeze_count() == 0  # and given back when train returns

@@ -30,6 +30,7 @@ The loop never branches on an algorithm name.
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 import time
@@ -62,7 +63,7 @@ from rewardlab.rl.info_gain import info_gain_rewards
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
                                  kl_clamped, kl_penalty, split_loss_options)
 from rewardlab.runs import RunDir, warn
-from rewardlab.threads import apply_threads
+from rewardlab.threads import apply_threads, freeze_heap
 from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 from rewardlab.tasks import Task, check_task_for_policy, describe_task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
@@ -1074,6 +1075,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     """
     state = setup(cfg, resume=resume, overwrite=overwrite)
     rl, run = cfg.rl, state.run
+    freeze_heap()  # the set-up's objects out of the cycle collector's full passes, until the run ends
     if show_progress:
         print(f"rewardlab: {describe_task(state.task)}", file=sys.stderr, flush=True)
     try:
@@ -1131,6 +1133,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
         run.close()  # release the run directory's lock
         close_env(state.episodes)  # stop the environment's tool workers
         state.engine.close()  # engine ray: its workers
+        gc.unfreeze()  # what the run froze is the collector's again (a caller's process goes on)
 
 
 def generated_before(run: RunDir, step: int) -> int:

@@ -27,6 +27,8 @@ Restarts and re-runs are logged as ray/worker_restarts and ray/chunk_reruns.
 from __future__ import annotations
 
 import logging
+import pickle
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -77,17 +79,18 @@ class RolloutWorker:
         from rewardlab.envs.sampling import load_episodes
         from rewardlab.policy import load_policy
         from rewardlab.tasks import load as load_task
-        from rewardlab.threads import apply_threads
+        from rewardlab.threads import apply_threads, freeze_heap
 
         cfg = self.cfg
         apply_threads(self.threads)
         task = load_task(cfg.task.spec, **cfg.task.options)
         self.policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
         self.episodes = load_episodes(task, cfg.env, self.policy)
+        freeze_heap()  # as the driver does after its set-up
 
     def load(self, state_dict: dict[str, Any], version: int) -> int:
         """Load published weights (an object-store reference resolves to the state dict); returns `version`."""
-        self.policy.model.load_state_dict(state_dict)
+        self.policy.model.load_state_dict(_tensors(state_dict))
         self.version = version
         return version
 
@@ -99,14 +102,54 @@ class RolloutWorker:
             import ray
 
             self.load(ray.get(weights[1][0]), weights[0])
-        return sample_chunk(self.policy, self.episodes, self.settings, rows, n=n, stream=stream, first_row=first_row,
-                            version=self.version)
+        return _pack(sample_chunk(self.policy, self.episodes, self.settings, rows, n=n, stream=stream,
+                                  first_row=first_row, version=self.version))
 
     def close(self) -> None:
         """Stop the environment's tool workers."""
         close = getattr(self.episodes.env, "close", None) if self.episodes is not None else None
         if close is not None:
             close()
+
+
+def _arrays(state: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """A CPU state dict as (numpy array, torch dtype name) per key, which Ray's object store holds without a copy
+    per reader (`ray.put` of torch tensors takes 2.5x as long for the tiny model, and each `ray.get` 2.5x). A
+    bfloat16 tensor travels as its int16 bits. Tensors that are views of one another (tied weights) map to one
+    array object, so the pickle holds their bytes once."""
+    import torch
+
+    seen: dict[tuple[Any, ...], Any] = {}
+    out = {}
+    for key, t in state.items():
+        ident = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if ident not in seen:
+            seen[ident] = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+        out[key] = (seen[ident], str(t.dtype).removeprefix("torch."))
+    return out
+
+
+def _tensors(arrays: dict[str, tuple[Any, str]]) -> dict[str, Any]:
+    """`_arrays` back as tensors (sharing the arrays' read-only memory: `load_state_dict` copies them into the
+    model's own parameters)."""
+    import warnings
+
+    import torch
+
+    out = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for key, (array, dtype) in arrays.items():
+            t = torch.from_numpy(array)
+            out[key] = t.view(torch.bfloat16) if dtype == "bfloat16" else t
+    return out
+
+
+def _pack(items: list[Any]) -> bytes:
+    """A chunk's rollouts or reward outputs as one pickle (protocol 5), which Ray moves as bytes: its own
+    serializer (cloudpickle, which consults a hook for every object) takes 1.5-2x as long on a list of 1024
+    dataclasses; `pickle.loads` on the other side gives them back exactly."""
+    return pickle.dumps(items, protocol=5)
 
 
 class RewardWorker:
@@ -127,16 +170,17 @@ class RewardWorker:
         """Build the reward (an error here reaches the driver as itself)."""
         from rewardlab.rewards import build_reward
         from rewardlab.tasks import load as load_task
-        from rewardlab.threads import apply_threads
+        from rewardlab.threads import apply_threads, freeze_heap
 
         cfg = self.cfg
         apply_threads(self.threads)
         task = load_task(cfg.task.spec, **cfg.task.options)
         self.reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
+        freeze_heap()
 
-    def score(self, rollouts: list[Rollout]) -> list[RewardOutput]:
-        """One chunk's reward outputs, one per rollout."""
-        return self.reward(rollouts)
+    def score(self, rollouts: bytes) -> bytes:
+        """One chunk's reward outputs, one per rollout (both packed, `_pack`)."""
+        return _pack(self.reward(pickle.loads(rollouts)))
 
 
 class RayEngine:
@@ -173,6 +217,10 @@ class RayEngine:
         self._actors: dict[str, tuple[Any, tuple[Any, ...]]] = {}  # kind -> (actor class, constructor arguments)
         self._figures = {"ray/weights_bytes": 0.0, "ray/rollout_s": 0.0, "ray/reward_s": 0.0,
                          "ray/worker_restarts": 0.0, "ray/chunk_reruns": 0.0}
+        # publish runs in the learner's thread, generate / score / _restart in the prefetch thread (max_staleness >
+        # 0, and k = 0 on this engine): the lock orders what both touch (the worker slots, the published weights,
+        # the figures), so a replaced worker gets either publish's load call or the newest published weights
+        self._lock = threading.Lock()
         if not ray.is_initialized():
             try:
                 if rl.ray_address is None:
@@ -210,14 +258,15 @@ class RayEngine:
 
         state = {k: v.detach().to("cpu") for k, v in policy.model.state_dict().items()}
         storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}
-        ref = ray.put(state)
-        self._loads = [w.load.remote(ref, version) for w in self._rollout]
-        self._published = ref
-        self._weights[version] = ref
-        for old in sorted(self._weights)[:-self._keep]:
-            del self._weights[old]
-        self._figures["ray/weights_bytes"] = float(sum(storages.values()))
-        self.version = version
+        ref = ray.put(_arrays(state))
+        with self._lock:
+            self._loads = [w.load.remote(ref, version) for w in self._rollout]
+            self._published = ref
+            self._weights[version] = ref
+            for old in sorted(self._weights)[:-self._keep]:
+                del self._weights[old]
+            self._figures["ray/weights_bytes"] = float(sum(storages.values()))
+            self.version = version
 
     def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int],
                  version: int | None = None) -> list[Rollout]:
@@ -232,11 +281,12 @@ class RayEngine:
         import ray
 
         t0 = time.perf_counter()
-        version = self.version if version is None else version
-        ref = self._weights.get(version)
+        with self._lock:
+            version = self.version if version is None else version
+            ref, loads, kept = self._weights.get(version), list(self._loads), sorted(self._weights)
         if ref is None:
-            raise RuntimeError(f"rl.engine ray: policy version {version} is not kept (kept: {sorted(self._weights)})")
-        for load in list(self._loads):
+            raise RuntimeError(f"rl.engine ray: policy version {version} is not kept (kept: {kept})")
+        for load in loads:
             try:
                 _get(ray, [load], "loading the published weights")
             except _Died:  # its chunk finds the worker dead too, and the worker replacing it loads the weights
@@ -245,8 +295,8 @@ class RayEngine:
         chunks = self._run_chunks("rollout", "generate",
                                   [(list(rows[a:b]), n, tuple(stream), a, (version, [ref])) for a, b in spans],
                                   [f"rows {a}-{b - 1}" for a, b in spans])
-        out = [r for chunk in chunks for r in chunk]
-        self._figures["ray/rollout_s"] += time.perf_counter() - t0
+        out = [r for chunk in chunks for r in pickle.loads(chunk)]
+        self._count("ray/rollout_s", time.perf_counter() - t0)
         return out
 
     def score(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
@@ -254,10 +304,10 @@ class RayEngine:
         whose worker died runs again on its replacement."""
         t0 = time.perf_counter()
         spans = chunk_spans(len(rollouts), self.settings.chunk)
-        chunks = self._run_chunks("reward", "score", [(list(rollouts[a:b]),) for a, b in spans],
+        chunks = self._run_chunks("reward", "score", [(_pack(list(rollouts[a:b])),) for a, b in spans],
                                   [f"rollouts {a}-{b - 1}" for a, b in spans])
-        out = [o for chunk in chunks for o in chunk]
-        self._figures["ray/reward_s"] += time.perf_counter() - t0
+        out = [o for chunk in chunks for o in pickle.loads(chunk)]
+        self._count("ray/reward_s", time.perf_counter() - t0)
         return out
 
     def _run_chunks(self, kind: str, method: str, args: list[tuple[Any, ...]], names: list[str]) -> list[Any]:
@@ -294,7 +344,7 @@ class RayEngine:
                                        f"{MAX_RERUNS + 1} times; gave up after {MAX_RERUNS} re-runs: "
                                        f"{exc.cause}") from None
                 reruns[i] += 1
-                self._figures["ray/chunk_reruns"] += 1
+                self._count("ray/chunk_reruns", 1)
                 if pool[slot] is actor:  # the first of its chunks to report the death replaces the worker
                     self._restart(kind, slot)
                 submit(i)
@@ -314,11 +364,12 @@ class RayEngine:
         actor_class, arguments = self._actors[kind]
         for _ in range(MAX_RERUNS + 1):
             ray.kill(pool[slot])  # a dead actor: Ray must not bring it back on its own
-            pool[slot] = actor_class.remote(*arguments)
-            self._figures["ray/worker_restarts"] += 1
-            calls = [pool[slot].start.remote()]
-            if kind == "rollout" and self._published is not None:
-                calls.append(pool[slot].load.remote(self._published, self.version))
+            with self._lock:
+                pool[slot] = actor_class.remote(*arguments)
+                self._figures["ray/worker_restarts"] += 1
+                calls = [pool[slot].start.remote()]
+                if kind == "rollout" and self._published is not None:
+                    calls.append(pool[slot].load.remote(self._published, self.version))
             try:
                 _get(ray, calls, f"restarting {kind} worker {slot}")
                 return
@@ -332,10 +383,15 @@ class RayEngine:
         ray/rollout_s and ray/reward_s (seconds of wall clock waiting for generation and scoring since the last
         call), ray/worker_restarts (workers replaced after they died) and ray/chunk_reruns (chunks run again on
         them) since the last call."""
-        out = dict(self._figures)
-        self._figures.update({k: 0.0 for k in ("ray/rollout_s", "ray/reward_s", "ray/worker_restarts",
-                                               "ray/chunk_reruns")})
+        with self._lock:
+            out = dict(self._figures)
+            self._figures.update({k: 0.0 for k in ("ray/rollout_s", "ray/reward_s", "ray/worker_restarts",
+                                                   "ray/chunk_reruns")})
         return out
+
+    def _count(self, key: str, value: float) -> None:
+        with self._lock:
+            self._figures[key] += value
 
     def close(self) -> None:
         """Stop the rollout workers' environments, kill every actor and, when this engine connected to Ray,
