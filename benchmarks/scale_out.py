@@ -2,7 +2,7 @@
 expensive reward on 1 and 2 reward workers and with `rl.max_staleness=1`, a measured cost model checked against
 those runs, and accuracy at equal wall time for asynchronous against synchronous training.
 
-    python benchmarks/scale_out.py                                  # all four parts (about 25 min on 2 cores)
+    python benchmarks/scale_out.py --steps 10 --repeats 3 --budget 90   # the README's figures (15 min on 2 cores)
     python benchmarks/scale_out.py --parts overhead,expensive       # throughput and the cost model only
     python benchmarks/scale_out.py --parts accuracy --budget 60 --seeds 0,1,2
 
@@ -29,8 +29,10 @@ Parts:
       synchronous     T = L + G / min(Nr, C) + R / min(Nw, C) + Nr * B / bandwidth
       max_staleness>0 T = max(L + Nr * B / bandwidth, G / min(Nr, C) + R / min(Nw, C), W / cores)
   where W = L + G + R is the step's CPU work, which `cores` bound (2 here; unbounded on a cluster with a node per
-  worker). It checks the prediction against the measured 2-worker runs, projects steps/s to N reward workers on a
-  cluster, and says which part stops scaling first. The bandwidth (object store between nodes) is an assumption,
+  worker). It checks the prediction against the measured 2-worker and asynchronous runs twice: with R / N (a core per
+  reward worker) and with R scaled as the reward itself scales on this machine (the `code` reward alone, no Ray,
+  scoring one step's 128 rollouts with 1 and with 2 sandboxes at a time); it projects steps/s to N reward workers on
+  a cluster and says which part stops scaling first. The bandwidth (object store between nodes) is an assumption,
   `--bandwidth-gbit` (default 10); on one machine the object store shares memory and B costs nothing measurable.
 - accuracy: GRPO from the quickstart's SFT checkpoint (trained once here, the quickstart's SFT settings, seed 0) for
   `--budget` seconds of wall clock per run, synchronous (engine ray, max_staleness 0) against max_staleness=1, seeds

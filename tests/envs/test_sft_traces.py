@@ -11,8 +11,8 @@ from conftest import TINY_ARCH
 from episode_fakes import BOS, EOS, THINK_STRIP, RecordedChat, ScriptedSampler, enc
 
 from rewardlab.envs import make_env, make_renderer, run_episodes, trace_rollouts
-from rewardlab.policy import Policy, load_policy
-from rewardlab.policy.tiny import build_model, build_tokenizer
+from rewardlab.policy import load_policy
+from rewardlab.policy.tiny import build_tokenizer
 from rewardlab.sft import sft_loss
 
 #: ChatML-style and append-only, with the tiny tokenizer's <s> and </s> as its markers.

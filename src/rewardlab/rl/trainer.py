@@ -53,7 +53,7 @@ from rewardlab.policy import Batch, Policy, load_policy, rollout_batch
 from rewardlab.progress import stage
 from rewardlab.rewards import Reward, RewardError, build_reward
 from rewardlab.rewards.compose import check_specs, component_weights
-from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
+from rewardlab.rl.advantages import ESTIMATORS
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.engines import Engine, make_engine
 from rewardlab.rl.episodes import episode_advantages, episode_minibatches, episode_tensors
