@@ -146,3 +146,22 @@ def test_a_dashboard_without_its_packages_is_one_line_naming_rl_ray_dashboard(mo
     cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", "rl.ray_dashboard=true"])
     with pytest.raises(ValueError, match=r"^rl\.ray_dashboard: .*pip install 'ray\[default\]'.*missing packages\.$"):
         RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
+
+
+def test_published_weights_travel_as_arrays_and_come_back_exactly_tied_weights_once_bfloat16_included():
+    import pickle
+
+    import torch
+
+    from rewardlab.rl.engines.ray_engine import _arrays, _tensors
+
+    shared = torch.randn(100, 100)
+    state = {"embed": shared, "lm_head": shared, "norm": torch.randn(100).to(torch.bfloat16),
+             "half": torch.randn(3).half(), "steps": torch.arange(5)}
+    wire = pickle.dumps(_arrays(state), protocol=5)
+    back = _tensors(pickle.loads(wire))
+    assert set(back) == set(state)
+    for key, value in state.items():
+        assert back[key].dtype == value.dtype and torch.equal(back[key], value), key
+    alone = pickle.dumps(_arrays({"embed": shared}), protocol=5)
+    assert len(wire) < len(alone) + 2000  # the tied pair's 40,000 bytes of floats are sent once, not twice
