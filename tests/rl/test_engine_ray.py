@@ -165,3 +165,18 @@ def test_published_weights_travel_as_arrays_and_come_back_exactly_tied_weights_o
         assert back[key].dtype == value.dtype and torch.equal(back[key], value), key
     alone = pickle.dumps(_arrays({"embed": shared}), protocol=5)
     assert len(wire) < len(alone) + 2000  # the tied pair's 40,000 bytes of floats are sent once, not twice
+
+
+def test_a_chunk_with_a_row_only_cloudpickle_can_write_still_travels():
+    import pickle
+
+    pytest.importorskip("ray")
+    from rewardlab.rl.engines.ray_engine import _pack
+    from rewardlab.types import Rollout
+
+    rollout = Rollout(prompt="p", prompt_ids=[1], completion="c", completion_ids=[2], logprobs=[-0.5],
+                      row={"prompt": "p", "check": lambda x: x + 1})
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        pickle.dumps([rollout], protocol=5)  # the case the fallback is for
+    (back,) = pickle.loads(_pack([rollout]))
+    assert back.completion == "c" and back.logprobs == [-0.5] and back.row["check"](1) == 2

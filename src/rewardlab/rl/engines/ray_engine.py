@@ -148,8 +148,14 @@ def _tensors(arrays: dict[str, tuple[Any, str]]) -> dict[str, Any]:
 def _pack(items: list[Any]) -> bytes:
     """A chunk's rollouts or reward outputs as one pickle (protocol 5), which Ray moves as bytes: its own
     serializer (cloudpickle, which consults a hook for every object) takes 1.5-2x as long on a list of 1024
-    dataclasses; `pickle.loads` on the other side gives them back exactly."""
-    return pickle.dumps(items, protocol=5)
+    dataclasses; `pickle.loads` on the other side gives them back exactly. A row holding something only cloudpickle
+    can write (a lambda, a class defined in a script) falls back to it, as Ray itself would have."""
+    try:
+        return pickle.dumps(items, protocol=5)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        from ray import cloudpickle
+
+        return cloudpickle.dumps(items, protocol=5)
 
 
 class RewardWorker:
