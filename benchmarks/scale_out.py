@@ -58,7 +58,8 @@ HERE = Path(__file__).resolve().parent
 if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(HERE.parent / "src"))
 
-CHUNK = 32  # the expensive part's rollout_chunk: 4 chunks of a 128-rollout step
+# The expensive part's step: PROMPTS x GROUP rollouts of TOKENS new tokens, in chunks of CHUNK (4 chunks).
+PROMPTS, GROUP, TOKENS, CHUNK = 16, 8, 8, 32
 
 
 # ---------------------------------------------------------------------------------------------- one run (child)
@@ -186,7 +187,7 @@ def part_expensive(args, work: Path) -> dict[str, Any]:
     rows = code_rows(work / "code_rows.jsonl")
     base = {"task": {"spec": f"jsonl:{rows}", "options": {"reward": "code", "test_size": 100}},
             "rewards": [{"name": "code", "workers": 1}], "threads": args.threads, "seed": 0,
-            "rl": {"steps": args.steps, "prompts_per_step": 16, "group_size": 8, "max_new_tokens": 8,
+            "rl": {"steps": args.steps, "prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": TOKENS,
                    "temperature": 1.0, "lr": 1e-4, "rollout_chunk": CHUNK}}
     out: dict[str, Any] = {}
     for name, nr, nw, lag in EXPENSIVE_RUNS:
@@ -220,10 +221,10 @@ def reward_scaling_here(rows_path: Path, repeats: int = 3) -> dict[int, float]:
     from rewardlab.types import Rollout
 
     rng = random.Random(0)
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines()[:16]]
-    rollouts = [Rollout(prompt=rows[i // 8]["prompt"], prompt_ids=[], completion="".join(
-        rng.choice("0123456789 +=()") for _ in range(8)), completion_ids=[], logprobs=[], row=rows[i // 8],
-        group=i // 8) for i in range(128)]
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()[:PROMPTS]]
+    rollouts = [Rollout(prompt=rows[i // GROUP]["prompt"], prompt_ids=[], completion="".join(
+        rng.choice("0123456789 +=()") for _ in range(TOKENS)), completion_ids=[], logprobs=[], row=rows[i // GROUP],
+        group=i // GROUP) for i in range(PROMPTS * GROUP)]
     out = {}
     for workers in (1, 2):
         reward = CodeReward(workers=workers)
@@ -240,16 +241,17 @@ def reward_scaling_here(rows_path: Path, repeats: int = 3) -> dict[int, float]:
 def part_model(args, expensive: dict[str, Any], work: Path) -> dict[str, Any]:
     base = expensive["ray 1 reward worker"]
     scaling = reward_scaling_here(work / "code_rows.jsonl")
-    print(f"model: the code reward alone on this machine, 128 rollouts: {scaling[1]:.3f} s with 1 sandbox at a time, "
-          f"{scaling[2]:.3f} s with 2 ({scaling[1] / scaling[2]:.2f}x on {os.cpu_count()} cores)", flush=True)
-    chunks = 16 * 8 // CHUNK
+    print(f"model: the code reward alone on this machine, {PROMPTS * GROUP} rollouts: {scaling[1]:.3f} s with 1 "
+          f"sandbox at a time, {scaling[2]:.3f} s with 2 ({scaling[1] / scaling[2]:.2f}x on {os.cpu_count()} cores)",
+          flush=True)
+    chunks = PROMPTS * GROUP // CHUNK
     bandwidth = args.bandwidth_gbit * 1e9 / 8
     here = os.cpu_count() or 1
     checks = {}
     print(f"model: parts of a step at 1 reward worker: rollout G {base['rollout_s']:.3f} s, reward R "
           f"{base['reward_s']:.3f} s, learner L {base['learner_s']:.3f} s, weights B {base['weights_bytes'] / 1e6:.2f} "
           f"MB per publication", flush=True)
-    for name in ("ray 2 reward workers", "ray 1 reward worker, max_staleness=1", "ray 2 reward workers, max_staleness=1"):
+    for name in [run[0] for run in EXPENSIVE_RUNS if run[2] > 1 or run[3]]:  # the runs the 1-worker parts predict
         f = expensive[name]
         nw = f["reward_workers"]
         # ideal: R / N (a node per reward worker); here: R scaled as the reward itself scales on this machine's cores
@@ -300,7 +302,8 @@ def part_accuracy(args, work: Path) -> dict[str, Any]:
     sft_out = work / "sft"
     env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", str(HERE.parent / "src")))
     subprocess.run([sys.executable, "-m", "rewardlab.cli", "sft", "--out", str(sft_out), "--overwrite",
-                    f"threads={args.threads}", f"sft.steps={args.sft_steps or q.sft.steps}", f"sft.batch_size={q.sft.batch_size}",
+                    f"threads={args.threads}", f"sft.steps={args.sft_steps or q.sft.steps}",
+                    f"sft.batch_size={q.sft.batch_size}",
                     f"sft.lr={q.sft.lr}", f"task.spec={q.task.spec}", f"task.options={json.dumps(q.task.options)}"],
                    check=True, env=env, stdout=subprocess.DEVNULL)
     checkpoint = json.loads((sft_out / "summary.json").read_text())["final_checkpoint"]

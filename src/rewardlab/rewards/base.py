@@ -68,25 +68,22 @@ def _rollout_fields(r: Rollout) -> dict[str, Any]:
     return fields
 
 
+#: Return types read as a plain score without the (slower) ABC check for a mapping.
+_SCALARS = (float, int, bool)
+
+
 def _as_output(value: Any, name: str) -> RewardOutput:
-    if type(value) is float or type(value) is int or type(value) is bool:  # noqa: E721 - the common case, first
-        score = float(value)
-        if not math.isfinite(score):
-            return RewardOutput(score=0.0, error=f"{name}: score is {score}")
-        return RewardOutput(score=score)
     if isinstance(value, RewardOutput):
-        out = value
+        if value.error is None and not math.isfinite(value.score):
+            return RewardOutput(score=0.0, components=value.components, error=f"{name}: score is {value.score}")
+        return value
+    if type(value) in _SCALARS or not isinstance(value, Mapping):  # a plain number, the common case, tested first
+        score, comps = float(value), {}
     else:
-        if isinstance(value, Mapping):
-            score, comps = float(value["score"]), {k: float(v) for k, v in value.items() if k != "score"}
-        else:
-            score, comps = float(value), {}
-        if not math.isfinite(score):  # before RewardOutput, whose own NaN check would hide the cause
-            return RewardOutput(score=0.0, components=comps, error=f"{name}: score is {score}")
-        out = RewardOutput(score=score, components=comps)
-    if out.error is None and not math.isfinite(out.score):
-        return RewardOutput(score=0.0, components=out.components, error=f"{name}: score is {out.score}")
-    return out
+        score, comps = float(value["score"]), {k: float(v) for k, v in value.items() if k != "score"}
+    if not math.isfinite(score):  # before RewardOutput, whose own NaN check would hide the cause
+        return RewardOutput(score=0.0, components=comps, error=f"{name}: score is {score}")
+    return RewardOutput(score=score, components=comps)
 
 
 def run_sync(make_coro: Callable[[], Awaitable[_T]]) -> _T:
