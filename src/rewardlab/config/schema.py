@@ -34,8 +34,23 @@ class TinyArch(_Base):
     max_position_embeddings: int = Field(256, gt=0, description="longest sequence, tokens")
 
 
+class LoraConfig(_Base):
+    """Low-rank adapters (LoRA, Hu et al. 2021, arXiv:2106.09685) through peft (pip install rewardlab[lora]): the
+    base weights stay frozen and W x + (alpha / r) B A x is trained, B [d_out, r] starting at 0 and A [r, d_in]."""
+
+    r: int = Field(16, gt=0, description="the adapters' rank r (TRL's \"LoRA without regret\" guide: 1-32 on all "
+                   "linear layers with about 10x the full fine-tuning learning rate matches full fine-tuning for RL)")
+    alpha: float = Field(32.0, gt=0, description="the scaling numerator: the update is (alpha / r) B A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input while training (0: the "
+                           "log-probs of the update equal the sampler's at the first step, so the ratio starts at 1)")
+    target_modules: str | list[str] = Field(
+        "all-linear", description="the modules given adapters: 'all-linear' (every linear layer but the LM head, "
+        "peft's shorthand) or a list of module names, e.g. [q_proj, v_proj]")
+
+
 class ModelConfig(_Base):
-    """The policy: which language model, its prompt format, dtype and device."""
+    """The policy: which language model, its prompt format, dtype and device, and how it is trained (precision,
+    gradient checkpointing, LoRA). docs/real-models.md says which combinations run where."""
 
     path: str = Field("tiny", description='"tiny" (embedded model, fresh weights) or a local Hugging Face model '
                       "directory (nothing is downloaded at run time: download a hub model first, give its "
@@ -47,12 +62,32 @@ class ModelConfig(_Base):
         "float32", description="dtype the weights are loaded and trained in (bfloat16, float16: half the memory)")
     device: str = Field("cpu", description='torch device, e.g. "cpu" or "cuda"')
     tiny: TinyArch = Field(default_factory=TinyArch, description='size of the embedded model (path "tiny" only)')
+    autocast: Literal["bfloat16"] | None = Field(
+        None, description="mixed precision: every forward pass (sampling, scoring, training) runs under "
+        "torch.autocast in this dtype while the weights, the gradients and AdamW's state stay float32 (needs "
+        "model.dtype float32); null: compute in model.dtype")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each decoder layer's activations in the backward pass instead of storing "
+        "them (transformers' gradient checkpointing, non-reentrant): less memory per micro-batch, about a third more "
+        "compute per training forward")
+    logprob_chunk_tokens: int | None = Field(
+        None, gt=0, description="completion tokens whose vocabulary-wide float32 logits exist at once when log-probs "
+        "and entropies are computed (the LM head is applied a chunk at a time, forward and backward); null: as many "
+        "as fit in 2^24 logits (64 MiB: 110 tokens of a 151,936-token vocabulary)")
+    lora: LoraConfig | None = Field(
+        None, description="train LoRA adapters instead of every weight (peft, pip install rewardlab[lora]): "
+        "checkpoints hold the adapter, the KL reference is the base with the adapter disabled; null: full "
+        "fine-tuning")
 
     def policy_options(self) -> dict[str, Any]:
         """The keyword arguments `rewardlab.policy.load_policy(self.path, seed=..., **options)` takes from this
-        section: prompt_format, dtype, device and tiny_arch (the embedded model's size, as a dict)."""
+        section: prompt_format, dtype, device, tiny_arch (the embedded model's size, as a dict), autocast,
+        gradient_checkpointing, logprob_chunk_tokens and lora (a dict or None)."""
         return {"prompt_format": self.prompt_format, "dtype": self.dtype, "device": self.device,
-                "tiny_arch": self.tiny.model_dump()}
+                "tiny_arch": self.tiny.model_dump(), "autocast": self.autocast,
+                "gradient_checkpointing": self.gradient_checkpointing,
+                "logprob_chunk_tokens": self.logprob_chunk_tokens,
+                "lora": self.lora.model_dump() if self.lora is not None else None}
 
 
 class TaskConfig(_Base):
@@ -75,6 +110,10 @@ class SFTParams(_Base):
 
     steps: int = Field(300, ge=0, description="optimizer steps")
     batch_size: int = Field(64, gt=0, description="rows per step")
+    micro_batch_size: int | None = Field(
+        None, gt=0, description="rows per forward/backward pass: each step accumulates the gradient of its batch over "
+        "micro-batches of this size, the loss still the mean over every trained token of the batch; null: the whole "
+        "batch at once")
     lr: float = Field(3e-3, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019), decayed by a cosine "
                       "to 0.1 x lr at the last step (Loshchilov & Hutter 2017)")
     weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
@@ -155,6 +194,12 @@ class RLConfig(_Base):
     group_size: int = Field(8, gt=0, description="G, rollouts per prompt (Shao et al. 2024)")
     epochs: int = Field(1, gt=0, description="mu, optimization passes over each batch")
     minibatch_size: int | None = Field(None, gt=0, description="rollouts per optimizer step (default: whole batch)")
+    micro_batch_size: int | None = Field(
+        None, gt=0, description="rollouts (whole episodes) per forward/backward pass: each optimizer step "
+        "accumulates the gradient of its minibatch over micro-batches of this size, its loss aggregated over the "
+        "whole minibatch exactly as without them (a memory switch, not an algorithm one); the reference, critic "
+        "and info-gain passes score this many rows at a time. null: the whole minibatch at once (TRL's "
+        "per_device_train_batch_size with gradient_accumulation_steps; verl's ppo_micro_batch_size_per_gpu)")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019)")
     weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
     warmup_steps: int = Field(0, ge=0, description="linear warm-up, RL steps")
@@ -593,6 +638,10 @@ class _FitParams(_Base):
 
     epochs: int = Field(3, gt=0, description="passes over the training rows")
     batch_size: int = Field(32, gt=0, description="rows (pairs / solutions) per optimizer step")
+    micro_batch_size: int | None = Field(
+        None, gt=0, description="rows per forward/backward pass: each optimizer step accumulates its batch's "
+        "gradient over micro-batches of this size, the loss still the batch's mean (per pair / per step); null: the "
+        "whole batch at once")
     lr: float = Field(5e-5, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019)")
     weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
     warmup_steps: int = Field(0, ge=0, description="linear warm-up, optimizer steps")

@@ -42,6 +42,21 @@ class Batch:
             self.prompt_len,
         )
 
+    def trim(self) -> Batch:
+        """The same rows without the prompt columns that are padding in every row and the completion columns past
+        every row's end: the same tokens, positions and mask entries in a narrower tensor (positions are counted
+        from each row's first real token, so they do not move). At least one completion column is kept."""
+        P, T = self.prompt_len, self.completion_ids.shape[1]
+        used = self.attention_mask.sum(0) > 0  # [P + T]
+        lead = int((~used[:P]).long().cumprod(0).sum())
+        ends = used[P:].nonzero()
+        width = int(ends.max()) + 1 if ends.numel() else 1
+        if lead == 0 and width == T:
+            return self
+        cols = slice(lead, P + width)
+        return Batch(self.input_ids[:, cols], self.attention_mask[:, cols], self.position_ids[:, cols],
+                     self.completion_ids[:, :width], self.mask[:, :width], P - lead)
+
 
 def collate(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], *, pad_id: int,
             device: torch.device | str = "cpu") -> Batch:
@@ -100,3 +115,43 @@ def rollout_batch(policy: Any, rollouts: Sequence[Rollout]) -> tuple[Batch, torc
     T = batch.mask.shape[1]
     old = torch.tensor([list(r.logprobs) + [0.0] * (T - len(r.logprobs)) for r in rollouts], dtype=torch.float32)
     return batch, old.view(len(rollouts), T).to(batch.mask.device)
+
+
+def micro_batches(group: torch.Tensor, size: int | None, episode: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Positions 0..n-1 of `n` rows cut into micro-batches of at most `size` whole episodes (gradient accumulation
+    and the no-grad scoring passes), with no random draws.
+
+    Episodes are ordered by prompt group (stable: then by their first row), so a micro-batch holds the rollouts of
+    one prompt together and the shared-prefix scorer (`Policy.completion_features`) runs their prompt once; an
+    episode's rows stay in their order and are never split between micro-batches.
+
+    Args:
+        group: [n] int64 prompt-group id of each row.
+        size: episodes per micro-batch (the last may have fewer); None: one micro-batch of every row, in the given
+            order.
+        episode: [n] int64 episode id of each row, or None (each row its own episode).
+    Returns:
+        list of 1-D int64 tensors of positions; every position appears in exactly one.
+    Raises:
+        ValueError: `size` < 1, or `episode` not of group's shape.
+    """
+    n = int(group.shape[0])
+    if size is None:
+        return [torch.arange(n)]
+    if size < 1:
+        raise ValueError(f"micro_batch_size: must be >= 1, got {size}")
+    if episode is not None and episode.shape != group.shape:
+        raise ValueError(f"micro_batches: episode shape {tuple(episode.shape)} != group shape {tuple(group.shape)}")
+    if n == 0:
+        return []
+    group, rows = group.cpu(), torch.arange(n)
+    inverse = torch.unique(episode.cpu(), return_inverse=True)[1] if episode is not None else rows
+    E = int(inverse.max()) + 1
+    first = torch.full((E,), n, dtype=torch.long).scatter_reduce(0, inverse, rows, reduce="amin")
+    by_first = torch.argsort(first, stable=True)
+    order = by_first[torch.argsort(group[first][by_first], stable=True)]  # episodes by (group, first row)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(E)
+    ordered = rows[torch.argsort(rank[inverse] * n + rows)]
+    counts = torch.bincount(rank[inverse][ordered] // size, minlength=(E + size - 1) // size)
+    return [part for part in ordered.split(counts.tolist()) if part.numel()]

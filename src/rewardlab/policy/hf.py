@@ -4,8 +4,9 @@ log-probs. Packing and step marking are in `rewardlab.policy.batch`, the sampler
 
 from __future__ import annotations
 
+import contextlib
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +14,25 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rewardlab.modeldir import check_model_dir, load_pretrained
-from rewardlab.policy.batch import Batch, collate, mark_steps
+from rewardlab.policy.batch import Batch, collate, mark_steps, micro_batches
+from rewardlab.policy.logprobs import chunk_positions, lm_head_split, selective_logprobs
 from rewardlab.policy.sampling import (
     StopWatch,
     expandable_cache,
     group_rows,
     sample_prefix_tree,
     sample_with_generate,
-    shared_prefix_logits,
+    shared_prefix_features,
     stop_end,
 )
 from rewardlab.policy.streams import stream_words
 from rewardlab.types import Rollout, Sampled
 
 PROMPT_FORMATS = ("auto", "raw", "chat")
+#: `model.dtype` names.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: `model.autocast` names: the dtype the forward passes compute in over float32 master weights.
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16}
 
 
 class Policy:
@@ -37,11 +43,20 @@ class Policy:
         tokenizer: its tokenizer; needs an end-of-sequence token (a pad token is set to it when missing).
         prompt_format: "raw" (prompt text as is), "chat" (the tokenizer's chat template with one user turn and
             the generation prompt), or "auto" (chat when the tokenizer has a chat template).
+        autocast: "bfloat16" runs every forward pass (sampling, scoring, training) under `torch.autocast` in that
+            dtype, the weights (the optimizer's master copy) staying float32; None: the weights' dtype throughout.
+        gradient_checkpointing: recompute each decoder layer's activations in the backward pass instead of storing
+            them (transformers' `gradient_checkpointing_enable`, non-reentrant): less memory, about a third more
+            compute per training forward.
+        logprob_chunk_tokens: completion positions whose vocabulary-wide logits exist at once when log-probs and
+            entropies are computed (`rewardlab.policy.logprobs`); None: as many as fit in 2^24 float32 logits.
     Raises:
-        ValueError: unknown prompt format, "chat" without a chat template, or a tokenizer without an EOS token.
+        ValueError: unknown prompt format, "chat" without a chat template, or a tokenizer without an EOS token;
+            an unknown autocast dtype, autocast over weights that are not float32, a chunk < 1.
     """
 
-    def __init__(self, model, tokenizer, prompt_format: str = "auto") -> None:
+    def __init__(self, model, tokenizer, prompt_format: str = "auto", *, autocast: str | None = None,
+                 gradient_checkpointing: bool = False, logprob_chunk_tokens: int | None = None) -> None:
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"model.prompt_format: expected one of {PROMPT_FORMATS}, got {prompt_format!r}")
         has_template = bool(getattr(tokenizer, "chat_template", None))
@@ -53,9 +68,25 @@ class Policy:
             raise ValueError("model: the tokenizer has no end-of-sequence token")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
+        if autocast is not None and autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"model.autocast: expected one of {sorted(AUTOCAST_DTYPES)} or null, got {autocast!r}")
+        if autocast is not None:
+            low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                          if p.is_floating_point() and p.dtype != torch.float32})
+            if low:
+                raise ValueError(f"model.autocast: computes in {autocast} over float32 master weights, and the "
+                                 f"weights are {', '.join(low)}; set model.dtype=float32 (or drop model.autocast)")
+        if logprob_chunk_tokens is not None:
+            chunk_positions(1, logprob_chunk_tokens)  # >= 1
         self.model = model
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
+        self.autocast = autocast
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        if self.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._head_split: Any = None  # (body, LM head) once checked (`lm_head_split`), False when there is none
         #: Use the shared-prefix sampler and scorer (see `sampling.sample_prefix_tree`, `completion_logits`). None:
         #: decided by the first call (True when the model's key/value cache can be repeated per row); False forces
         #: the plain paths (transformers' `generate`, one forward pass over every row).
@@ -63,27 +94,38 @@ class Policy:
 
     @classmethod
     def load(cls, path: str | Path, *, prompt_format: str = "auto", dtype: str = "float32", device: str = "cpu",
-             key: str = "model.path"):
+             key: str = "model.path", **options: Any):
         """Load a causal LM and tokenizer from a local Hugging Face model directory (nothing is downloaded: a hub id
         must be downloaded first and passed as its directory).
 
         Args:
             key: the config key that gave `path`, named in the errors.
+            options: `autocast`, `gradient_checkpointing`, `logprob_chunk_tokens` (see `Policy`).
         Raises:
             ValueError: unknown dtype; one line naming `key` when `path` does not exist, is not a model directory
                 (no config.json) or does not load (see `rewardlab.modeldir`); the errors of `Policy.__init__`.
         """
-        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+        torch_dtype = DTYPES.get(dtype)
         if torch_dtype is None:
             raise ValueError(f"model.dtype: expected float32, bfloat16 or float16, got {dtype!r}")
         where = check_model_dir(path, key)
         tokenizer = load_pretrained(AutoTokenizer, where, key)
         model = load_pretrained(AutoModelForCausalLM, where, key, dtype=torch_dtype).to(device)
-        return cls(model, tokenizer, prompt_format)
+        return cls(model, tokenizer, prompt_format, **options)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """The precision of this policy's forward passes: `torch.autocast` in the `autocast` dtype when set, else
+        nothing (the weights' dtype)."""
+        if self.autocast is None:
+            yield
+            return
+        with torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.autocast]):
+            yield
 
     def save(self, path: str | Path) -> None:
         """Save model (safetensors) and tokenizer in HF format under `path`."""
@@ -331,33 +373,13 @@ class Policy:
         was_training = self.model.training
         self.model.eval()
         try:
-            N = len(node)
-            batch = self.collate(prompt_ids, [[] for _ in prompt_ids])
-            P = batch.prompt_len
-            node_t = torch.tensor(node, dtype=torch.long)
-            budget_t = torch.tensor(budgets, dtype=torch.long)
-            watch = StopWatch(self.tokenizer, stops, befores) if stops else None
-            eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-            result = None
-            if self.shared_prefix is not False:
-                prefill = self.model(input_ids=batch.input_ids[:, :P], attention_mask=batch.attention_mask[:, :P],
-                                     position_ids=batch.position_ids[:, :P], use_cache=True, logits_to_keep=1)
-                self.shared_prefix = expandable_cache(prefill.past_key_values)
-                if self.shared_prefix:
-                    result = sample_prefix_tree(self.model, batch, prefill, node=node_t, budgets=budget_t, eos_id=eos,
-                                                pad_id=pad, temperature=temperature, top_p=top_p, greedy=greedy,
-                                                words=words, watch=watch)
-            if result is None:
-                n = N // len(prompt_ids)
-                # one row per prompt unless n rows per prompt in order and transformers samples (its greedy search,
-                # which stream draws run through, takes one sequence per prompt)
-                if words is not None or n * len(prompt_ids) != N or node != [k // n for k in range(N)]:
-                    batch, n = self.collate([prompt_ids[j] for j in node], [[] for _ in node]), 1
-                result = sample_with_generate(self.model, self.tokenizer, batch, n=n, temperature=temperature,
-                                              top_p=top_p, budgets=budget_t, greedy=greedy, words=words, watch=watch)
+            with self.compute():
+                result = self._sample_ids(prompt_ids, node=node, budgets=budgets, temperature=temperature,
+                                          top_p=top_p, greedy=greedy, stops=stops, befores=befores, words=words)
         finally:
             self.model.train(was_training)
         tokens, logps, lengths = result
+        eos = self.tokenizer.eos_token_id
         out = []
         for r, (row, lp, length) in enumerate(zip(tokens.tolist(), logps.tolist(), lengths.tolist())):
             ids, finish = row[:length], "length"
@@ -370,11 +392,47 @@ class Policy:
             out.append(Sampled(ids, lp[: len(ids)], finish))
         return out
 
+    def _sample_ids(self, prompt_ids: list[list[int]], *, node: list[int], budgets: list[int], temperature: float,
+                    top_p: float, greedy: bool, stops: list[str] | None, befores: list[str],
+                    words: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`_sample`'s model work: (tokens [N, L], behaviour log-probs [N, L], lengths [N]) from the shared-prefix
+        sampler, or from transformers' `generate` when the model's cache cannot be repeated."""
+        N = len(node)
+        batch = self.collate(prompt_ids, [[] for _ in prompt_ids])
+        P = batch.prompt_len
+        node_t = torch.tensor(node, dtype=torch.long)
+        budget_t = torch.tensor(budgets, dtype=torch.long)
+        watch = StopWatch(self.tokenizer, stops, befores) if stops else None
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        result = None
+        if self.shared_prefix is not False:
+            prefill = self.model(input_ids=batch.input_ids[:, :P], attention_mask=batch.attention_mask[:, :P],
+                                 position_ids=batch.position_ids[:, :P], use_cache=True, logits_to_keep=1)
+            self.shared_prefix = expandable_cache(prefill.past_key_values)
+            if self.shared_prefix:
+                result = sample_prefix_tree(self.model, batch, prefill, node=node_t, budgets=budget_t, eos_id=eos,
+                                            pad_id=pad, temperature=temperature, top_p=top_p, greedy=greedy,
+                                            words=words, watch=watch)
+        if result is None:
+            n = N // len(prompt_ids)
+            # one row per prompt unless n rows per prompt in order and transformers samples (its greedy search,
+            # which stream draws run through, takes one sequence per prompt)
+            if words is not None or n * len(prompt_ids) != N or node != [k // n for k in range(N)]:
+                batch, n = self.collate([prompt_ids[j] for j in node], [[] for _ in node]), 1
+            result = sample_with_generate(self.model, self.tokenizer, batch, n=n, temperature=temperature,
+                                          top_p=top_p, budgets=budget_t, greedy=greedy, words=words, watch=watch)
+        return result
+
     # ------------------------------------------------------------------ scoring
     def token_logprobs(
         self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs of the completion tokens under the current weights (differentiable).
+        """Log-probs of the completion tokens under the current weights (differentiable), without a [N, T, V]
+        tensor: the LM head and the float32 softmax run on `logprob_chunk_tokens` completion positions at a time
+        (`rewardlab.policy.logprobs.selective_logprobs`), in the forward and again in the backward pass; only the
+        positions with `batch.mask` 1 are computed. Runs under this policy's autocast (`compute`).
+
+        log p(y_t) = z_t[y_t] - logsumexp(z_t), H_t = -sum_v p_t[v] log p_t[v], z_t = logits_t / temperature.
 
         Args:
             batch: packed rollouts (see `Batch`).
@@ -382,19 +440,59 @@ class Policy:
             with_entropy: also return the entropy of each position's distribution.
             entropy_grad: let gradients flow through the entropy (for an entropy bonus); else it is detached.
         Returns:
-            logprobs [N, T] float32 (natural log, 0 where mask is 0), entropy [N, T] float32 in nats or None.
+            logprobs [N, T] float32 (natural log, 0 where mask is 0), entropy [N, T] float32 in nats (0 where mask
+            is 0) or None.
         """
-        logits = self.completion_logits(batch).float() / temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logprobs = logp_all.gather(-1, batch.completion_ids[..., None]).squeeze(-1) * batch.mask
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.mask
-        return logprobs, entropy
+        on = batch.mask > 0
+        narrow = batch.trim()  # the same masked entries, in the same (row-major) order
+        with self.compute():
+            features, head = self.completion_features(narrow)
+        picked = features[narrow.mask > 0]  # [M, H] hidden states (or [M, V] logits) of the completion tokens
+        logp, entropy = selective_logprobs(
+            picked, narrow.completion_ids[narrow.mask > 0], weight=head.weight if head is not None else None,
+            bias=head.bias if head is not None else None, temperature=temperature, chunk=self.logprob_chunk_tokens,
+            with_entropy=with_entropy, entropy_grad=entropy_grad,
+            dtype=AUTOCAST_DTYPES[self.autocast] if self.autocast is not None else None)
+        zeros = torch.zeros(on.shape, dtype=torch.float32, device=on.device)
+        logprobs = zeros.masked_scatter(on, logp)
+        return logprobs, zeros.masked_scatter(on, entropy) if entropy is not None else None
 
-    def completion_logits(self, batch: Batch) -> torch.Tensor:
-        """[N, T, V] logits (model dtype) at the positions that predict each completion token (differentiable).
+    @torch.no_grad()
+    def scored_logprobs(self, batch: Batch, *, temperature: float = 1.0, micro_batch_size: int | None = None,
+                        group: torch.Tensor | None = None) -> torch.Tensor:
+        """`token_logprobs` without gradient, `micro_batch_size` rows at a time (the reference's and the info-gain
+        passes), so memory is set by the micro-batch, not by N.
+
+        Args:
+            batch: packed rollouts, N rows.
+            temperature: as for `token_logprobs`.
+            micro_batch_size: rows per forward pass (None: all N at once).
+            group: [N] int64 prompt group of each row: a micro-batch takes a group's rows together
+                (`batch.micro_batches`), so its prompt runs once; None: rows in order.
+        Returns:
+            [N, T] float32 log-probs, 0 where `batch.mask` is 0.
+        Raises:
+            ValueError: micro_batch_size < 1.
+        """
+        N = batch.input_ids.shape[0]
+        key = group if group is not None else torch.zeros(N, dtype=torch.long)
+        out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+        for part in micro_batches(key, micro_batch_size):
+            rows = part.to(batch.mask.device)
+            out[rows] = self.token_logprobs(batch.select(rows), temperature=temperature)[0]
+        return out
+
+    def lm_head(self) -> torch.nn.Linear | None:
+        """The LM head applied outside the model (`lm_head_split`, checked once), or None when log-probs come from
+        the model's full logits."""
+        if self._head_split is None:
+            self._head_split = lm_head_split(self.model) or False
+        return self._head_split[1] if self._head_split else None
+
+    def completion_features(self, batch: Batch) -> tuple[torch.Tensor, torch.nn.Linear | None]:
+        """The features at the positions that predict each completion token (differentiable, model or autocast
+        dtype), and the head that turns them into logits: ([N, T, H] last hidden states, the LM head) when the
+        model splits (`lm_head`), else ([N, T, V] logits, None).
 
         With `shared_prefix` (the default), computation is shared between rows: identical rows (the same prompt
         and completion, common when a group's samples coincide) are computed once, and when at least half of the
@@ -402,25 +500,36 @@ class Policy:
         repeated to its rows, and only the completion tokens are run on top of it. The values are those of one
         forward pass over every row (up to float rounding), and so are the gradients: a shared computation receives
         the sum of its rows' gradients. (A model with active dropout would also share its dropout masks between
-        such rows.) Otherwise (or for models whose cache cannot be repeated) it is one forward pass over
-        `[prompt | completion]`.
+        such rows.) Otherwise (for models whose cache cannot be repeated, and while gradient checkpointing
+        recomputes layers, which drops the cache) it is one forward pass over `[prompt | completion]`.
         """
         P, T = batch.prompt_len, batch.completion_ids.shape[1]
         N = batch.input_ids.shape[0]
-        if self.shared_prefix is not False:
+        head = self.lm_head()
+        body = self._head_split[0] if head is not None else None
+
+        def forward(past_key_values: Any = None, **inputs: torch.Tensor) -> tuple[torch.Tensor, Any]:
+            if body is not None:
+                out = body(**inputs, past_key_values=past_key_values, use_cache=True)
+                return out.last_hidden_state, out.past_key_values
+            keep = {"logits_to_keep": 1} if past_key_values is None else {}  # the prompt's pass: its last position
+            out = self.model(**inputs, past_key_values=past_key_values, use_cache=True, **keep)
+            return out.logits, out.past_key_values
+
+        checkpointing = self.gradient_checkpointing and self.model.training and torch.is_grad_enabled()
+        if self.shared_prefix is not False and not checkpointing:
             seq_first, seq_of_row = group_rows(torch.cat([batch.input_ids, batch.attention_mask], dim=1))
             rows = batch if len(seq_first) == N else batch.select(seq_first)
             first, prompt_of_seq = group_rows(torch.cat([rows.input_ids[:, :P], rows.attention_mask[:, :P]], dim=1))
             if 2 * len(first) <= N:
-                logits = shared_prefix_logits(self.model, rows, first, prompt_of_seq)
-                self.shared_prefix = logits is not None
-                if logits is not None:
-                    return logits if len(seq_first) == N else logits.index_select(0, seq_of_row)
-        out = self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            logits_to_keep=T + 1,
-            use_cache=False,
-        )
-        return out.logits[:, :-1]  # position P-1+t predicts completion token t
+                features = shared_prefix_features(forward, rows, first, prompt_of_seq)
+                self.shared_prefix = features is not None
+                if features is not None:
+                    return (features if len(seq_first) == N else features.index_select(0, seq_of_row)), head
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                  "position_ids": batch.position_ids}
+        if body is not None:
+            hidden = body(**inputs, use_cache=False).last_hidden_state
+            return hidden[:, P - 1 : P - 1 + T], head
+        out = self.model(**inputs, logits_to_keep=T + 1, use_cache=False)
+        return out.logits[:, :-1], None  # position P-1+t predicts completion token t

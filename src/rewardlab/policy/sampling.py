@@ -313,16 +313,18 @@ def group_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return first[order], rank[inverse]
 
 
-def shared_prefix_logits(model: Any, batch: Batch, first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor | None:
-    """`Policy.completion_logits` with each distinct prompt run once: `first` [U] is a row of each prompt, `inverse`
-    [N] the prompt of each row (numbered by first appearance). Returns [N, T, V] logits (model dtype,
-    differentiable), or None when the model's cache cannot be repeated (`expandable_cache`)."""
+def shared_prefix_features(forward: Any, batch: Batch, first: torch.Tensor,
+                           inverse: torch.Tensor) -> torch.Tensor | None:
+    """`Policy.completion_features` with each distinct prompt run once: `first` [U] is a row of each prompt, `inverse`
+    [N] the prompt of each row (numbered by first appearance). `forward(input_ids=, attention_mask=, position_ids=,
+    past_key_values=None)` runs the model with its cache on and returns (features [B, L, F], cache): the last hidden
+    states, or the logits. Returns [N, T, F] features at the positions that predict each completion token (model
+    dtype, differentiable), or None when the model's cache cannot be repeated (`expandable_cache`)."""
     P, T = batch.prompt_len, batch.completion_ids.shape[1]
     N, U = inverse.shape[0], first.shape[0]
     dev = inverse.device
-    head = model(input_ids=batch.input_ids[first, :P], attention_mask=batch.attention_mask[first, :P],
-                 position_ids=batch.position_ids[first, :P], use_cache=True, logits_to_keep=1)
-    cache = head.past_key_values
+    head, cache = forward(input_ids=batch.input_ids[first, :P], attention_mask=batch.attention_mask[first, :P],
+                          position_ids=batch.position_ids[first, :P])
     if not expandable_cache(cache):
         return None
     ids, attention, position = batch.input_ids, batch.attention_mask, batch.position_ids
@@ -332,7 +334,7 @@ def shared_prefix_logits(model: Any, batch: Batch, first: torch.Tensor, inverse:
     unsort = None
     if grouped:
         # G rows per prompt (a GRPO batch, in any row order): work on the rows sorted by prompt and repeat the
-        # prompt's cache by broadcasting, whose backward is a sum; the logits go back to the batch's row order
+        # prompt's cache by broadcasting, whose backward is a sum; the features go back to the batch's row order
         if not torch.equal(perm, torch.arange(N, device=dev)):
             ids, attention, position = (x.index_select(0, perm) for x in (ids, attention, position))
             unsort = torch.argsort(perm)
@@ -345,11 +347,11 @@ def shared_prefix_logits(model: Any, batch: Batch, first: torch.Tensor, inverse:
         def spread(x: torch.Tensor) -> torch.Tensor:
             return x.index_select(0, inverse)
 
-    logits = spread(head.logits[:, -1:])  # position P-1 predicts completion token 0
+    features = spread(head[:, -1:])  # position P-1 predicts completion token 0
     if T > 1:
         for layer in cache.layers:
             layer.keys, layer.values = spread(layer.keys), spread(layer.values)
-        tail = model(input_ids=ids[:, P : P + T - 1], attention_mask=attention[:, : P + T - 1],
-                     position_ids=position[:, P : P + T - 1], past_key_values=cache, use_cache=True)
-        logits = torch.cat([logits, tail.logits], dim=1)
-    return logits if unsort is None else logits.index_select(0, unsort)
+        tail, _ = forward(input_ids=ids[:, P : P + T - 1], attention_mask=attention[:, : P + T - 1],
+                          position_ids=position[:, P : P + T - 1], past_key_values=cache)
+        features = torch.cat([features, tail], dim=1)
+    return features if unsort is None else features.index_select(0, unsort)

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForTokenClassification
 
 from rewardlab.optim import make_optimizer
-from rewardlab.policy.batch import Batch
+from rewardlab.policy.batch import Batch, micro_batches
 from rewardlab.policy.hf import Policy
 from rewardlab.rl.episodes import episode_advantages
 
@@ -48,6 +48,19 @@ class ValueModel:
         self.value_clip = value_clip
         self.optimizer = make_optimizer(self.model, lr, weight_decay)
 
+    @torch.no_grad()
+    def scored_values(self, batch: Batch, *, micro_batch_size: int | None = None,
+                      group: torch.Tensor | None = None) -> torch.Tensor:
+        """`values` without gradient, `micro_batch_size` rows at a time (rows of a prompt `group` together), [N, T]
+        float32."""
+        N = batch.input_ids.shape[0]
+        key = group if group is not None else torch.zeros(N, dtype=torch.long)
+        out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+        for part in micro_batches(key, micro_batch_size):
+            rows = part.to(batch.mask.device)
+            out[rows] = self.values(batch.select(rows))
+        return out
+
     def values(self, batch: Batch) -> torch.Tensor:
         """Values of the completion positions: [N, T] float32, V[i, t] read at the position that predicts token t
         (the last prompt token for t = 0), 0 where `batch.mask` is 0."""
@@ -71,26 +84,34 @@ class ValueModel:
         return (adv + values) * mask
 
     def update(self, batch: Batch, returns: torch.Tensor, old_values: torch.Tensor, mask: torch.Tensor,
-               grad_clip: float) -> dict[str, float]:
+               grad_clip: float, *, micro_batches: list[torch.Tensor] | None = None) -> dict[str, float]:
         """One optimizer step on L = 0.5 * masked mean of max((V - R)^2, (V_clip - R)^2), with
-        V_clip = V_old + clip(V - V_old, -c, c). Returns `value/loss`, `value/clip_frac`, `value/mean`."""
-        v = self.values(batch)
-        err = (v - returns) ** 2
-        if self.value_clip is not None:
-            v_clip = old_values + (v - old_values).clamp(-self.value_clip, self.value_clip)
-            err_clip = (v_clip - returns) ** 2
-            clipped = (err_clip > err).float()
-            err = torch.maximum(err, err_clip)
-        else:
-            clipped = torch.zeros_like(err)
+        V_clip = V_old + clip(V - V_old, -c, c), the mean over all of `batch`'s masked tokens; its gradient is
+        accumulated over `micro_batches` (row positions of `batch`; None: one pass), each adding its tokens' share.
+        Returns `value/loss`, `value/clip_frac`, `value/mean`."""
         denom = mask.sum().clamp(min=1)
-        loss = 0.5 * (err * mask).sum() / denom
+        sums = torch.zeros(3, dtype=torch.float64)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        for part in micro_batches if micro_batches is not None else [torch.arange(mask.shape[0])]:
+            part = part.to(mask.device)
+            m, r, v_old = mask[part], returns[part], old_values[part]
+            v = self.values(batch.select(part))
+            err = (v - r) ** 2
+            if self.value_clip is not None:
+                v_clip = v_old + (v - v_old).clamp(-self.value_clip, self.value_clip)
+                err_clip = (v_clip - r) ** 2
+                clipped = (err_clip > err).float()
+                err = torch.maximum(err, err_clip)
+            else:
+                clipped = torch.zeros_like(err)
+            loss = 0.5 * (err * m).sum() / denom
+            loss.backward()
+            sums += torch.tensor([loss.item(), float((clipped * m).sum()), float((v.detach() * m).sum())],
+                                 dtype=torch.float64)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
         self.optimizer.step()
-        return {"value/loss": loss.item(), "value/clip_frac": ((clipped * mask).sum() / denom).item(),
-                "value/mean": ((v.detach() * mask).sum() / denom).item()}
+        d = float(denom)
+        return {"value/loss": float(sums[0]), "value/clip_frac": float(sums[1]) / d, "value/mean": float(sums[2]) / d}
 
     def save(self, path: str | Path) -> None:
         self.model.save_pretrained(path)

@@ -50,6 +50,8 @@ __all__ = [
     "register_kl_estimator",
     "register_aggregation",
     "compute_policy_loss",
+    "per_token_policy_loss",
+    "aggregation_weights",
     "split_loss_options",
     "kl_penalty",
     "kl_clamped",
@@ -161,13 +163,69 @@ def compute_policy_loss(name: str, *, logprobs: Tensor, old_logprobs: Tensor, ad
             neither (the message names it and lists the valid ones), ``episode`` is given to a loss or aggregation
             without an ``episode`` parameter, or on bad inputs.
     """
-    loss_options, agg_options = split_loss_options(name, agg, options)
+    _, agg_options = split_loss_options(name, agg, options)
+    per_token, stats = per_token_policy_loss(name, logprobs=logprobs, old_logprobs=old_logprobs,
+                                             advantages=advantages, mask=mask, agg=agg, episode=episode, **options)
+    loss = AGGREGATIONS[agg](per_token_loss=per_token, mask=mask, **_episode_input(AGGREGATIONS, agg, episode),
+                             **agg_options)
+    return loss, stats
+
+
+def per_token_policy_loss(name: str, *, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                          agg: str = "token-mean", episode: Tensor | None = None,
+                          **options: Any) -> tuple[Tensor, dict[str, float]]:
+    """The per-token loss ``POLICY_LOSSES[name]`` before aggregation, with its stats: what a micro-batch of a
+    minibatch contributes, weighted by ``aggregation_weights`` of the whole minibatch.
+
+    Args: as ``compute_policy_loss`` (``agg`` only names the aggregation whose options ``options`` may also hold).
+    Returns:
+        ([N, T] float32 per-token loss, 0 off the mask; dict[str, float] of the loss's stats).
+    Raises:
+        ValueError: as ``compute_policy_loss``.
+    """
+    loss_options, _ = split_loss_options(name, agg, options)
     per_token, stats = POLICY_LOSSES[name](logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
                                            mask=mask, **_episode_input(POLICY_LOSSES, name, episode),
                                            **loss_options)
-    loss = AGGREGATIONS[agg](per_token_loss=per_token, mask=mask, **_episode_input(AGGREGATIONS, agg, episode),
-                             **agg_options)
-    return loss, dict(stats)
+    return per_token, dict(stats)
+
+
+def aggregation_weights(mode: str, mask: Tensor, *, episode: Tensor | None = None, **options: Any) -> Tensor:
+    """The weight of each token in aggregation ``mode``: w with ``AGGREGATIONS[mode](l) = sum_{i,t} w_{i,t} l_{i,t}``
+    for every per-token loss l (the gradient of the aggregation with respect to l, which is constant because the
+    registered aggregations are linear in l). A minibatch split into micro-batches keeps exactly its aggregation
+    (e.g. token-mean over all the minibatch's tokens, not a mean of micro-batch means) when each micro-batch's
+    per-token loss is weighted by its rows of w and the weighted sums' gradients are accumulated.
+
+    For example token-mean: w = m / sum(m); seq-mean-token-mean: w_{i,t} = m_{i,t} / (E * sum_t m_{i,t}) with an
+    episode's tokens summed over its rows; seq-mean-token-sum-norm: w = m / (E * max_len).
+
+    Args:
+        mode: a registered aggregation.
+        mask: [N, T] bool/0-1, the minibatch's response tokens.
+        episode: [N] int64 episode id of each row, or None (each row its own episode).
+        **options: the aggregation's options (e.g. ``max_len``).
+    Returns:
+        [N, T] float32 weights, 0 off the mask.
+    Raises:
+        ValueError: as ``aggregate``; or the aggregation is not linear in the per-token loss (checked on a random
+            probe: a user-registered aggregation such as a median cannot be split into micro-batches).
+    """
+    probe = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device, requires_grad=True)
+    with torch.enable_grad():
+        value = aggregate(probe, mask, mode, episode=episode, **options)
+        (weights,) = torch.autograd.grad(value, probe, allow_unused=True)
+    weights = torch.zeros_like(probe) if weights is None else weights.detach()
+    with torch.no_grad():
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        x = torch.randn(mask.shape, generator=gen, dtype=torch.float64).to(device=mask.device)
+        got = float(aggregate(x, mask, mode, episode=episode, **options))
+        expected = float((weights.double() * x).sum())
+        scale = float((weights.double() * x).abs().sum()) + 1e-12
+        if float(value.detach()) != 0.0 or abs(got - expected) > 1e-5 * scale:
+            raise ValueError(f"aggregation {mode!r} is not linear in the per-token loss, so a minibatch cannot be "
+                             "split into micro-batches with the same loss; unset rl.micro_batch_size")
+    return weights
 
 
 def _episode_input(registry: Registry, name: str, episode: Tensor | None) -> dict[str, Tensor]:

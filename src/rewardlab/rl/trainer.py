@@ -50,6 +50,7 @@ from rewardlab.interrupt import Interrupted, StopRequest
 from rewardlab.modeldir import check_model_dir
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Batch, Policy, load_policy, rollout_batch
+from rewardlab.policy.batch import micro_batches
 from rewardlab.progress import stage
 from rewardlab.rewards import Reward, RewardError, build_reward
 from rewardlab.rewards.compose import check_specs, component_weights
@@ -60,8 +61,9 @@ from rewardlab.rl.episodes import episode_advantages, episode_minibatches, episo
 from rewardlab.rl.curricula import CURRICULA, make_curriculum
 from rewardlab.rl.filters import GROUP_FILTERS, filter_groups
 from rewardlab.rl.info_gain import info_gain_rewards
-from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, compute_policy_loss,
-                                 kl_clamped, kl_penalty, split_loss_options)
+from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, aggregation_weights,
+                                 compute_policy_loss, kl_clamped, kl_penalty, per_token_policy_loss,
+                                 split_loss_options)
 from rewardlab.runs import RunDir, warn
 from rewardlab.threads import apply_threads, freeze_heap
 from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
@@ -359,6 +361,7 @@ class Credit:
         sampled: [N, T] float32, 1 exactly on the tokens the policy sampled (`Rollout.loss_mask`).
         episode: [N] int64 episode id of each row (an episode's rows share it), or None when every row is its own
             episode (single completions): the aggregations and sequence-level losses count an episode once.
+        group: [N] int64 prompt group of each row (micro-batches take a group's rows together).
         loss_mask: [N, T] float32, `sampled` times each episode's weight for its termination reason
             (`rl.truncation_weights()`: truncated rollouts zeroed when rl.mask_truncated is true).
         advantages: [N, T] float32. values, returns: the critic's V_t and its targets [N, T] float32 (estimators
@@ -373,6 +376,7 @@ class Credit:
     ref_logprobs: torch.Tensor | None
     sampled: torch.Tensor
     episode: torch.Tensor | None
+    group: torch.Tensor
     loss_mask: torch.Tensor
     advantages: torch.Tensor
     values: torch.Tensor | None = None
@@ -417,8 +421,9 @@ def _critic_values(state: TrainState, rows: list[Rollout], outputs: list[RewardO
                    sampled: torch.Tensor) -> dict[str, torch.Tensor]:
     """GAE's values: the value model's V_t on the sampled tokens of the batch, before this step's updates (no
     gradient)."""
-    with torch.no_grad():
-        return {"values": state.critic.values(packed) * sampled}
+    group = torch.tensor([r.group for r in rows], dtype=torch.long)
+    values = state.critic.scored_values(packed, micro_batch_size=state.cfg.rl.micro_batch_size, group=group)
+    return {"values": values * sampled}
 
 
 def _step_inputs(state: TrainState, rows: list[Rollout], outputs: list[RewardOutput], packed: Batch,
@@ -853,7 +858,8 @@ def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
     scored = rows
     if rl.turn_rewards == "info_gain":  # IGPO: each turn's information gain replaces the environment's turn reward
         t0 = time.perf_counter()
-        gains = info_gain_rewards(state.policy, [batch.rows_of.get(id(r), [r]) for r in batch.rollouts])
+        gains = info_gain_rewards(state.policy, [batch.rows_of.get(id(r), [r]) for r in batch.rollouts],
+                                  batch_size=rl.micro_batch_size or 64)
         per_row = [g for r, episode_gains in zip(batch.rollouts, gains)
                    for g in _split_by_rows(batch.rows_of.get(id(r), [r]), episode_gains)]
         scored = [replace(row, turn_rewards=g) for row, g in zip(rows, per_row)]
@@ -868,8 +874,8 @@ def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
     token_rewards, group = reward_tensors(rows, outputs, sampled)
     ref_logprobs = None
     if state.reference is not None:
-        with torch.no_grad():
-            ref_logprobs, _ = state.reference.token_logprobs(packed, temperature=rl.temperature)
+        ref_logprobs = state.reference.scored_logprobs(packed, temperature=rl.temperature,
+                                                       micro_batch_size=rl.micro_batch_size, group=group)
         if rl.kl_in == "reward":
             kl_tokens = kl_penalty(rl.kl_estimator, old_logprobs, ref_logprobs) * sampled
             token_rewards = token_rewards - rl.beta * kl_tokens
@@ -894,8 +900,8 @@ def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
         weight = rl.truncation_weights()
         ends = [batch.rollouts[i].termination or "stop" for i in owner]
         loss_mask = sampled * torch.tensor([weight[t] for t in ends], dtype=sampled.dtype, device=device)[:, None]
-    return Credit(rows, outputs, packed, old_logprobs, ref_logprobs, sampled, episode, loss_mask, advantages, values,
-                  returns, metrics)
+    return Credit(rows, outputs, packed, old_logprobs, ref_logprobs, sampled, episode, group, loss_mask, advantages,
+                  values, returns, metrics)
 
 
 def _split_by_rows(rows: list[Rollout], values: list[float]) -> list[list[float]]:
@@ -910,8 +916,12 @@ def _split_by_rows(rows: list[Rollout], values: list[float]) -> list[list[float]
 def update(state: TrainState, batch: Collected, credit: Credit | None) -> dict[str, float]:
     """rl.epochs passes over the kept rollouts in shuffled minibatches of rl.minibatch_size rollouts (whole
     episodes: an episode's rows are never split between minibatches): policy loss (+ beta *
-    KL when rl.kl_in = loss, - entropy_coef * entropy), clipped gradient step, critic step. Then the learning-rate
-    schedule steps and the reference is refreshed every rl.ref_refresh_every steps.
+    KL when rl.kl_in = loss, - entropy_coef * entropy), its gradient accumulated over micro-batches of
+    rl.micro_batch_size rollouts (`accumulate_policy_gradient`), clipped gradient step, critic step. Then the
+    learning-rate schedule steps and the reference is refreshed every rl.ref_refresh_every steps.
+
+    The loss and every statistic are those of the whole minibatch, whatever the micro-batch: they are computed
+    (without gradient) from the minibatch's log-probs and entropies, gathered from its micro-batches.
 
     Returns:
         each minibatch statistic averaged over the updates, and policy/updates (their number).
@@ -922,31 +932,32 @@ def update(state: TrainState, batch: Collected, credit: Credit | None) -> dict[s
     n = len(credit.rows) if credit is not None else 0
     for _ in range(rl.epochs if n else 0):
         for idx in episode_minibatches(credit.episode, rl.minibatch_size, n=n):
-            logprobs, entropy = policy.token_logprobs(credit.packed.select(idx), temperature=rl.temperature,
-                                                      with_entropy=True, entropy_grad=rl.entropy_coef > 0)
             m = credit.loss_mask[idx]
             ep = credit.episode[idx] if credit.episode is not None else None  # an episode counts once
-            loss, stats = compute_policy_loss(rl.loss, logprobs=logprobs, old_logprobs=credit.old_logprobs[idx],
-                                              advantages=credit.advantages[idx], mask=m, agg=rl.agg, episode=ep,
-                                              **state.loss_options)
-            stats["policy/entropy"] = ((entropy * m).sum() / m.sum().clamp(min=1)).item()
-            if rl.entropy_coef > 0:
-                loss = loss - rl.entropy_coef * aggregate(entropy, m, rl.agg, episode=ep, **state.agg_options)
-            if credit.ref_logprobs is not None and rl.kl_in == "loss":
-                ref = credit.ref_logprobs[idx]
-                kl = aggregate(kl_penalty(rl.kl_estimator, logprobs, ref), m, rl.agg, episode=ep, **state.agg_options)
-                loss = loss + rl.beta * kl
-                stats["policy/kl"] = kl.item()
-                stats["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, logprobs, ref, m))
             state.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            logprobs, entropy = accumulate_policy_gradient(state, credit, idx)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)
             state.optimizer.step()
+            with torch.no_grad():  # the minibatch's loss and statistics, as one pass over it would give them
+                loss, stats = compute_policy_loss(rl.loss, logprobs=logprobs, old_logprobs=credit.old_logprobs[idx],
+                                                  advantages=credit.advantages[idx], mask=m, agg=rl.agg, episode=ep,
+                                                  **state.loss_options)
+                stats["policy/entropy"] = ((entropy * m).sum() / m.sum().clamp(min=1)).item()
+                if rl.entropy_coef > 0:
+                    loss = loss - rl.entropy_coef * aggregate(entropy, m, rl.agg, episode=ep, **state.agg_options)
+                if credit.ref_logprobs is not None and rl.kl_in == "loss":
+                    ref = credit.ref_logprobs[idx]
+                    kl = aggregate(kl_penalty(rl.kl_estimator, logprobs, ref), m, rl.agg, episode=ep,
+                                   **state.agg_options)
+                    loss = loss + rl.beta * kl
+                    stats["policy/kl"] = kl.item()
+                    stats["policy/kl_clamped"] = float(kl_clamped(rl.kl_estimator, logprobs, ref, m))
             stats["policy/loss"] = loss.item()
             stats["policy/grad_norm"] = grad_norm.item()
             if state.critic is not None:
+                parts = micro_batches(credit.group[idx], rl.micro_batch_size, ep)
                 stats.update(state.critic.update(credit.packed.select(idx), credit.returns[idx], credit.values[idx],
-                                                 credit.sampled[idx], rl.grad_clip))
+                                                 credit.sampled[idx], rl.grad_clip, micro_batches=parts))
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             updates += 1
@@ -954,6 +965,46 @@ def update(state: TrainState, batch: Collected, credit: Credit | None) -> dict[s
     if state.reference is not None and rl.ref_refresh_every is not None and state.step % rl.ref_refresh_every == 0:
         state.reference.model.load_state_dict(policy.model.state_dict())
     return {**{k: v / updates for k, v in sums.items()}, "policy/updates": float(updates)}
+
+
+def accumulate_policy_gradient(state: TrainState, credit: Credit, idx: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
+    """Accumulate into the policy's .grad the gradient of minibatch `idx`'s loss, one micro-batch of
+    rl.micro_batch_size rollouts (whole episodes, a prompt group's together: `policy.batch.micro_batches`) at a
+    time, so no forward pass holds more than one micro-batch's activations and logits.
+
+    The minibatch's loss L = agg(l) - entropy_coef * agg(H) + beta * agg(KL) (the last for rl.kl_in = loss) is
+    linear in the per-token terms, L = sum_{i,t} w_{i,t} (l - entropy_coef * H + beta * KL)_{i,t} with the token
+    weights w of the minibatch's aggregation (`losses.aggregation_weights`: token-mean over all its tokens, not a
+    mean of micro-batch means), so each micro-batch backpropagates its rows' part of that sum and the accumulated
+    gradient equals the unsplit one up to float rounding. A policy loss reads at most its episode's rows (GSPO's
+    sequence ratio), which a micro-batch holds whole.
+
+    Returns:
+        the minibatch's log-probs and entropies [n, T] float32 (detached), for its loss value and statistics.
+    """
+    rl, policy = state.cfg.rl, state.policy
+    m = credit.loss_mask[idx]
+    ep = credit.episode[idx] if credit.episode is not None else None
+    weights = aggregation_weights(rl.agg, m, episode=ep, **state.agg_options)
+    logprobs, entropy = torch.zeros_like(m), torch.zeros_like(m)
+    for part in micro_batches(credit.group[idx], rl.micro_batch_size, ep):
+        part = part.to(m.device)
+        rows = idx.to(m.device)[part]
+        lp, ent = policy.token_logprobs(credit.packed.select(rows), temperature=rl.temperature, with_entropy=True,
+                                        entropy_grad=rl.entropy_coef > 0)
+        per_token, _ = per_token_policy_loss(rl.loss, logprobs=lp, old_logprobs=credit.old_logprobs[rows],
+                                             advantages=credit.advantages[rows], mask=m[part], agg=rl.agg,
+                                             episode=ep[part] if ep is not None else None, **state.loss_options)
+        w = weights[part]
+        objective = (per_token * w).sum()
+        if rl.entropy_coef > 0:
+            objective = objective - rl.entropy_coef * (ent * w).sum()
+        if credit.ref_logprobs is not None and rl.kl_in == "loss":
+            objective = objective + rl.beta * (kl_penalty(rl.kl_estimator, lp, credit.ref_logprobs[rows]) * w).sum()
+        objective.backward()
+        logprobs[part], entropy[part] = lp.detach(), ent.detach()
+    return logprobs, entropy
 
 
 def log_step(state: TrainState, batch: Collected, credit: Credit | None, stats: dict[str, float], *,

@@ -1,0 +1,185 @@
+"""Log-probs and entropy of chosen tokens without a [N, T, V] tensor: the vocabulary projection is applied to a chunk
+of positions at a time, in the forward pass and again in the backward pass, so what exists at once is one chunk's
+[chunk, V] float32 logits whatever the batch, the completion length or the vocabulary.
+
+The references are TRL's `selective_log_softmax` (log p(y) = logit[y] - logsumexp(logits), row by row) and Liger's
+fused linear cross-entropy (the projection and the softmax fused, chunk by chunk, the logits never stored): here the
+upstream loss is not a cross-entropy (a clipped ratio, a KL, an entropy bonus), so the backward recomputes each
+chunk's logits instead of storing gradients computed in the forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: The default chunk: this many float32 logits at once (2^24 = 64 MiB; 110 positions of a 151,936-token vocabulary,
+#: every position of a micro-batch of the tiny model's 101 tokens).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def chunk_positions(vocab_size: int, chunk_tokens: int | None = None) -> int:
+    """Positions per chunk: `chunk_tokens`, or as many as keep [chunk, V] within CHUNK_ELEMENTS (at least 1)."""
+    if chunk_tokens is not None:
+        if chunk_tokens < 1:
+            raise ValueError(f"model.logprob_chunk_tokens: must be >= 1, got {chunk_tokens}")
+        return int(chunk_tokens)
+    return max(1, CHUNK_ELEMENTS // max(int(vocab_size), 1))
+
+
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, temperature: float) -> Tensor:
+    """[c, V] float32 logits / temperature of `hidden` [c, H] under the projection (weight [V, H], bias [V]), the
+    product computed in `dtype` (the weights', or the autocast dtype) and accumulated in float32 from there."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        z = hidden.to(dtype) @ weight.to(dtype).t()
+        if bias is not None:
+            z = z + bias.to(dtype)
+    z = z.float()
+    return z / temperature if temperature != 1.0 else z
+
+
+class _ProjectedLogprobs(torch.autograd.Function):
+    """log p(y) and the entropy of softmax(h W^T + b) / temperature, chunk by chunk (see `selective_logprobs`)."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
+                chunk: int, dtype: torch.dtype, with_entropy: bool) -> tuple[Tensor, Tensor]:
+        M = hidden.shape[0]
+        logp = torch.empty(M, dtype=torch.float32, device=hidden.device)
+        entropy = torch.zeros(M if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        for s in range(0, M, chunk):
+            z = _logits(hidden[s:s + chunk], weight, bias, dtype, temperature)
+            lse = torch.logsumexp(z, dim=-1)
+            logp[s:s + chunk] = z.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse
+            if with_entropy:  # H = lse - sum_v p_v z_v
+                z.sub_(lse[:, None])
+                entropy[s:s + chunk] = -(z.exp() * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets None: its term is skipped
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx: Any, g_logp: Tensor | None, g_entropy: Tensor | None):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        M = hidden.shape[0]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        if g_entropy is not None and g_entropy.numel() == 0:
+            g_entropy = None
+        if g_logp is None and g_entropy is None:
+            return None, None, None, None, None, None, None, None
+        for s in range(0, M, ctx.chunk):
+            h = hidden[s:s + ctx.chunk]
+            logq = _logits(h, weight, bias, ctx.dtype, ctx.temperature)
+            logq.sub_(torch.logsumexp(logq, dim=-1, keepdim=True))  # log p_v
+            p = logq.exp()
+            # d log p_y / dz_v = [v = y] - p_v;  dH / dz_v = -p_v (log p_v + H)
+            if g_entropy is not None:
+                ge = g_entropy[s:s + ctx.chunk, None]
+                H = -(p * logq).sum(-1, keepdim=True)
+                grad_z = logq.add_(H).mul_(p).mul_(-ge)
+            else:
+                grad_z = torch.zeros_like(p)
+            if g_logp is not None:
+                gl = g_logp[s:s + ctx.chunk, None]
+                grad_z.sub_(p.mul_(gl))
+                grad_z.scatter_add_(1, targets[s:s + ctx.chunk, None], gl)
+            if ctx.temperature != 1.0:
+                grad_z.div_(ctx.temperature)
+            with torch.autocast(hidden.device.type, enabled=False):
+                if need_h:
+                    grad_h[s:s + ctx.chunk] = (grad_z.to(ctx.dtype) @ weight.to(ctx.dtype)).to(hidden.dtype)
+                if need_w:
+                    grad_w.addmm_(grad_z.t(), h.float())
+                if need_b:
+                    grad_b.add_(grad_z.sum(0))
+        return (grad_h, grad_w.to(weight.dtype) if need_w else None, grad_b.to(bias.dtype) if need_b else None,
+                None, None, None, None, None)
+
+
+def selective_logprobs(features: Tensor, targets: Tensor, *, weight: Tensor | None = None, bias: Tensor | None = None,
+                       temperature: float = 1.0, chunk: int | None = None, with_entropy: bool = False,
+                       entropy_grad: bool = False, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of each target token and the entropy of each position's distribution, never materializing more than
+    one chunk of vocabulary-wide float32 logits.
+
+    log p(y_m) = z_m[y_m] - logsumexp_v z_m[v];  H_m = logsumexp_v z_m[v] - sum_v softmax(z_m)[v] z_m[v], with
+    z_m = (h_m W^T + b) / temperature when `weight` is given (the LM head applied here, chunk by chunk, in the
+    forward pass and again in the backward pass: the logits are never stored), else z_m = features_m / temperature
+    (logits already computed by the model; only the float32 softmax work is chunked).
+
+    Args:
+        features: [M, H] hidden states (with `weight`) or [M, V] logits, any float dtype (differentiable).
+        targets: [M] int64 token ids in [0, V).
+        weight: [V, H] the LM head's weight (tied embeddings included), or None.
+        bias: [V] the LM head's bias, or None.
+        temperature: the logits are divided by it (> 0), as in sampling.
+        chunk: positions per chunk (None: `chunk_positions(V)`).
+        with_entropy: also return the entropy.
+        entropy_grad: let gradients flow through the entropy (an entropy bonus); else it is detached.
+        dtype: the dtype of the projection's product (None: the weight's); the result is float32 either way.
+    Returns:
+        logprobs [M] float32 (natural log), entropy [M] float32 in nats or None.
+    Raises:
+        ValueError: a temperature <= 0 or a chunk < 1.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    V = weight.shape[0] if weight is not None else features.shape[-1]
+    chunk = chunk_positions(V, chunk)
+    if weight is not None:
+        logp, entropy = _ProjectedLogprobs.apply(features, weight, bias, targets, float(temperature), chunk,
+                                                 dtype or weight.dtype, with_entropy)
+        if not with_entropy:
+            return logp, None
+        return logp, entropy if entropy_grad and torch.is_grad_enabled() else entropy.detach()
+    logps, entropies = [], []
+    for s in range(0, features.shape[0], chunk):
+        z = features[s:s + chunk].float()
+        z = z / temperature if temperature != 1.0 else z
+        lse = torch.logsumexp(z, dim=-1)
+        logps.append(z.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse)
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                logq = z - lse[:, None]
+                entropies.append(-(logq.exp() * logq).sum(-1))
+    empty = features.new_zeros(0, dtype=torch.float32)
+    logp = torch.cat(logps) if logps else empty
+    return logp, (torch.cat(entropies) if entropies else empty) if with_entropy else None
+
+
+def lm_head_split(model: Any) -> tuple[Any, torch.nn.Linear] | None:
+    """(body, head) of a causal LM whose logits are exactly head(body(...).last_hidden_state): the decoder
+    (`get_decoder()`) and a plain linear LM head (`get_output_embeddings()`), checked once on a 4-token input (in
+    eval mode, without autocast) against the model's own logits. None when the model has no such split or computes
+    its logits otherwise (a final soft-cap or a logit scale, as Gemma 2 and Cohere do): such a model's log-probs are
+    computed from its full logits (`selective_logprobs` without `weight`). A PEFT model is split through its base
+    model (the adapter layers stay in place)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_decoder, get_head = getattr(base, "get_decoder", None), getattr(base, "get_output_embeddings", None)
+    if not callable(get_decoder) or not callable(get_head):
+        return None
+    body, head = get_decoder(), get_head()
+    if body is None or body is base or not isinstance(head, torch.nn.Linear):
+        return None
+    dev = head.weight.device
+    ids = (torch.arange(1, 5, device=dev) % head.weight.shape[0])[None]
+    was = base.training
+    base.eval()
+    try:
+        with torch.no_grad(), torch.autocast(dev.type, enabled=False):
+            full = base(input_ids=ids, use_cache=False).logits.float()
+            part = head(body(input_ids=ids, use_cache=False).last_hidden_state).float()
+    finally:
+        base.train(was)
+    scale = float(full.abs().max().clamp(min=1.0))
+    if full.shape != part.shape or not torch.allclose(full, part, rtol=1e-4, atol=1e-4 * scale):
+        return None
+    return body, head
