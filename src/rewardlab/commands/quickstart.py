@@ -84,7 +84,7 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
 
     def evaluate(model, name: str) -> dict[str, Any]:
         return stage(name, partial(evaluate_command.run, announce=False),  # the table below names the split
-                     EvaluateConfig(model=model, eval=cfg.eval, out=str(out / name), **common))
+                     EvaluateConfig(model=model.for_running(), eval=cfg.eval, out=str(out / name), **common))
 
     eval_sft = evaluate(sft_model, "eval_sft")
     grpo = stage("grpo", train_command.run, TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"), **common))

@@ -7,7 +7,7 @@ overrides, one-line errors) lives in `rewardlab.config.loader`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -78,6 +78,11 @@ class ModelConfig(_Base):
         None, description="train LoRA adapters instead of every weight (peft, pip install rewardlab[lora]): "
         "checkpoints hold the adapter, the KL reference is the base with the adapter disabled; null: full "
         "fine-tuning")
+
+    def for_running(self) -> ModelConfig:
+        """This section for a verb that only runs the model (evaluate, search): the keys only training reads
+        (`TRAINING_MODEL_KEYS`) back at their defaults."""
+        return self.model_copy(update={k: type(self).model_fields[k].default for k in TRAINING_MODEL_KEYS})
 
     def policy_options(self) -> dict[str, Any]:
         """The keyword arguments `rewardlab.policy.load_policy(self.path, seed=..., **options)` takes from this
@@ -413,11 +418,31 @@ class _PolicyOnTask(_Base):
 # Pydantic orders fields base first, the last-listed base first of all: `_Verb(_Run, _PolicyOnTask)` keeps the key
 # order model, task, out, seed of every policy verb's config.yaml.
 class _Verb(_Run, _PolicyOnTask):
-    """A verb that runs a policy (`model`) on a task (`task`)."""
+    """A verb that runs a policy (`model`) on a task (`task`). A verb that does not train it (`trains` False)
+    refuses the model keys only training reads (`TRAINING_MODEL_KEYS`)."""
+
+    trains: ClassVar[bool] = False
+
+    @model_validator(mode="after")
+    def _training_keys_need_training(self):
+        if not self.trains:
+            given = [f"model.{k}" for k in TRAINING_MODEL_KEYS
+                     if getattr(self.model, k) != type(self.model).model_fields[k].default]
+            if given:
+                raise ValueError(f"{', '.join(given)}: applies to the verbs that train the policy (sft, train, "
+                                 "quickstart); this verb only runs it, so drop the setting (a LoRA checkpoint loads "
+                                 "as model.path)")
+        return self
+
+
+#: `model` keys that only training reads: refused by the verbs that only run a policy.
+TRAINING_MODEL_KEYS = ("gradient_checkpointing", "lora")
 
 
 class SFTConfig(_Checkpoints, _Verb):
     """`rewardlab sft`: supervised warm start on the task's rows."""
+
+    trains: ClassVar[bool] = True
 
     out: str = _out("runs/sft")
     sft: SFTParams = Field(default_factory=SFTParams, description="supervised fine-tuning settings")
@@ -434,6 +459,8 @@ class SFTConfig(_Checkpoints, _Verb):
 
 class TrainConfig(_Checkpoints, _Verb):
     """`rewardlab train`: RL (GRPO family) against the task's verifier or the configured rewards."""
+
+    trains: ClassVar[bool] = True
 
     out: str = _out("runs/train")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL settings")
