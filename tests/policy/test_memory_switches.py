@@ -81,13 +81,13 @@ def test_the_chunk_bounds_the_logits_that_exist_at_once(monkeypatch):
     import rewardlab.policy.logprobs as lp_module
 
     widths = []
-    real = lp_module._logits
+    real = lp_module._log_softmax
 
     def spy(hidden, *args, **kwargs):
         widths.append(hidden.shape[0])
         return real(hidden, *args, **kwargs)
 
-    monkeypatch.setattr(lp_module, "_logits", spy)
+    monkeypatch.setattr(lp_module, "_log_softmax", spy)
     policy = load_policy("tiny", tiny_arch=TINY_ARCH, seed=0, logprob_chunk_tokens=3)
     batch, _ = _batch(policy)
     lp, _ = policy.token_logprobs(batch, with_entropy=True)
