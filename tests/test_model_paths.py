@@ -110,3 +110,26 @@ def test_scorer_paths_name_their_option(tmp_path, capsys):
     assert main(["rm", "eval", "--no-progress", "--data", str(pairs), "--out", str(tmp_path / "ev"),
                  "--model", str(missing)]) == 2
     assert _stderr_line(capsys) == f"rewardlab rm eval: error: model.path: {missing} does not exist"
+
+
+def test_a_loaded_model_computes_what_the_model_that_saved_it_computes(tmp_path):
+    """Weights read from safetensors sit at arbitrary offsets; the CPU's matrix kernels round differently at other
+    alignments, so `load_pretrained` gives every tensor aligned storage of its own (tied weights stay tied)."""
+    import torch
+
+    from rewardlab.modeldir import load_pretrained
+    from rewardlab.policy import load_policy
+    from transformers import AutoModelForCausalLM
+
+    from conftest import TINY_ARCH
+
+    built = load_policy("tiny", tiny_arch=TINY_ARCH)  # its safetensors put the tensors 24 bytes off a boundary
+    built.save(tmp_path / "m")
+    model = load_pretrained(AutoModelForCausalLM, tmp_path / "m")
+    assert all(p.data_ptr() % 64 == 0 for p in model.parameters())
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # still tied
+    ids = torch.randint(0, 101, (7, 37), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, built.model(input_ids=ids).logits)
+    # (unaligned, the episode sampler's one-token decoding steps rounded differently: a run resumed from a
+    # checkpoint drifted from the uninterrupted one, tests/rl/test_trainer_episodes.py)

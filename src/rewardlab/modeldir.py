@@ -70,9 +70,26 @@ def load_pretrained(factory: Any, path: Path, key: str = "model.path", **kwargs:
     """
     what = "tokenizer" if "Tokenizer" in getattr(factory, "__name__", "") else "model"
     try:
-        return factory.from_pretrained(str(path), local_files_only=True, **kwargs)
+        loaded = factory.from_pretrained(str(path), local_files_only=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, SafetensorError, KeyError...
         if what == "tokenizer" and not any((path / f).is_file() for f in _TOKENIZER_FILES):
             files = ", ".join(_TOKENIZER_FILES)
             raise ValueError(f"{key}: {path} has no tokenizer files (none of {files})") from exc
         raise ValueError(f"{key}: cannot load the {what} in {path} ({_first_line(exc)})") from exc
+    return realign(loaded) if what == "model" else loaded
+
+
+def realign(model: Any) -> Any:
+    """Give every parameter and buffer of `model` storage of its own from torch's allocator (64-byte aligned on
+    the CPU), in place; tied parameters stay tied (they are one Parameter object). Returns `model`.
+
+    Weights loaded from safetensors can sit at any offset of the file's buffer (24 bytes past a 64-byte boundary,
+    say), and the CPU's matrix kernels round differently at other alignments: a model loaded from a checkpoint then
+    computes other floats than the model that wrote it, and a resumed run drifts from the uninterrupted one."""
+    import torch
+
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            if tensor.device.type == "cpu" and tensor.data_ptr() % 64:
+                tensor.data = tensor.data.clone()
+    return model
