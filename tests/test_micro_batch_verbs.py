@@ -100,7 +100,8 @@ def test_prm_train_with_micro_batches_weighs_each_step_once(tmp_path, monkeypatc
     data = write_jsonl(tmp_path / "steps.jsonl", rows)
     runs = []
     for micro in (None, 3):
-        cfg = PrmTrainConfig(data=str(data), out=str(tmp_path / f"prm{micro}"), model={"path": "tiny", "tiny": TINY_ARCH},
+        cfg = PrmTrainConfig(data=str(data), out=str(tmp_path / f"prm{micro}"),
+                             model={"path": "tiny", "tiny": TINY_ARCH},
                              train={"epochs": 1, "batch_size": 8, "lr": 1e-2, "micro_batch_size": micro})
         runs.append(_metrics(run_prm_train(cfg, show_progress=False)))
     _same_metrics(*runs, ["train/loss", "train/step_accuracy"])
