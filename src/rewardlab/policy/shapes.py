@@ -69,34 +69,27 @@ class Shape:
     source: str
 
 
+def _qwen2(name: str, hidden: int, layers: int, heads: tuple[int, int], mlp: int, parameters: int,
+           source: str) -> Shape:
+    """A Qwen2.5-style shape: `QWEN2_COMMON`, tied embeddings, `heads` = (query, key-value) heads."""
+    return Shape(name, {**QWEN2_COMMON, "hidden_size": hidden, "num_hidden_layers": layers,
+                        "num_attention_heads": heads[0], "num_key_value_heads": heads[1], "intermediate_size": mlp,
+                        "tie_word_embeddings": True, "max_window_layers": layers}, parameters, source)
+
+
 #: The shapes by name.
-SHAPES: dict[str, Shape] = {
-    shape.name: shape
-    for shape in (
-        Shape(
-            "qwen2.5-0.5b",
-            {**QWEN2_COMMON, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-             "num_key_value_heads": 2, "intermediate_size": 4_864, "tie_word_embeddings": True,
-             "max_window_layers": 24},
-            494_032_768,
-            "Qwen/Qwen2.5-0.5B config.json (hidden 896, 24 layers, 14 query / 2 key-value heads of 64, MLP 4,864, "
-            "vocabulary 151,936, tied embeddings, rope_theta 1e6, rms_norm_eps 1e-6, 32,768 positions); Qwen2.5 "
-            "technical report (Qwen Team, 2024, arXiv:2412.15115), Table 1: 0.49B parameters, 0.36B without the "
-            "embedding",
-        ),
-        Shape(
-            "qwen2-small",
-            {**QWEN2_COMMON, "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "intermediate_size": 1_408, "tie_word_embeddings": True,
-             "max_window_layers": 2},
-            41_453_824,
-            "Qwen2.5's vocabulary (151,936) and settings on a small body: width 256, 2 layers, 4 query / 2 key-value "
-            "heads of 64 (Qwen2.5-0.5B's head size), MLP 1,408 (0.5B's ratio 4,864 / 896 = 5.43 x 256, rounded up "
-            "to a multiple of 64), tied embeddings: the vocabulary (38.9M of 41.5M parameters) dominates, as it does "
-            "the memory of log-probs over long completions",
-        ),
-    )
-}
+SHAPES: dict[str, Shape] = {shape.name: shape for shape in (
+    _qwen2("qwen2.5-0.5b", 896, 24, (14, 2), 4_864, 494_032_768,
+           "Qwen/Qwen2.5-0.5B's config.json (hidden 896, 24 layers, 14 query / 2 key-value heads of 64, MLP 4,864, "
+           "vocabulary 151,936, tied embeddings, rope_theta 1e6, rms_norm_eps 1e-6, 32,768 positions); Qwen2.5 "
+           "technical report (Qwen Team, 2024, arXiv:2412.15115), Table 1 (layers, heads, tied embedding); the "
+           "model card: 0.49B parameters, 0.36B without the embedding"),
+    _qwen2("qwen2-small", 256, 2, (4, 2), 1_408, 41_453_824,
+           "Qwen2.5's vocabulary (151,936) and settings on a small body: width 256, 2 layers, 4 query / 2 key-value "
+           "heads of 64 (Qwen2.5-0.5B's head size), MLP 1,408 (0.5B's ratio 4,864 / 896 = 5.43 x 256, rounded up "
+           "to a multiple of 64), tied embeddings: the vocabulary (38.9M of 41.5M parameters) dominates, as it does "
+           "the memory of log-probs over long completions"),
+)}
 
 
 def get_shape(name: str) -> Shape:
