@@ -56,6 +56,18 @@ forces a value, the line says why; benchmarks/README_grpo_vs_trl.md has the same
 
 Both sides time the loop from the start of their first step: rewardlab's `time/elapsed_s` metric, TRL's
 `on_step_begin` / `on_step_end` callbacks. Model loading, task loading and the final save are outside that window.
+
+The two children (`child_rewardlab`, `child_trl`) and `run_child` also serve benchmarks/real_shape.py and
+benchmarks/profile_grpo_step.py; the settings this benchmark leaves at the values above are optional keys of their
+`cfg`: `micro_batch` (rollouts per forward/backward: rewardlab `rl.micro_batch_size` | TRL
+`per_device_train_batch_size`, with `gradient_accumulation_steps` = the batch / micro_batch so that one generation
+batch is one optimizer step; None: the whole batch), `bf16` (rewardlab `model.autocast=bfloat16` | TRL `bf16=True`,
+accelerate's bf16 autocast over float32 weights), `gradient_checkpointing` (rewardlab `model.gradient_checkpointing` |
+TRL `gradient_checkpointing`, both non-reentrant), `lora` ({r, alpha}: rewardlab `model.lora` | TRL
+`peft_config=LoraConfig(r, lora_alpha, lora_dropout=0, target_modules="all-linear")`), `rewards` (a rewardlab
+`rewards:` spec, built once by rewardlab and called by both; None: the task verifier) and `save_final` (False: no
+final checkpoint on either side); rewardlab's child alone takes `device` and `dtype` (model.device, model.dtype:
+benchmarks/gpu_check.py).
 """
 
 from __future__ import annotations
@@ -64,6 +76,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -106,19 +119,31 @@ def _rss_mib() -> float | None:
     return None
 
 
+def _maxrss_mib(usage: resource.struct_rusage) -> float:
+    """`ru_maxrss` of a getrusage/wait4 result in MiB (the kernel reports KiB on Linux, bytes on macOS)."""
+    return usage.ru_maxrss * (1 if platform.system() == "Darwin" else 1024) / 2**20
+
+
+def _peak_rss_so_far_mib() -> float:
+    """This process's peak resident set size so far (MiB): the kernel's high-water mark, no polling."""
+    return _maxrss_mib(resource.getrusage(resource.RUSAGE_SELF))
+
+
 def _quickstart():
     from rewardlab.config import QuickstartConfig
 
     return QuickstartConfig()
 
 
-def _load_rows_and_reward():
+def _load_rows_and_reward(rewards: Any = None):
+    """The quickstart's task and a rewardlab Reward: `rewards` (a `rewards:` spec) or, when None, the task's
+    verifier."""
     from rewardlab.rewards import build_reward
     from rewardlab.tasks import load as load_task
 
     q = _quickstart()
     task = load_task(q.task.spec, **q.task.options)
-    return task, build_reward(task.reward)
+    return task, build_reward(rewards if rewards is not None else task.reward)
 
 
 def _load_avg() -> str:
@@ -131,32 +156,44 @@ def _load_avg() -> str:
 # ---------------------------------------------------------------------------------------------------- children
 def child_rewardlab(cfg: dict[str, Any]) -> dict[str, Any]:
     """Train with rewardlab's `train` for the budget (or the steps) in `cfg`; returns the timing record."""
-    from rewardlab.config import RLConfig, TrainConfig
+    import rewardlab.rl.trainer as trainer_mod
+    from rewardlab.config import ModelConfig, RLConfig, TrainConfig
     from rewardlab.rl.trainer import train
 
     from rewardlab.runs import RunDir
 
     rss_start = _rss_mib()
     cpu_ends: list[float] = []
+    step_peaks: list[float] = []
     log_metrics = RunDir.log_metrics
 
     def log_metrics_and_cpu_clock(self, step, metrics):  # called once per step, after the step's work
         cpu_ends.append(time.process_time())
+        step_peaks.append(_peak_rss_so_far_mib())
         log_metrics(self, step, metrics)
 
     RunDir.log_metrics = log_metrics_and_cpu_clock
+    if not cfg.get("save_final", True):  # train checkpoints its last step; a benchmark of steps does not need it
+        trainer_mod.save_checkpoint = lambda state: None
     q = _quickstart()
     rl = RLConfig(
         steps=cfg["steps"] or 10**9, prompts_per_step=cfg["prompts"], group_size=cfg["group_size"], epochs=1,
         lr=cfg["lr"], temperature=cfg["temperature"], max_new_tokens=cfg["max_new_tokens"], beta=0.0,
         lr_schedule="constant", estimator="grpo", loss="ppo_clip", agg="token-mean",
+        micro_batch_size=cfg.get("micro_batch"),
     )
+    lora = cfg.get("lora")
+    model = ModelConfig.model_validate({
+        **q.model.model_dump(), "path": cfg["checkpoint"], "device": cfg.get("device", "cpu"),
+        "dtype": cfg.get("dtype", "float32"), "autocast": "bfloat16" if cfg.get("bf16") else None,
+        "gradient_checkpointing": cfg.get("gradient_checkpointing", False),
+        "lora": {"r": lora["r"], "alpha": lora["alpha"]} if lora else None})
     # A run directory of its own: run_dir also holds this benchmark's files, and train refuses a directory that
     # holds anything but a run; each benchmark run replaces the previous one.
     out = Path(cfg["run_dir"]) / "rewardlab"
     train_cfg = TrainConfig(
-        model=q.model.model_copy(update={"path": cfg["checkpoint"]}), task=q.task, rl=rl, out=str(out),
-        seed=cfg["seed"], save_every=10**9, keep_checkpoints=1,
+        model=model, task=q.task, rl=rl, out=str(out), rewards=cfg.get("rewards"), seed=cfg["seed"],
+        save_every=10**9, keep_checkpoints=1,
     )
     summary = train(train_cfg, overwrite=True, show_progress=False,
                     time_budget_s=None if cfg["steps"] else cfg["budget_s"])
@@ -167,6 +204,8 @@ def child_rewardlab(cfg: dict[str, Any]) -> dict[str, Any]:
         "step_ends_cpu_s": cpu_ends,
         "train_reward_mean": [m["reward/mean"] for m in metrics],
         "gen_s_mean": statistics.mean(m["time/gen_s"] for m in metrics),
+        "gen_tokens": [m["rollout/len_mean"] * m["rollout/generated"] for m in metrics],
+        "step_peak_rss_mib": step_peaks,
         "rss_after_imports_mib": rss_start,
     }
 
@@ -181,27 +220,41 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
     from rewardlab.types import Rollout
 
     rss_start = _rss_mib()
-    task, reward = _load_rows_and_reward()
+    task, reward = _load_rows_and_reward(cfg.get("rewards"))
     rows = task.train
     batch_rewards: list[float] = []
+    gen_tokens: list[int] = []
 
-    def reasoning_gym(prompts, completions, completion_ids, row_id, **_):
-        """rewardlab's own task verifier, on the same rows: 1.0 for an exact match, else 0.0."""
+    def rewardlab_reward(prompts, completions, completion_ids, row_id, **_):
+        """rewardlab's Reward (the task verifier unless cfg["rewards"]), on the same rows; called once per
+        generation batch."""
         rollouts = [Rollout(prompt=p, prompt_ids=[], completion=c, completion_ids=list(ids), logprobs=[0.0] * len(ids),
                             row=rows[i]) for p, c, ids, i in zip(prompts, completions, completion_ids, row_id)]
         scores = [o.score for o in reward(rollouts)]
         batch_rewards.append(sum(scores) / len(scores))
+        gen_tokens.append(sum(len(ids) for ids in completion_ids))
         return scores
 
     dataset = Dataset.from_dict({"prompt": [r["prompt"] for r in rows], "row_id": list(range(len(rows)))})
     model = AutoModelForCausalLM.from_pretrained(cfg["checkpoint"], dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg["checkpoint"])
     n_completions = cfg["prompts"] * cfg["group_size"]
+    micro = cfg.get("micro_batch") or n_completions
+    if n_completions % micro:
+        raise ValueError(f"micro_batch {micro} does not divide the {n_completions} completions of a step")
+    lora = cfg.get("lora")
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=0.0,
+                                 target_modules="all-linear", task_type="CAUSAL_LM")
     args = GRPOConfig(
         output_dir=str(Path(cfg["run_dir"]) / "trainer"),
-        # batch: one optimizer step = prompts x group_size completions, generated once, used once
-        per_device_train_batch_size=n_completions,
-        gradient_accumulation_steps=1,
+        # batch: one optimizer step = prompts x group_size completions, generated once (steps_per_generation defaults
+        # to gradient_accumulation_steps, so generation_batch_size = micro x accumulation = the whole batch), used once
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=n_completions // micro,
         num_generations=cfg["group_size"],
         num_iterations=1,
         max_completion_length=cfg["max_new_tokens"],
@@ -222,9 +275,11 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
         weight_decay=0.0,
         max_grad_norm=1.0,
         max_steps=cfg["steps"] or 10**9,
-        # like with like: float32 (no bf16 autocast), no activation checkpointing, CPU
-        bf16=False,
-        gradient_checkpointing=False,
+        # like with like: float32 unless cfg["bf16"] (then accelerate's bf16 autocast, as rewardlab's model.autocast),
+        # activation checkpointing only with cfg["gradient_checkpointing"] (non-reentrant, as rewardlab's), CPU
+        bf16=bool(cfg.get("bf16")),
+        gradient_checkpointing=bool(cfg.get("gradient_checkpointing")),
+        gradient_checkpointing_kwargs={"use_reentrant": False},
         use_cpu=True,
         # no logging/saving overhead inside the timed loop
         report_to="none",
@@ -237,6 +292,7 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
     step_begins: list[float] = []
     step_ends: list[float] = []
     cpu_ends: list[float] = []
+    step_peaks: list[float] = []
     budget = None if cfg["steps"] else cfg["budget_s"]
 
     class Clock(TrainerCallback):
@@ -246,26 +302,37 @@ def child_trl(cfg: dict[str, Any]) -> dict[str, Any]:
         def on_step_end(self, args, state, control, **kwargs):
             step_ends.append(time.perf_counter())
             cpu_ends.append(time.process_time())
+            step_peaks.append(_peak_rss_so_far_mib())
             if budget is not None and step_ends[-1] - step_begins[0] >= budget:
                 control.should_training_stop = True
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reasoning_gym, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer = GRPOTrainer(model=model, reward_funcs=rewardlab_reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Clock()], peft_config=peft_config)
     trainer.train()
-    final = Path(cfg["run_dir"]) / "final"
-    trainer.model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
+    final = None
+    if cfg.get("save_final", True):
+        final = Path(cfg["run_dir"]) / "final"
+        trainer.model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
     return {
-        "final_checkpoint": str(final),
+        "final_checkpoint": str(final) if final else None,
         "step_ends_s": [t - step_begins[0] for t in step_ends],
         "step_ends_cpu_s": cpu_ends,
         "train_reward_mean": batch_rewards,
+        "gen_tokens": gen_tokens,
+        "step_peak_rss_mib": step_peaks,
         "rss_after_imports_mib": rss_start,
     }
 
 
-def run_child(role: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Run one training in a fresh interpreter; returns its record plus its peak RSS (MiB) from os.wait4."""
+def run_child(role: str, cfg: dict[str, Any], script: str = __file__) -> dict[str, Any]:
+    """Run `script --child ROLE CONFIG RESULT` (one training) in a fresh interpreter with cfg["threads"] OpenMP/MKL
+    threads; returns the record it wrote plus `peak_rss_mib`, the child's peak RSS (MiB) from os.wait4 (the whole
+    process: imports, model loading, every step, any final save), and `process_s` (its wall clock, seconds).
+
+    Raises:
+        RuntimeError: the child exited non-zero (the message ends with its log's tail).
+    """
     Path(cfg["run_dir"]).mkdir(parents=True, exist_ok=True)
     cfg_path = Path(cfg["run_dir"]) / "bench_config.json"
     out_path = Path(cfg["run_dir"]) / "bench_result.json"
@@ -273,7 +340,7 @@ def run_child(role: str, cfg: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ, OMP_NUM_THREADS=str(cfg["threads"]), MKL_NUM_THREADS=str(cfg["threads"]))
     log = (Path(cfg["run_dir"]) / "child.log").open("w")
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--child", role, str(cfg_path), str(out_path)], env=env,
+    proc = subprocess.Popen([sys.executable, script, "--child", role, str(cfg_path), str(out_path)], env=env,
                             stdout=log, stderr=subprocess.STDOUT)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -282,8 +349,7 @@ def run_child(role: str, cfg: dict[str, Any]) -> dict[str, Any]:
         tail = (Path(cfg["run_dir"]) / "child.log").read_text()[-3000:]
         raise RuntimeError(f"{role} run failed (exit {proc.returncode}); log tail:\n{tail}")
     rec = json.loads(out_path.read_text())
-    scale = 1 if platform.system() == "Darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    rec["peak_rss_mib"] = usage.ru_maxrss * scale / 2**20
+    rec["peak_rss_mib"] = _maxrss_mib(usage)
     rec["process_s"] = time.perf_counter() - t0
     return rec
 

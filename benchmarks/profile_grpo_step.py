@@ -16,7 +16,8 @@ make up a step (the wrappers add one perf_counter pair per call, nothing else):
 - other: the loop time minus the above (packing, advantages, loss, metrics, Python; for TRL also Trainer and
   accelerate bookkeeping).
 
-The first `--warmup` steps are left out of the per-step means. "step CPU time" is the process's CPU time per step
+The first `--warmup` steps are left out of the per-step means. benchmarks/real_shape.py runs every arm through this
+script's child (`--child`), so each of its runs carries these phase times. "step CPU time" is the process's CPU time per step
 (user + system, all threads): on a shared machine it moves much less with the load than wall time does. With
 `--ops`, torch.profiler's top operators by self CPU time are printed for each trainer too.
 """
@@ -26,8 +27,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -141,11 +140,12 @@ def child_main(role: str, cfg_path: str, out_path: str) -> None:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            run(cfg, timers)
+            rec = run(cfg, timers)
         ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50)
     else:
-        run(cfg, timers)
-    Path(out_path).write_text(json.dumps({"steps": timers.steps, "ops": ops, "load_avg_end": bench._load_avg()}))
+        rec = run(cfg, timers)
+    # the training child's own record (benchmarks/grpo_vs_trl.py) plus the phase timers' per-step times
+    Path(out_path).write_text(json.dumps({**rec, "steps": timers.steps, "ops": ops, "load_avg_end": bench._load_avg()}))
 
 
 def per_step_ms(steps: list[dict[str, float]], warmup: int) -> dict[str, float]:
@@ -158,6 +158,15 @@ def per_step_ms(steps: list[dict[str, float]], warmup: int) -> dict[str, float]:
     w = max(warmup, 1)
     out["step CPU time"] = 1000 * (kept[-1]["cpu"] - steps[w - 1]["cpu"]) / (len(steps) - w)
     return out
+
+
+def phase_table(results: dict[str, dict[str, float]]) -> str:
+    """A markdown table of `per_step_ms` results, one column per trainer."""
+    names = list(results)
+    lines = ["| ms per step | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for key in ("step", *PHASES, "other", "step CPU time"):
+        lines.append(f"| {key} | " + " | ".join(f"{results[n][key]:.1f}" for n in names) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -180,27 +189,16 @@ def main() -> None:
     bench._offline_env()
     results = {}
     for name in [a.only] if a.only else bench.TRAINERS:
-        run_dir = Path(a.out) / name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cfg = {"checkpoint": a.sft_checkpoint, "run_dir": str(run_dir), "steps": a.steps, "budget_s": None,
-               "threads": a.threads, "lr": a.lr, "temperature": 0.7, "prompts": 16, "group_size": 8,
-               "max_new_tokens": 8, "seed": 0, "ops": a.ops}
-        (run_dir / "cfg.json").write_text(json.dumps(cfg))
-        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+        cfg = {"checkpoint": a.sft_checkpoint, "run_dir": str(Path(a.out) / name), "steps": a.steps,
+               "budget_s": None, "threads": a.threads, "lr": a.lr, "temperature": 0.7, "prompts": 16,
+               "group_size": 8, "max_new_tokens": 8, "seed": 0, "ops": a.ops}
         load_start = bench._load_avg()
-        with (run_dir / "child.log").open("w") as log:
-            subprocess.run([sys.executable, __file__, "--child", name, str(run_dir / "cfg.json"),
-                            str(run_dir / "profile.json")], env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
-        rec = json.loads((run_dir / "profile.json").read_text())
+        rec = bench.run_child(name, cfg, script=__file__)
         results[name] = per_step_ms(rec["steps"], a.warmup)
         print(f"{name}: {len(rec['steps'])} steps, load average {load_start} -> {rec['load_avg_end']}")
         if rec["ops"]:
             print(rec["ops"])
-    names = list(results)
-    print("\n| ms per step | " + " | ".join(names) + " |")
-    print("|---|" + "---|" * len(names))
-    for key in ("step", *PHASES, "other", "step CPU time"):
-        print(f"| {key} | " + " | ".join(f"{results[n][key]:.1f}" for n in names) + " |")
+    print("\n" + phase_table(results))
     Path(a.out, "profile_summary.json").write_text(json.dumps(results, indent=1))
 
 
