@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rewardlab.modeldir import check_model_dir
 from rewardlab.policy.batch import Batch, rollout_batch
 from rewardlab.policy.hf import Policy, load_model_dir, torch_dtype
@@ -28,7 +30,8 @@ def load_policy(
 ) -> Policy:
     """The policy at `path`: "tiny" (the embedded model with fresh weights, seeded), a local Hugging Face model
     directory, or a LoRA adapter directory (a LoRA checkpoint: its base with the adapter merged, `lora.load_merged`);
-    with `lora`, a fresh trainable LoRA adapter on top of that model (`lora.add_adapter`), its base frozen.
+    with `lora`, a fresh trainable LoRA adapter on top of that model (`lora.add_adapter`), its base frozen, its
+    random A drawn from `seed` (torch's global generator left as it was).
 
     A LoRA checkpoint given as `path` with `lora` set (an SFT adapter that `train` starts from) is merged into its
     base first, and the new adapter trains on the merged model: the run's base, and so its KL reference, is the
@@ -61,7 +64,10 @@ def load_policy(
         model, tokenizer = load_model_dir(path, dtype=dtype, device=device, key=key)
         base = str(Path(path).expanduser().resolve())
     if lora is not None:
-        model = add_adapter(model, lora, base=base)
+        where = torch.device(device)
+        with torch.random.fork_rng(devices=[where.index or 0] if where.type == "cuda" else []):
+            torch.manual_seed(seed)  # the adapter's A (peft draws it at random) is the seed's, whatever ran before
+            model = add_adapter(model, lora, base=base)
     return Policy(model, tokenizer, prompt_format, **options)
 
 
