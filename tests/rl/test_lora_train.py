@@ -67,6 +67,7 @@ def _logprobs(policy, batch):
         return policy.token_logprobs(batch)[0]
 
 
+@pytest.mark.slow  # sft twice
 def test_sft_with_lora_trains_the_adapter_checkpoints_it_with_its_base_and_resumes_bit_for_bit(tmp_path):
     full = run_sft(_sft(tmp_path, "A", "sft.steps=6", "save_every=3"), show_progress=False)
     ck = tmp_path / "A" / "checkpoints" / "step-6"
@@ -117,6 +118,7 @@ def test_the_kl_reference_of_a_lora_run_is_its_base_with_the_adapter_disabled(tm
         state.engine.close()
 
 
+@pytest.mark.slow  # GRPO twice
 def test_grpo_with_lora_and_a_kl_penalty_trains_the_adapter_only_and_resumes_bit_for_bit(tmp_path):
     common = ["rl.beta=0.2", "rl.kl_in=reward", "save_every=1", "rl.epochs=2", "rl.minibatch_size=4"]
     train(_train(tmp_path, "A", "rl.steps=3", *common), show_progress=False)
@@ -188,6 +190,15 @@ def test_sft_adapter_chains_into_train_evaluate_and_merge(tmp_path, capsys):
     assert not (tmp_path / "m2").exists()
 
 
+def test_grpo_with_lora_runs_with_micro_batches_gradient_checkpointing_and_autocast(tmp_path):
+    train(_train(tmp_path, "M", "rl.steps=1", "rl.beta=0.1", "rl.micro_batch_size=2",
+                 "model.gradient_checkpointing=true", "model.autocast=bfloat16"), show_progress=False)
+    ck = tmp_path / "M" / "checkpoints" / "step-1"
+    assert read_jsonl(tmp_path / "M" / "metrics.jsonl")[0]["policy/grad_norm"] > 0
+    assert any(".lora_B." in k and v.abs().max() > 0 for k, v in _adapter(ck).items())
+    _assert_base_is_the_seeded_tiny_model(ck)
+
+
 def test_settings_that_cannot_apply_with_lora_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError) as info:
         _train(tmp_path, "R", "rl.beta=0.1", "rl.ref_refresh_every=2")
@@ -200,3 +211,35 @@ def test_settings_that_cannot_apply_with_lora_are_refused_in_one_line(tmp_path):
                                "would do nothing; drop it (a LoRA checkpoint given as model.path loads with its "
                                "adapter merged)")
     assert not (tmp_path / "R").exists()
+
+
+def test_a_lora_runs_critic_starts_from_the_base_weights(tmp_path):
+    state = setup(_train(tmp_path, "C", "rl.steps=1", "rl.estimator=gae"))
+    try:
+        critic = state.critic.model.state_dict()
+        base = load_policy("tiny", tiny_arch=TINY_ARCH, seed=0).model.state_dict()
+        shared = [k for k in base if k in critic]
+        assert shared == [k for k in critic if not k.startswith("score.")]  # every weight but the value head's
+        assert all(torch.equal(critic[k], base[k]) for k in shared)
+    finally:
+        state.run.close()
+        state.engine.close()
+
+
+@pytest.mark.slow  # four stages
+def test_quickstart_with_lora_chains_its_stages_through_adapter_checkpoints(tmp_path):
+    q = tmp_path / "Q"
+    assert main(["quickstart", "--no-progress", *TINY_OVERRIDES, LORA, "threads=1", "--out", str(q),
+                 "task.options={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, template: compact, "
+                 "size: 300, test_size: 20}", "sft.steps=3", "sft.batch_size=8", "sft.eval_every=0", "rl.steps=2",
+                 "rl.prompts_per_step=2", "rl.group_size=2", "rl.eval_every=0", "rl.lr=1e-2", "eval.n=2",
+                 "eval.k=[1,2]"]) == 0
+    summary = json.loads((q / "summary.json").read_text())
+    sft_ck, grpo_ck = q / "sft" / "checkpoints" / "step-3", q / "grpo" / "checkpoints" / "step-2"
+    assert summary["sft"]["checkpoint"] == str(sft_ck) and summary["grpo"]["checkpoint"] == str(grpo_ck)
+    assert (sft_ck / "base" / "model.safetensors").is_file() and not (sft_ck / "model.safetensors").exists()
+    config = json.loads((grpo_ck / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(sft_ck.resolve())  # GRPO's adapter sits on the SFT model
+    for stage in ("eval_sft", "eval_grpo"):
+        evaluated = json.loads((q / stage / "summary.json").read_text())
+        assert evaluated["n_questions"] == 20 and "model.lora" not in (q / stage / "config.yaml").read_text()
