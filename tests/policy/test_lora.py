@@ -124,6 +124,8 @@ def test_the_reference_is_the_base_with_the_adapter_disabled_nothing_copied():
     assert torch.equal(ref.scored_logprobs(batch), _logprobs(plain, batch))
     assert policy.model.training  # the reference pass (eval mode, adapter off) gives the mode and adapter back
     assert torch.equal(_logprobs(policy, batch), adapted)
+    assert all(p.requires_grad for p in adapter_parameters(policy.model).values())  # and it still trains
+    assert len(adapter_parameters(policy.model)) == 2 * 7 * TINY_ARCH["num_hidden_layers"]
     with pytest.raises(ValueError, match="no LoRA adapter"):
         plain.without_adapter()
 
