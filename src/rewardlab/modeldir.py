@@ -67,6 +67,11 @@ def check_model_dir(path: str | Path, key: str = "model.path", *, adapters: bool
     return p
 
 
+def has_tokenizer_files(path: str | Path) -> bool:
+    """Whether directory `path` holds one of the files a saved tokenizer has (tokenizer.json, tokenizer.model, ...)."""
+    return any((Path(path) / f).is_file() for f in _TOKENIZER_FILES)
+
+
 def load_pretrained(factory: Any, path: Path, key: str = "model.path", **kwargs: Any) -> Any:
     """`factory.from_pretrained(path, local_files_only=True, **kwargs)` with a one-line error naming `key`.
 
@@ -83,7 +88,7 @@ def load_pretrained(factory: Any, path: Path, key: str = "model.path", **kwargs:
     try:
         return factory.from_pretrained(str(path), local_files_only=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, SafetensorError, KeyError...
-        if what == "tokenizer" and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        if what == "tokenizer" and not has_tokenizer_files(path):
             files = ", ".join(_TOKENIZER_FILES)
             raise ValueError(f"{key}: {path} has no tokenizer files (none of {files})") from exc
         raise ValueError(f"{key}: cannot load the {what} in {path} ({_first_line(exc)})") from exc

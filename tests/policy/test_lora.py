@@ -226,3 +226,23 @@ def test_the_adapters_random_init_is_the_seeds_and_leaves_torchs_generator_alone
     for name, p in a.trained_weights().items():
         assert torch.equal(b.trained_weights()[name], p), name
     assert any(not torch.equal(c.trained_weights()[n], p) for n, p in a.trained_weights().items() if ".lora_A." in n)
+
+
+def test_an_adapter_saved_by_peft_itself_loads_with_its_bases_tokenizer(tmp_path):
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    create_tiny(tmp_path / "base", seed=2, **TINY_ARCH)
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"))  # name_or_path: the base directory
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+                                                         task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.05)
+    wrapped.save_pretrained(str(tmp_path / "adapter"))  # as TRL or a peft script would: no tokenizer beside it
+    assert not (tmp_path / "adapter" / "tokenizer.json").exists()
+    policy = load_policy(str(tmp_path / "adapter"))
+    assert policy.tokenizer.eos_token == "</s>"  # the base's
+    batch, _ = rollout_batch(policy, policy.generate(PROMPTS, n=1, max_new_tokens=5, streams=[(i,) for i in range(3)]))
+    assert torch.allclose(_logprobs(policy, batch), _full_logits_logprobs(wrapped.eval(), batch), atol=1e-5)

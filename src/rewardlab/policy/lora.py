@@ -163,14 +163,15 @@ def load_merged(path: str | Path, *, key: str = "model.path", dtype: torch.dtype
         dtype: the dtype the base weights are loaded in.
         device: where the model is put.
     Returns:
-        (a plain transformers model, the adapter directory's tokenizer).
+        (a plain transformers model, the tokenizer of the adapter directory, or of the nearest base that has one: an
+        adapter saved by another tool may hold none).
     Raises:
         ValueError: one line naming `key`: peft missing, a bad chain (`base_chain`), a base or adapter that does not
             load (`rewardlab.modeldir.load_pretrained`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rewardlab.modeldir import check_model_dir, load_pretrained
+    from rewardlab.modeldir import check_model_dir, has_tokenizer_files, load_pretrained
 
     peft = import_peft(key)
     chain = base_chain(path, key)
@@ -186,7 +187,9 @@ def load_merged(path: str | Path, *, key: str = "model.path", dtype: torch.dtype
             raise ValueError(f"{key}: cannot load the LoRA adapter in {adapter} on its base "
                              f"({type(exc).__name__}: {text.splitlines()[0] if text else ''})") from None
         model = model.merge_and_unload()
-    tokenizer = load_pretrained(AutoTokenizer, Path(str(path)).expanduser(), key)
+    # the adapter directory's tokenizer (rewardlab saves one there), else the nearest base's that has one
+    where = next((d for d in chain if has_tokenizer_files(d)), chain[0])
+    tokenizer = load_pretrained(AutoTokenizer, where, key)
     return model, tokenizer
 
 
