@@ -16,6 +16,8 @@ from rewardlab.policy import load_policy, rollout_batch
 from rewardlab.policy.lora import adapter_parameters, load_adapter_weights
 from rewardlab.policy.tiny import create_tiny
 
+pytest.importorskip("peft")  # the `lora` extra (in `test`)
+
 LORA = {"r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": "all-linear"}
 PROMPTS = ["1+2=", "12+34+5=", "7="]
 

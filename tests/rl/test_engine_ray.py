@@ -94,6 +94,7 @@ def test_ray_workers_log_what_local_logs_on_guess_number_episodes(tmp_path, ray_
 
 @pytest.mark.slow  # trains twice, once on Ray (in `make test`'s Ray budget)
 def test_ray_with_lora_publishes_the_adapter_only_and_logs_what_local_logs(tmp_path, ray_cluster, monkeypatch):
+    pytest.importorskip("peft")
     from rewardlab.rl.engines import ray_engine
 
     published, arrays = [], ray_engine._arrays

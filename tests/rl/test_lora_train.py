@@ -19,6 +19,8 @@ from rewardlab.policy.lora import adapter_parameters
 from rewardlab.rl.trainer import setup, train
 from rewardlab.train_state import load_weights
 
+pytest.importorskip("peft")  # the `lora` extra (in `test`)
+
 LORA = "model.lora={r: 4, alpha: 8}"
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(3)]
 
