@@ -67,11 +67,11 @@ def test_ctrl_c_in_sft_checkpoints_the_step_and_resume_reaches_the_same_weights(
 
     loss, calls = sft.sft_loss, []
 
-    def loss_with_sigint_in_step_3(*args):
+    def loss_with_sigint_in_step_3(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             signal.raise_signal(signal.SIGINT)
-        return loss(*args)
+        return loss(*args, **kwargs)
 
     handler = signal.getsignal(signal.SIGINT)
     monkeypatch.setattr(sft, "sft_loss", loss_with_sigint_in_step_3)

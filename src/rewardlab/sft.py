@@ -33,7 +33,8 @@ from rewardlab.train_state import load_state, load_weights, rng_state, save_stat
 
 
 def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[int]],
-             loss_masks: list[list[int] | None] | None = None) -> tuple[torch.Tensor, int]:
+             loss_masks: list[list[int] | None] | None = None, *,
+             denominator: float | None = None) -> tuple[torch.Tensor, int]:
     """Mean negative log-likelihood per trained token (nats), and the number of trained tokens.
 
     loss = -sum_{i,t} m_{i,t} log p(y_{i,t} | x_i, y_{i,<t}) / sum m, where m = 1 on the target tokens (EOS
@@ -44,6 +45,8 @@ def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[
     Args:
         prompt_ids: per row, the prompt ids. target_ids: per row, the completion ids (length T_i).
         loss_masks: per row, None (every target token trained) or T_i ints in {0, 1}; None: all rows unmasked.
+        denominator: divide by this instead of these rows' sum m: a micro-batch's share of its batch's mean is
+            its sum divided by the whole batch's trained tokens (`trained_tokens`).
     Raises:
         ValueError: a loss mask whose length is not its row's target length.
     """
@@ -61,7 +64,39 @@ def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[
         mask = mask * given
     logprobs, _ = policy.token_logprobs(batch)
     n_tokens = mask.sum()
-    return -(logprobs * mask).sum() / n_tokens.clamp(min=1), int(n_tokens.item())
+    denom = n_tokens.clamp(min=1) if denominator is None else max(float(denominator), 1.0)
+    return -(logprobs * mask).sum() / denom, int(n_tokens.item())
+
+
+def trained_tokens(target_ids: list[int], loss_mask: list[int] | None) -> int:
+    """The tokens of one row that `sft_loss` trains: its target's length, or the ones of its loss mask."""
+    return len(target_ids) if loss_mask is None else int(sum(1 for m in loss_mask if m))
+
+
+def sft_gradient(policy: Policy, rows: list[tuple[list[int], list[int], list[int] | None]],
+                 micro_batch_size: int | None = None) -> tuple[float, int]:
+    """Accumulate into the policy's .grad the gradient of `sft_loss` over `rows` (prompt ids, target ids, loss mask
+    or None), `micro_batch_size` rows per forward/backward pass (None: all at once). Each micro-batch's summed
+    negative log-likelihood is divided by the trained tokens of all `rows`, so the accumulated gradient is that of
+    the batch's mean per token (not a mean of micro-batch means) up to float rounding.
+
+    Returns:
+        (the batch's loss in nats per trained token, its trained tokens).
+    Raises:
+        ValueError: as `sft_loss`; micro_batch_size < 1.
+    """
+    if micro_batch_size is not None and micro_batch_size < 1:
+        raise ValueError(f"sft.micro_batch_size: must be >= 1, got {micro_batch_size}")
+    total = sum(trained_tokens(t, m) for _, t, m in rows)
+    size = micro_batch_size or max(len(rows), 1)
+    value = 0.0
+    for start in range(0, len(rows), size):
+        part = rows[start:start + size]
+        loss, _ = sft_loss(policy, [p for p, _, _ in part], [t for _, t, _ in part], [m for _, _, m in part],
+                           denominator=total)
+        loss.backward()
+        value += loss.item()
+    return value, total
 
 
 def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_frac: float | None = None
@@ -141,8 +176,10 @@ def check_target(task: Task, target: str, spec: str) -> None:
         raise ValueError(f"sft.target: training row {missing} of {spec} has no field {target!r}")
 
 
-#: Settings a resumed run may change (train longer, checkpoint differently); any other change is refused.
-RESUME_MAY_CHANGE = ("sft.steps", "save_every", "keep_checkpoints")
+#: Settings a resumed run may change (train longer, checkpoint differently, fit in less memory: the memory switches
+#: change the floats' rounding, not the algorithm); any other change is refused.
+RESUME_MAY_CHANGE = ("sft.steps", "save_every", "keep_checkpoints", "sft.micro_batch_size",
+                     "model.gradient_checkpointing", "model.logprob_chunk_tokens")
 
 
 def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume: bool = False,
@@ -208,14 +245,11 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
             for step in range(start_step + 1, p.steps + 1):
                 t0 = time.perf_counter()
                 idx = sampler.next(p.batch_size)
-                loss, n_tokens = sft_loss(policy, [encoded[i][0] for i in idx], [encoded[i][1] for i in idx],
-                                          [encoded[i][2] for i in idx])
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss_value, n_tokens = sft_gradient(policy, [encoded[i] for i in idx], p.micro_batch_size)
                 torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.grad_clip)
                 optimizer.step()
                 scheduler.step()
-                loss_value = loss.item()
                 dt = time.perf_counter() - t0
                 evals = heldout(policy) if heldout.due(step) else {}
                 run.log_metrics(step, {"sft/loss": loss_value, "lr": scheduler.get_last_lr()[0],

@@ -106,3 +106,16 @@ def test_reward_model_training_verbs_keep_their_key_order():
                                                         "model", "data", "eval_data", "train"]
     assert list(VERB_CONFIGS["train"].model_fields) == ["model", "task", "out", "seed", "threads",
                                                        "save_every", "keep_checkpoints", "rl", "env", "rewards", "on_error"]
+
+
+def test_verbs_that_only_run_a_policy_refuse_the_training_keys():
+    from rewardlab.config import EvaluateConfig, SFTConfig, TrainConfig, load_config
+    from rewardlab.config.schema import ModelConfig
+
+    for verb in (SFTConfig, TrainConfig):
+        assert load_config(verb, None, ["model.gradient_checkpointing=true"]).model.gradient_checkpointing
+    with pytest.raises(ValueError, match=r"model.gradient_checkpointing: applies to the verbs that train"):
+        load_config(EvaluateConfig, None, ["model.gradient_checkpointing=true"])
+    model = ModelConfig(gradient_checkpointing=True, autocast="bfloat16")
+    running = model.for_running()
+    assert not running.gradient_checkpointing and running.autocast == "bfloat16"  # precision applies to running too

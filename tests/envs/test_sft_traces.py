@@ -167,8 +167,8 @@ def test_a_trace_under_a_template_that_rewrites_earlier_turns_gives_the_episodes
 
 
 def test_sft_loss_ignores_observation_tokens():
-    """Logits at observation positions get exactly zero gradient and changing them leaves the loss unchanged; the
-    loss is the mean NLL over the 15 assistant tokens."""
+    """The last hidden states at observation positions (all the LM head turns into their logits) get exactly zero
+    gradient and changing them leaves the loss unchanged; the loss is the mean NLL over the 15 assistant tokens."""
     env = make_env("calculator", size=300, test_size=30, workers=1)
     policy = load_policy("tiny", seed=0, tiny_arch=TINY_ARCH)
     renderer = make_renderer(policy.tokenizer, "raw", raw_text=env.raw_text)
@@ -177,20 +177,20 @@ def test_sft_loss_ignores_observation_tokens():
     captured, noise = {}, {}
 
     def hook(module, inputs, output):
-        logits = output.logits if hasattr(output, "logits") else output
+        hidden = output
         if "delta" in noise:
-            logits = logits + noise["delta"]
-        if logits.requires_grad:
-            logits.retain_grad()
-        captured["logits"] = logits
-        return logits
+            hidden = hidden + noise["delta"]
+        if hidden.requires_grad:
+            hidden.retain_grad()
+        captured["hidden"] = hidden
+        return hidden
 
-    head = policy.model.get_output_embeddings()
-    handle = head.register_forward_hook(hook)
+    final_norm = policy.model.get_decoder().norm  # its output is all the LM head reads
+    handle = final_norm.register_forward_hook(hook)
     try:
         loss, n = sft_loss(policy, [ro.prompt_ids], [ro.completion_ids], [ro.loss_mask])
         loss.backward()
-        grad = captured["logits"].grad[0]  # [L, V], the last L positions; completion token t is predicted at the
+        grad = captured["hidden"].grad[0]  # [L, H], the L positions; completion token t is predicted at the
         first = grad.shape[0] - T - 1  # position P - 1 + t of the row, here index first + t
         assert first >= 0
         obs = [first + t for t in range(T) if ro.loss_mask[t] == 0]
@@ -198,7 +198,7 @@ def test_sft_loss_ignores_observation_tokens():
         assert n == 15
         assert torch.count_nonzero(grad[obs]) == 0
         assert all(torch.count_nonzero(grad[p]) > 0 for p in own)
-        delta = torch.zeros_like(captured["logits"])
+        delta = torch.zeros_like(captured["hidden"])
         delta[0, obs] = torch.randn(len(obs), delta.shape[-1]) * 5
         noise["delta"] = delta.detach()
         with torch.no_grad():

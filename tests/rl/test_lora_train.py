@@ -209,9 +209,9 @@ def test_settings_that_cannot_apply_with_lora_are_refused_in_one_line(tmp_path):
                                "unset it (or train without model.lora)")
     with pytest.raises(ValueError) as info:
         load_config(EvaluateConfig, None, [LORA])
-    assert str(info.value) == ("config error: model.lora: evaluate does not train the policy, so a new adapter "
-                               "would do nothing; drop it (a LoRA checkpoint given as model.path loads with its "
-                               "adapter merged)")
+    assert str(info.value) == ("config error: model.lora: applies to the verbs that train the policy (sft, train, "
+                               "quickstart); this verb only runs it, so drop the setting (a LoRA checkpoint loads as "
+                               "model.path)")
     assert not (tmp_path / "R").exists()
 
 

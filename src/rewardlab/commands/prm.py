@@ -196,15 +196,20 @@ def train(cfg: PrmTrainConfig, *, resume: bool = False, overwrite: bool = False,
             res = evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size)
             return {f"eval/{k}": v for k, v in res.items()}
 
-        def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, tuple[int, int]]:
             z = torch.cat(step_logits(model, [train_enc[i] for i in idx], tokenizer.pad_token_id))
             y = torch.tensor([v for i in idx for v in train_rows[i].labels], device=z.device)
-            acc = ((z.detach() >= 0) == (y >= 0.5)).float().mean().item()
-            return prm_loss(z, y), {"train/step_accuracy": acc}
+            return prm_loss(z, y), (int(((z.detach() >= 0) == (y >= 0.5)).sum()), int(y.numel()))
+
+        def batch_metrics(records: list[tuple[int, int]]) -> dict[str, float]:
+            return {"train/step_accuracy": sum(r for r, _ in records) / max(sum(n for _, n in records), 1)}
+
+        def steps_of(idx: Sequence[int]) -> int:  # prm_loss is a mean over steps
+            return sum(len(train_rows[i].labels) for i in idx)
 
         wall0 = time.perf_counter()
         step, last, last_eval, final = fit(
-            model, t, len(train_rows), batch_loss, rng=rng, run=run, name="PRM train",
+            model, t, len(train_rows), batch_loss, batch_metrics=batch_metrics, units=steps_of, rng=rng, run=run, name="PRM train",
             progress_key="train/step_accuracy",
             save_model=lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)),
             save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, resume_from=checkpoint,

@@ -84,9 +84,9 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
 
     def evaluate(model, name: str) -> dict[str, Any]:
         # model.lora trains the sft and grpo stages; an evaluation loads their checkpoints, adapters merged
+        # (`for_running`: the training-only keys back at their defaults)
         return stage(name, partial(evaluate_command.run, announce=False),  # the table below names the split
-                     EvaluateConfig(model=model.model_copy(update={"lora": None}), eval=cfg.eval,
-                                    out=str(out / name), **common))
+                     EvaluateConfig(model=model.for_running(), eval=cfg.eval, out=str(out / name), **common))
 
     eval_sft = evaluate(sft_model, "eval_sft")
     grpo = stage("grpo", train_command.run, TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"), **common))
@@ -163,7 +163,7 @@ def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str
     task = load_task(task_cfg.spec, **task_cfg.options)
     rows = task.test[: cfg.eval.limit] if cfg.eval.limit else task.test
     # model.lora trains the sft and grpo stages; their checkpoints load with the adapter merged
-    policy = load_model(cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})}), model_path)
+    policy = load_model(cfg.model_copy(update={"model": cfg.model.for_running()}), model_path)
     episodes = load_episodes(task, cfg.env, policy) if tools else None  # the env keys checked, as every verb does
     t0 = time.perf_counter()
     try:

@@ -60,17 +60,20 @@ def train(cfg: RmTrainConfig, *, resume: bool = False, overwrite: bool = False, 
             res = model_pair_stats(model, tokenizer, eval_pairs, batch_size=t.batch_size, max_length=t.max_length)
             return {f"eval/{k}": v for k, v in res.items()}
 
-        def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        def batch_loss(idx: Sequence[int]) -> tuple[torch.Tensor, tuple[list[float], list[float]]]:
             batch = [train_pairs[i] for i in idx]
             chosen, rejected = pair_rewards(model, tokenizer, batch, t.max_length)
             margin = torch.tensor([p.margin for p in batch], device=chosen.device) if t.use_margin else None
-            stats = pair_stats(chosen.detach().tolist(), rejected.detach().tolist())
             return (bradley_terry_loss(chosen, rejected, margin, t.center_coef),
-                    {f"train/{k}": v for k, v in stats.items()})
+                    (chosen.detach().tolist(), rejected.detach().tolist()))
+
+        def batch_metrics(records: list[tuple[list[float], list[float]]]) -> dict[str, float]:
+            stats = pair_stats([c for cs, _ in records for c in cs], [r for _, rs in records for r in rs])
+            return {f"train/{k}": v for k, v in stats.items()}
 
         wall0 = time.perf_counter()
         step, last, last_eval, final = fit(
-            model, t, len(train_pairs), batch_loss, rng=rng, run=run, name="RM train", progress_key="train/accuracy",
+            model, t, len(train_pairs), batch_loss, batch_metrics=batch_metrics, rng=rng, run=run, name="RM train", progress_key="train/accuracy",
             save_model=lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)),
             save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, resume_from=checkpoint,
             evaluate=evaluate if eval_pairs else None, show_progress=show_progress)

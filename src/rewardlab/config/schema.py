@@ -7,7 +7,7 @@ overrides, one-line errors) lives in `rewardlab.config.loader`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -82,6 +82,11 @@ class ModelConfig(_Base):
         "is the base with the adapter disabled (no second copy), engine ray publishes the adapter only. A LoRA "
         "checkpoint as model.path loads with its adapter merged (evaluate; rewardlab merge writes it out); with "
         "model.lora set a new adapter trains on that merged model. docs/real-models.md#lora. null: full fine-tuning")
+
+    def for_running(self) -> ModelConfig:
+        """This section for a verb that only runs the model (evaluate, search): the keys only training reads
+        (`TRAINING_MODEL_KEYS`) back at their defaults."""
+        return self.model_copy(update={k: type(self).model_fields[k].default for k in TRAINING_MODEL_KEYS})
 
     def policy_options(self) -> dict[str, Any]:
         """The keyword arguments `rewardlab.policy.load_policy(self.path, seed=..., **options)` takes from this
@@ -188,15 +193,6 @@ def refuse_environment(task: TaskConfig, verb: str) -> None:
     if task.spec.startswith("env:"):
         raise ValueError(f"task.spec: {verb} samples single completions and does not run environment tasks "
                          f"({task.spec!r}); train, sft and evaluate do")
-
-
-def refuse_lora(model: ModelConfig, verb: str) -> None:
-    """For a verb that runs a policy without training it (`evaluate`, `search`, `rm pairs`, `prm label`):
-    model.lora (a fresh adapter to train) is a one-line ValueError naming it. A LoRA checkpoint given as model.path
-    still loads (its adapter merged into its base)."""
-    if model.lora is not None:
-        raise ValueError(f"model.lora: {verb} does not train the policy, so a new adapter would do nothing; drop it "
-                         "(a LoRA checkpoint given as model.path loads with its adapter merged)")
 
 
 def check_lora_reference(model: ModelConfig, rl: RLConfig) -> None:
@@ -437,11 +433,31 @@ class _PolicyOnTask(_Base):
 # Pydantic orders fields base first, the last-listed base first of all: `_Verb(_Run, _PolicyOnTask)` keeps the key
 # order model, task, out, seed of every policy verb's config.yaml.
 class _Verb(_Run, _PolicyOnTask):
-    """A verb that runs a policy (`model`) on a task (`task`)."""
+    """A verb that runs a policy (`model`) on a task (`task`). A verb that does not train it (`trains` False)
+    refuses the model keys only training reads (`TRAINING_MODEL_KEYS`)."""
+
+    trains: ClassVar[bool] = False
+
+    @model_validator(mode="after")
+    def _training_keys_need_training(self):
+        if not self.trains:
+            given = [f"model.{k}" for k in TRAINING_MODEL_KEYS
+                     if getattr(self.model, k) != type(self.model).model_fields[k].default]
+            if given:
+                raise ValueError(f"{', '.join(given)}: applies to the verbs that train the policy (sft, train, "
+                                 "quickstart); this verb only runs it, so drop the setting (a LoRA checkpoint loads "
+                                 "as model.path)")
+        return self
+
+
+#: `model` keys that only training reads: refused by the verbs that only run a policy.
+TRAINING_MODEL_KEYS = ("gradient_checkpointing", "lora")
 
 
 class SFTConfig(_Checkpoints, _Verb):
     """`rewardlab sft`: supervised warm start on the task's rows."""
+
+    trains: ClassVar[bool] = True
 
     out: str = _out("runs/sft")
     sft: SFTParams = Field(default_factory=SFTParams, description="supervised fine-tuning settings")
@@ -458,6 +474,8 @@ class SFTConfig(_Checkpoints, _Verb):
 
 class TrainConfig(_Checkpoints, _Verb):
     """`rewardlab train`: RL (GRPO family) against the task's verifier or the configured rewards."""
+
+    trains: ClassVar[bool] = True
 
     out: str = _out("runs/train")
     rl: RLConfig = Field(default_factory=RLConfig, description="RL settings")
@@ -498,7 +516,6 @@ class EvaluateConfig(_Verb):
     @model_validator(mode="after")
     def _env_applies(self):
         check_env_section(self.env, self.task, self.eval.max_new_tokens, "eval.max_new_tokens")
-        refuse_lora(self.model, "evaluate")
         return self
 
 
@@ -642,7 +659,6 @@ class SearchConfig(_Verb):
     @model_validator(mode="after")
     def _single_turn_only(self):
         refuse_environment(self.task, "search")
-        refuse_lora(self.model, "search")
         return self
 
 
@@ -752,7 +768,6 @@ class RmPairsConfig(_Verb):
     @model_validator(mode="after")
     def _single_turn_only(self):
         refuse_environment(self.task, "rm pairs")
-        refuse_lora(self.model, "rm pairs")
         return self
 
     @model_validator(mode="after")
@@ -800,7 +815,6 @@ class PrmLabelConfig(_Checkpoints, _Verb):
     @model_validator(mode="after")
     def _single_turn_only(self):
         refuse_environment(self.task, "prm label")
-        refuse_lora(self.model, "prm label")
         return self
 
 

@@ -29,19 +29,43 @@ def chunk_positions(vocab_size: int, chunk_tokens: int | None = None) -> int:
     return max(1, CHUNK_ELEMENTS // max(int(vocab_size), 1))
 
 
-def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, temperature: float) -> Tensor:
-    """[c, V] float32 logits / temperature of `hidden` [c, H] under the projection (weight [V, H], bias [V]), the
-    product computed in `dtype` (the weights', or the autocast dtype) and accumulated in float32 from there."""
+def _log_softmax(hidden: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, temperature: float,
+                 logq: Tensor, probs: Tensor) -> Tensor:
+    """Fill `logq` [c, V] with log softmax(z) and `probs` [c, V] with softmax(z), z = (hidden W^T + b) / temperature
+    in float32 (the product computed in `dtype`, the weights' or the autocast dtype, then accumulated in float32),
+    in place: no other [c, V] tensor is allocated. Returns logsumexp(z) [c, 1]."""
     with torch.autocast(hidden.device.type, enabled=False):
-        z = hidden.to(dtype) @ weight.to(dtype).t()
-        if bias is not None:
-            z = z + bias.to(dtype)
-    z = z.float()
-    return z / temperature if temperature != 1.0 else z
+        if dtype == torch.float32 and hidden.dtype == torch.float32 and weight.dtype == torch.float32:
+            torch.mm(hidden, weight.t(), out=logq)
+        else:
+            logq.copy_(hidden.to(dtype) @ weight.to(dtype).t())
+    if bias is not None:
+        logq.add_(bias.to(dtype).float())
+    if temperature != 1.0:
+        logq.div_(temperature)
+    top = logq.amax(dim=-1, keepdim=True)
+    logq.sub_(top)
+    torch.exp(logq, out=probs)
+    total = probs.sum(dim=-1, keepdim=True)
+    log_total = total.log()
+    logq.sub_(log_total)
+    probs.div_(total)
+    return top + log_total
+
+
+def _entropy(logq: Tensor, probs: Tensor) -> Tensor:
+    """-sum_v p_v log p_v of each row, [c, 1], as a batched dot product (no [c, V] temporary)."""
+    return -torch.bmm(probs[:, None, :], logq[:, :, None]).squeeze(-1)
+
+
+def _buffers(rows: int, vocab: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    return (torch.empty((rows, vocab), dtype=torch.float32, device=like.device),
+            torch.empty((rows, vocab), dtype=torch.float32, device=like.device))
 
 
 class _ProjectedLogprobs(torch.autograd.Function):
-    """log p(y) and the entropy of softmax(h W^T + b) / temperature, chunk by chunk (see `selective_logprobs`)."""
+    """log p(y) and the entropy of softmax(h W^T + b) / temperature, chunk by chunk (see `selective_logprobs`). Two
+    [chunk, V] float32 buffers are all the vocabulary-wide memory it uses, in the forward and in the backward."""
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
@@ -49,13 +73,14 @@ class _ProjectedLogprobs(torch.autograd.Function):
         M = hidden.shape[0]
         logp = torch.empty(M, dtype=torch.float32, device=hidden.device)
         entropy = torch.zeros(M if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        logq_buf, probs_buf = _buffers(min(chunk, M), weight.shape[0], hidden)
         for s in range(0, M, chunk):
-            z = _logits(hidden[s:s + chunk], weight, bias, dtype, temperature)
-            lse = torch.logsumexp(z, dim=-1)
-            logp[s:s + chunk] = z.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse
-            if with_entropy:  # H = lse - sum_v p_v z_v
-                z.sub_(lse[:, None])
-                entropy[s:s + chunk] = -(z.exp() * z).sum(-1)
+            h = hidden[s:s + chunk]
+            logq, probs = logq_buf[:h.shape[0]], probs_buf[:h.shape[0]]
+            _log_softmax(h, weight, bias, dtype, temperature, logq, probs)
+            logp[s:s + chunk] = logq.gather(1, targets[s:s + chunk, None]).squeeze(1)
+            if with_entropy:
+                entropy[s:s + chunk] = _entropy(logq, probs).squeeze(1)
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
         ctx.set_materialize_grads(False)  # an output the loss does not use gets None: its term is skipped
@@ -68,34 +93,36 @@ class _ProjectedLogprobs(torch.autograd.Function):
         hidden, weight, bias, targets = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         M = hidden.shape[0]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
         if g_entropy is not None and g_entropy.numel() == 0:
             g_entropy = None
         if g_logp is None and g_entropy is None:
             return None, None, None, None, None, None, None, None
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        logq_buf, probs_buf = _buffers(min(ctx.chunk, M), weight.shape[0], hidden)
         for s in range(0, M, ctx.chunk):
             h = hidden[s:s + ctx.chunk]
-            logq = _logits(h, weight, bias, ctx.dtype, ctx.temperature)
-            logq.sub_(torch.logsumexp(logq, dim=-1, keepdim=True))  # log p_v
-            p = logq.exp()
-            # d log p_y / dz_v = [v = y] - p_v;  dH / dz_v = -p_v (log p_v + H)
+            logq, probs = logq_buf[:h.shape[0]], probs_buf[:h.shape[0]]
+            _log_softmax(h, weight, bias, ctx.dtype, ctx.temperature, logq, probs)
+            # dL/dz_v = g_logp ([v = y] - p_v) + g_entropy (-p_v (log p_v + H))
             if g_entropy is not None:
-                ge = g_entropy[s:s + ctx.chunk, None]
-                H = -(p * logq).sum(-1, keepdim=True)
-                grad_z = logq.add_(H).mul_(p).mul_(-ge)
+                H = _entropy(logq, probs)
+                grad_z = logq.add_(H).mul_(probs).mul_(-g_entropy[s:s + ctx.chunk, None])
+                if g_logp is not None:
+                    grad_z.sub_(probs.mul_(g_logp[s:s + ctx.chunk, None]))
             else:
-                grad_z = torch.zeros_like(p)
+                grad_z = probs.mul_(-g_logp[s:s + ctx.chunk, None])
             if g_logp is not None:
-                gl = g_logp[s:s + ctx.chunk, None]
-                grad_z.sub_(p.mul_(gl))
-                grad_z.scatter_add_(1, targets[s:s + ctx.chunk, None], gl)
+                grad_z.scatter_add_(1, targets[s:s + ctx.chunk, None], g_logp[s:s + ctx.chunk, None].float())
             if ctx.temperature != 1.0:
                 grad_z.div_(ctx.temperature)
             with torch.autocast(hidden.device.type, enabled=False):
                 if need_h:
-                    grad_h[s:s + ctx.chunk] = (grad_z.to(ctx.dtype) @ weight.to(ctx.dtype)).to(hidden.dtype)
+                    if ctx.dtype == torch.float32 and weight.dtype == torch.float32:
+                        grad_h[s:s + ctx.chunk] = (grad_z @ weight).to(hidden.dtype)
+                    else:
+                        grad_h[s:s + ctx.chunk] = (grad_z.to(ctx.dtype) @ weight.to(ctx.dtype)).to(hidden.dtype)
                 if need_w:
                     grad_w.addmm_(grad_z.t(), h.float())
                 if need_b:

@@ -70,8 +70,10 @@ from rewardlab.train_state import load_state, load_weights, rng_state, save_stat
 from rewardlab.tasks import Task, check_task_for_policy, describe_task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
-#: Settings a resumed run may change (train longer, checkpoint differently); any other change is refused.
-RESUME_MAY_CHANGE = ("rl.steps", "save_every", "keep_checkpoints")
+#: Settings a resumed run may change (train longer, checkpoint differently, fit in less memory: the memory switches
+#: change the floats' rounding, not the algorithm); any other change is refused.
+RESUME_MAY_CHANGE = ("rl.steps", "save_every", "keep_checkpoints", "rl.micro_batch_size",
+                     "model.gradient_checkpointing", "model.logprob_chunk_tokens")
 
 
 def estimator_needs(name: str) -> tuple[str, ...]:

@@ -20,9 +20,10 @@ from rewardlab.progress import stage
 from rewardlab.runs import RunDir
 from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
 
-#: Settings a resumed reward-model run may change (checkpointing only): the epochs, rows and batch size fix the
-#: schedule and the shuffled order, so any other change is refused.
-RESUME_MAY_CHANGE = ("save_every", "keep_checkpoints")
+#: Settings a resumed reward-model run may change (checkpointing, and the micro-batch, which changes the floats'
+#: rounding only): the epochs, rows and batch size fix the schedule and the shuffled order, so any other change is
+#: refused.
+RESUME_MAY_CHANGE = ("save_every", "keep_checkpoints", "train.micro_batch_size")
 
 
 @contextmanager
@@ -50,8 +51,10 @@ def fit(
     model: torch.nn.Module,
     params: Any,
     n_rows: int,
-    batch_loss: Callable[[Sequence[int]], tuple[torch.Tensor, dict[str, float]]],
+    batch_loss: Callable[[Sequence[int]], tuple[torch.Tensor, Any]],
     *,
+    batch_metrics: Callable[[list[Any]], dict[str, float]],
+    units: Callable[[Sequence[int]], int] = len,
     rng: random.Random,
     run: RunDir,
     name: str,
@@ -65,9 +68,13 @@ def fit(
 ) -> tuple[int, dict[str, float], dict[str, float], Path]:
     """Train `model` for `params.epochs` passes over `n_rows` rows in shuffled minibatches of `params.batch_size`.
 
-    Each step: `batch_loss(row indices)` -> (scalar loss tensor, its `train/*` metrics); AdamW (`params.lr`,
-    `params.weight_decay`) with `params.warmup_steps` linear warm-up and `params.lr_schedule`; the global grad norm
-    clipped to `params.grad_clip`. Logged per step to `run`'s metrics.jsonl: `train/loss`, the batch metrics, `lr`,
+    Each step's rows are cut into micro-batches of `params.micro_batch_size` rows (None: one), and for each
+    `batch_loss(row indices)` -> (its loss, the mean over its `units` (pairs, steps): a scalar tensor; a record of
+    what the metrics need) is backpropagated with the weight units(micro-batch) / units(step's rows), so the
+    accumulated gradient is that of the step's mean loss up to float rounding; `batch_metrics(records)` gives the
+    step's `train/*` metrics from its micro-batches' records. AdamW (`params.lr`, `params.weight_decay`) with
+    `params.warmup_steps` linear warm-up and `params.lr_schedule`; the global grad norm clipped to
+    `params.grad_clip`. Logged per step to `run`'s metrics.jsonl: `train/loss`, the batch metrics, `lr`,
     `time/step_s` (seconds), plus `evaluate()`'s `eval/*` metrics every `params.eval_every` steps and at the end
     (no evaluation when `evaluate` is None). The row order comes from `rng` (one shuffle per epoch, at its first
     step).
@@ -116,14 +123,24 @@ def fit(
                 order = list(range(n_rows))
                 rng.shuffle(order)
             t0 = time.perf_counter()
-            loss, metrics = batch_loss(order[s : s + params.batch_size])
+            rows = order[s : s + params.batch_size]
+            total = max(units(rows), 1)
+            size = params.micro_batch_size or len(rows)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_value, records = 0.0, []
+            for a in range(0, len(rows), size):
+                part = rows[a : a + size]
+                loss, record = batch_loss(part)
+                loss = loss * (units(part) / total)
+                loss.backward()
+                loss_value += loss.item()
+                records.append(record)
+            metrics = batch_metrics(records)
             torch.nn.utils.clip_grad_norm_(model.parameters(), params.grad_clip)
             optimizer.step()
             scheduler.step()
             step += 1
-            last = {"train/loss": loss.item(), **metrics, "lr": scheduler.get_last_lr()[0],
+            last = {"train/loss": loss_value, **metrics, "lr": scheduler.get_last_lr()[0],
                     "time/step_s": time.perf_counter() - t0}
             if evaluate is not None and ((params.eval_every and step % params.eval_every == 0) or step == steps):
                 last_eval = evaluate()
