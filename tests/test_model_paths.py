@@ -42,8 +42,11 @@ def test_directory_without_config_is_one_line(verb, tmp_path, capsys):
     not_model.mkdir()
     (not_model / "readme.txt").write_text("not a model")
     assert main([*_verb_args(verb, tmp_path), "--no-progress", "--out", str(out), "--model", str(not_model)]) == 2
-    assert _stderr_line(capsys) == (f"rewardlab {verb}: error: model.path: {not_model} has no config.json "
-                                    "(not a Hugging Face model directory)")
+    if verb == "rm train":  # a backbone is a full model
+        want = "has no config.json (not a Hugging Face model directory)"
+    else:  # a policy may be a LoRA checkpoint too
+        want = "has no config.json or adapter_config.json (not a Hugging Face model or LoRA adapter directory)"
+    assert _stderr_line(capsys) == f"rewardlab {verb}: error: model.path: {not_model} {want}"
     assert not out.exists()
 
 

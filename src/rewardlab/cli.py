@@ -1,8 +1,8 @@
 """Command line: `rewardlab VERB [--config FILE] [--model PATH] [--task SPEC] [--out DIR] [key=value ...]`.
 
 The verbs, their config classes, runners and shortcut flags are one table, `rewardlab.commands.COMMANDS`
-(quickstart, sft, train, evaluate, search, rm train|eval|pairs, prm label|train). Overrides are dotted config keys
-(`rl.lr=1e-4`); a verb's shortcut flags (`--model`, `--task`, `--data`, ...) are spelled-out overrides
+(quickstart, sft, train, evaluate, merge, search, rm train|eval|pairs, prm label|train). Overrides are dotted
+config keys (`rl.lr=1e-4`); a verb's shortcut flags (`--model`, `--task`, `--data`, ...) are spelled-out overrides
 (`model.path=`, `task.spec=`, `data=`). Every verb writes a run directory (`--out`) and refuses one that already
 holds a run unless given `--resume` (continue it) or `--overwrite` (delete it first). Errors print one line and exit
 with status 2.

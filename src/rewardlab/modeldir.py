@@ -15,6 +15,9 @@ from typing import Any
 #: "org/name" as the hub spells repository ids; only used to add a hint to the "does not exist" error.
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
+#: peft's adapter config: the file that makes a directory a LoRA adapter (`rewardlab.policy.lora.ADAPTER_CONFIG`).
+ADAPTER_CONFIG = "adapter_config.json"
+
 #: Files one of which a saved tokenizer has (fast tokenizer, sentencepiece, WordPiece/BPE vocabularies).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.txt", "vocab.json",
                     "sentencepiece.bpe.model")
@@ -26,18 +29,21 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
-def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
-    """The directory `path` (with `~` expanded), checked to hold a Hugging Face model (a config.json).
+def check_model_dir(path: str | Path, key: str = "model.path", *, adapters: bool = False) -> Path:
+    """The directory `path` (with `~` expanded), checked to hold a Hugging Face model (a config.json) or, with
+    `adapters`, a LoRA adapter (peft's adapter_config.json: a LoRA checkpoint, `rewardlab.policy.lora`).
 
     Args:
         path: a local directory; hub ids are not resolved (download them first, e.g. with
             `hf download ORG/NAME --local-dir DIR`, and pass DIR).
         key: the config key or option that gave `path`, named in the errors (e.g. "model.path").
+        adapters: accept an adapter directory (where a policy is loaded: `rewardlab.policy.load_policy`).
     Returns:
         the directory as a `Path`.
     Raises:
         ValueError: one line, "KEY: PATH does not exist" (with a hint for strings shaped like a hub id), "KEY: PATH
-            is not a directory", or "KEY: PATH has no config.json (not a Hugging Face model directory)".
+            is not a directory", or "KEY: PATH has no config.json (not a Hugging Face model directory)" (with
+            `adapters`: "has no config.json or adapter_config.json").
     """
     text = str(path)
     if not text.strip():
@@ -51,9 +57,19 @@ def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
         raise ValueError(f"{key}: {text} does not exist{hint}")
     if not p.is_dir():
         raise ValueError(f"{key}: {text} is not a directory (expected a Hugging Face model directory)")
+    if adapters and (p / ADAPTER_CONFIG).is_file():
+        return p
     if not (p / "config.json").is_file():
+        if adapters:
+            raise ValueError(f"{key}: {text} has no config.json or {ADAPTER_CONFIG} (not a Hugging Face model or "
+                             "LoRA adapter directory)")
         raise ValueError(f"{key}: {text} has no config.json (not a Hugging Face model directory)")
     return p
+
+
+def has_tokenizer_files(path: str | Path) -> bool:
+    """Whether directory `path` holds one of the files a saved tokenizer has (tokenizer.json, tokenizer.model, ...)."""
+    return any((Path(path) / f).is_file() for f in _TOKENIZER_FILES)
 
 
 def load_pretrained(factory: Any, path: Path, key: str = "model.path", **kwargs: Any) -> Any:
@@ -72,7 +88,7 @@ def load_pretrained(factory: Any, path: Path, key: str = "model.path", **kwargs:
     try:
         loaded = factory.from_pretrained(str(path), local_files_only=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, SafetensorError, KeyError...
-        if what == "tokenizer" and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        if what == "tokenizer" and not has_tokenizer_files(path):
             files = ", ".join(_TOKENIZER_FILES)
             raise ValueError(f"{key}: {path} has no tokenizer files (none of {files})") from exc
         raise ValueError(f"{key}: cannot load the {what} in {path} ({_first_line(exc)})") from exc

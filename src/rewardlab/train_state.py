@@ -72,11 +72,18 @@ def load_state(directory: Path) -> dict[str, Any]:
 def load_weights(model: torch.nn.Module, directory: Path) -> None:
     """Copy the weights of the Hugging Face checkpoint in `directory` (what `model.save_pretrained` wrote) into
     `model`, in place: the model object, its device and its attention implementation stay the ones the run built, so
-    a resumed run computes what the uninterrupted one computes. The global RNG states are left as they were.
+    a resumed run computes what the uninterrupted one computes. The global RNG states are left as they were. For a
+    LoRA model (peft), the checkpoint holds the adapter only and only the adapter is loaded
+    (`rewardlab.policy.lora.load_adapter_weights`): the base is the one the run built.
 
     Raises:
         OSError / ValueError: transformers cannot read the checkpoint; RuntimeError: its weights do not fit `model`.
     """
+    from rewardlab.policy.lora import is_peft_model, load_adapter_weights
+
+    if is_peft_model(model):
+        load_adapter_weights(model, directory)
+        return
     with torch.random.fork_rng(devices=[]):
         fresh = type(model).from_pretrained(str(directory), dtype=next(model.parameters()).dtype)
     model.load_state_dict(fresh.state_dict())

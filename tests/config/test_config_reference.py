@@ -91,10 +91,11 @@ def test_every_verb_shares_the_out_and_seed_keys():
     assert {verb: f.default for verb, f in outs.items()} == {
         "sft": "runs/sft", "train": "runs/train", "evaluate": "runs/eval", "quickstart": "runs/quickstart",
         "search": "runs/search", "rm train": "runs/rm", "rm eval": "runs/rm_eval", "rm pairs": "runs/pairs",
-        "prm label": "runs/labels", "prm train": "runs/prm",
+        "prm label": "runs/labels", "prm train": "runs/prm", "merge": "runs/merged",
     }
     assert len({f.description for f in outs.values()}) == 1
-    seeds = {verb: cls.model_fields["seed"] for verb, cls in VERB_CONFIGS.items() if verb != "rm eval"}
+    assert "seed" not in VERB_CONFIGS["merge"].model_fields  # a merge draws nothing at random
+    seeds = {verb: cls.model_fields["seed"] for verb, cls in VERB_CONFIGS.items() if verb not in ("rm eval", "merge")}
     assert {f.default for f in seeds.values()} == {0} and len({f.description for f in seeds.values()}) == 1
 
 

@@ -1,7 +1,7 @@
 """Engine ray on one local Ray cluster (the session's `ray_cluster`): for a seed and rl.rollout_chunk, 1 and 2 rollout
 and reward workers log the rollouts, rewards and metrics.jsonl values (timings and ray/* aside) of engine local, bit
-for bit, on a single-turn task and on env:guess_number; published weights are counted; a reward's errors come back
-as errors."""
+for bit, on a single-turn task and on env:guess_number, and with model.lora (only the adapter published); published
+weights are counted; a reward's errors come back as errors."""
 
 from __future__ import annotations
 
@@ -90,6 +90,30 @@ def test_ray_workers_log_what_local_logs_on_guess_number_episodes(tmp_path, ray_
         ray_metrics, ray_samples = runs[name]
         assert _semantic(ray_metrics) == _semantic(metrics), name
         assert ray_samples == samples, name  # token ids, loss masks, log-probs, messages, turns, rewards
+
+
+@pytest.mark.slow  # trains twice, once on Ray (in `make test`'s Ray budget)
+def test_ray_with_lora_publishes_the_adapter_only_and_logs_what_local_logs(tmp_path, ray_cluster, monkeypatch):
+    pytest.importorskip("peft")
+    from rewardlab.rl.engines import ray_engine
+
+    published, arrays = [], ray_engine._arrays
+    monkeypatch.setattr(ray_engine, "_arrays", lambda state: published.append(sorted(state)) or arrays(state))
+    (tmp_path / "r.py").write_text(REWARD)
+    lora = {"r": 4, "alpha": 8.0}
+    task = [*TINY_OVERRIDES, *SINGLE_TURN, f"rewards=[{{name: '{tmp_path / 'r.py'}:dense'}}]",
+            "rl.max_reward_error_frac=null", "model.lora={r: 4, alpha: 8}", "rl.beta=0.1"]
+    metrics, samples = _run(tmp_path, "local", *task)
+    assert metrics[0]["policy/grad_norm"] > 0 and not published  # engine local publishes nothing
+    ray_metrics, ray_samples = _run(tmp_path, "ray-1", *task, *WORKERS["ray-1"])
+    assert _semantic(ray_metrics) == _semantic(metrics)  # the workers' base + adapter sample what the learner does
+    assert ray_samples == samples
+    adapter = load_policy("tiny", tiny_arch=TINY_ARCH, seed=11, lora=lora).model
+    trainable = sorted(n for n, p in adapter.named_parameters() if p.requires_grad)
+    assert trainable and all(".lora_" in n for n in trainable)
+    assert published == [trainable] * 3  # the initial weights and after each step: the adapter's, nothing else
+    nbytes = sum(p.numel() * p.element_size() for p in adapter.parameters() if p.requires_grad)
+    assert [m["ray/weights_bytes"] for m in ray_metrics] == [nbytes, nbytes]
 
 
 @pytest.mark.slow  # trains on Ray

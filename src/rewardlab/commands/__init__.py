@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from rewardlab.config.schema import (EvaluateConfig, PrmLabelConfig, PrmTrainConfig, QuickstartConfig, RmEvalConfig,
-                                     RmPairsConfig, RmTrainConfig, SearchConfig, SFTConfig, TrainConfig)
+from rewardlab.config.schema import (EvaluateConfig, MergeConfig, PrmLabelConfig, PrmTrainConfig, QuickstartConfig,
+                                     RmEvalConfig, RmPairsConfig, RmTrainConfig, SearchConfig, SFTConfig, TrainConfig)
 
 
 class Flag(NamedTuple):
@@ -87,6 +87,11 @@ COMMANDS: dict[str, Command] = {
         "greedy exact-match accuracy and pass@k: a jsonl file whole, a generated task's held-out split "
         "(split=all|train|test to choose)",
         "continue the run in --out after its last finished batch", (_MODEL, _TASK)),
+    "merge": Command(
+        MergeConfig, "rewardlab.commands.merge:run",
+        "merge a LoRA checkpoint (sft/train with model.lora) into its base: a full Hugging Face model directory",
+        "merge again into --out (same settings)",
+        (Flag("model", "model.path", "the LoRA checkpoint (adapter directory) to merge"),)),
     "search": Command(
         SearchConfig, "rewardlab.commands.search:run",
         "reward-guided search (best-of-N, majority votes, beam search, DVTS): accuracy against N",

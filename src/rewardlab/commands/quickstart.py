@@ -83,6 +83,8 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
     sft_model = cfg.model.model_copy(update={"path": sft["final_checkpoint"]})
 
     def evaluate(model, name: str) -> dict[str, Any]:
+        # model.lora trains the sft and grpo stages; an evaluation loads their checkpoints, adapters merged
+        # (`for_running`: the training-only keys back at their defaults)
         return stage(name, partial(evaluate_command.run, announce=False),  # the table below names the split
                      EvaluateConfig(model=model.for_running(), eval=cfg.eval, out=str(out / name), **common))
 
@@ -160,7 +162,8 @@ def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str
     task_cfg = cfg.task if tools else no_tool_task(cfg)
     task = load_task(task_cfg.spec, **task_cfg.options)
     rows = task.test[: cfg.eval.limit] if cfg.eval.limit else task.test
-    policy = load_model(cfg, model_path)
+    # model.lora trains the sft and grpo stages; their checkpoints load with the adapter merged
+    policy = load_model(cfg.model_copy(update={"model": cfg.model.for_running()}), model_path)
     episodes = load_episodes(task, cfg.env, policy) if tools else None  # the env keys checked, as every verb does
     t0 = time.perf_counter()
     try:

@@ -16,14 +16,15 @@ from rewardlab.config.loader import (ConfigError, apply_override, dump_config, l
                                      with_section_defaults)
 from rewardlab.config.reference import config_keys, describe, help_text, reference_markdown, undescribed
 from rewardlab.config.schema import (EVAL_SPLIT_DESCRIPTION, BackboneConfig, EvalParams, EvaluateConfig,
-                                     LabelParams, ModelConfig, PairsParams, PrmLabelConfig, PrmTrainConfig,
-                                     PRMTrainParams, QuickstartConfig, RLConfig, RmEvalConfig, RMEvalParams,
-                                     RmPairsConfig, RmTrainConfig, RMTrainParams, ScorerModel, SearchConfig,
-                                     SearchParams, SFTConfig, SFTParams, TaskConfig, TinyArch, TrainConfig)
+                                     LabelParams, MergeConfig, MergeModel, ModelConfig, PairsParams, PrmLabelConfig,
+                                     PrmTrainConfig, PRMTrainParams, QuickstartConfig, RLConfig, RmEvalConfig,
+                                     RMEvalParams, RmPairsConfig, RmTrainConfig, RMTrainParams, ScorerModel,
+                                     SearchConfig, SearchParams, SFTConfig, SFTParams, TaskConfig, TinyArch,
+                                     TrainConfig)
 
 __all__ = [
-    "EVAL_SPLIT_DESCRIPTION", "BackboneConfig", "ConfigError", "EvalParams", "EvaluateConfig",
-    "LabelParams", "ModelConfig", "PairsParams", "PrmLabelConfig", "PrmTrainConfig", "PRMTrainParams",
+    "EVAL_SPLIT_DESCRIPTION", "BackboneConfig", "ConfigError", "EvalParams", "EvaluateConfig", "LabelParams",
+    "MergeConfig", "MergeModel", "ModelConfig", "PairsParams", "PrmLabelConfig", "PrmTrainConfig", "PRMTrainParams",
     "QuickstartConfig", "RLConfig", "RmEvalConfig", "RMEvalParams", "RmPairsConfig", "RmTrainConfig", "RMTrainParams",
     "ScorerModel", "SearchConfig", "SearchParams", "SFTConfig", "SFTParams", "TaskConfig", "TinyArch", "TrainConfig",
     "apply_override", "config_keys", "describe", "dump_config", "help_text", "load_config", "reference_markdown",

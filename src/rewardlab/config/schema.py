@@ -45,7 +45,8 @@ class LoraConfig(_Base):
                            "log-probs of the update equal the sampler's at the first step, so the ratio starts at 1)")
     target_modules: str | list[str] = Field(
         "all-linear", description="the modules given adapters: 'all-linear' (every linear layer but the LM head, "
-        "peft's shorthand) or a list of module names, e.g. [q_proj, v_proj]")
+        "peft's shorthand, what the LoRA-without-regret guide recommends) or a list of module names, e.g. [q_proj, "
+        "v_proj] (a list that names no module of the model is refused, naming the model's linear layers)")
 
 
 class ModelConfig(_Base):
@@ -75,9 +76,12 @@ class ModelConfig(_Base):
         "and entropies are computed (the LM head is applied a chunk at a time, forward and backward); null: as many "
         "as fit in 2^24 logits (64 MiB: 110 tokens of a 151,936-token vocabulary)")
     lora: LoraConfig | None = Field(
-        None, description="train LoRA adapters instead of every weight (peft, pip install rewardlab[lora]): "
-        "checkpoints hold the adapter, the KL reference is the base with the adapter disabled; null: full "
-        "fine-tuning")
+        None, description="train LoRA adapters instead of every weight (peft, pip install 'rewardlab[lora]'; sft, "
+        "train, quickstart): checkpoints hold the adapter (adapter_config.json, adapter_model.safetensors) and name "
+        "their base by path (the tiny model, not on disk, is saved into each checkpoint's base/), the KL reference "
+        "is the base with the adapter disabled (no second copy), engine ray publishes the adapter only. A LoRA "
+        "checkpoint as model.path loads with its adapter merged (evaluate; rewardlab merge writes it out); with "
+        "model.lora set a new adapter trains on that merged model. docs/real-models.md#lora. null: full fine-tuning")
 
     def for_running(self) -> ModelConfig:
         """This section for a verb that only runs the model (evaluate, search): the keys only training reads
@@ -191,6 +195,15 @@ def refuse_environment(task: TaskConfig, verb: str) -> None:
                          f"({task.spec!r}); train, sft and evaluate do")
 
 
+def check_lora_reference(model: ModelConfig, rl: RLConfig) -> None:
+    """rl.ref_refresh_every with model.lora is a one-line ValueError: a LoRA run's KL reference is its base with the
+    adapter disabled (no second copy to refresh)."""
+    if model.lora is not None and rl.ref_refresh_every is not None:
+        raise ValueError("rl.ref_refresh_every: with model.lora the KL reference is the base model with the adapter "
+                         "disabled, not a copy of the policy that could be refreshed; unset it (or train without "
+                         "model.lora)")
+
+
 class RLConfig(_Base):
     """GRPO-family settings (Shao et al. 2024): G rollouts per prompt, group-relative advantages, clipped ratio."""
 
@@ -235,7 +248,9 @@ class RLConfig(_Base):
         "subtracted from the token rewards before the advantage (r_t - beta * KL_t)"
     )
     ref_refresh_every: int | None = Field(
-        None, gt=0, description="copy the policy's weights into the reference model every N steps (None: never)"
+        None, gt=0, description="copy the policy's weights into the reference model every N steps (None: never); "
+        "refused with model.lora, whose reference is the base with the adapter disabled, not a copy (as TRL refuses "
+        "sync_ref_model with PEFT)"
     )
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus: loss -= coef * aggregated token entropy")
     mask_truncated: bool | dict[str, Literal["mask", "keep"] | float] = Field(
@@ -477,6 +492,7 @@ class TrainConfig(_Checkpoints, _Verb):
     def _env_applies(self):
         check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
         self.rl.check_engine()
+        check_lora_reference(self.model, self.rl)
         return self
 
 
@@ -602,6 +618,7 @@ class QuickstartConfig(_Run):
             raise ValueError("sft.tool_frac: applies to environment tasks (preset tools); drop the setting")
         check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
         self.rl.check_engine()
+        check_lora_reference(self.model, self.rl)
         return self
 
 
@@ -799,6 +816,30 @@ class PrmLabelConfig(_Checkpoints, _Verb):
     def _single_turn_only(self):
         refuse_environment(self.task, "prm label")
         return self
+
+
+class MergeModel(_Base):
+    """The LoRA checkpoint `rewardlab merge` merges, and how its base is loaded."""
+
+    path: str | None = Field(None, description="a LoRA adapter directory: a checkpoint of an sft or train run with "
+                             "model.lora (adapter_config.json + adapter_model.safetensors; its base named there, or "
+                             "in its base/) (--model; required)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype the base is loaded, merged and saved in")
+    device: str = Field("cpu", description='torch device the merge runs on, e.g. "cpu" or "cuda"')
+
+
+class MergeConfig(_Base):
+    """`rewardlab merge`: a LoRA checkpoint merged into its base (W + (alpha / r) B A, peft's merge_and_unload; Hu et
+    al. 2021), written as a full Hugging Face model directory that any tool loads without peft or rewardlab: `out`
+    holds config.json, model.safetensors and the tokenizer beside the run's own config.yaml, events.jsonl and
+    summary.json. Nothing is random (no seed)."""
+
+    model: MergeModel = Field(default_factory=MergeModel, description="the LoRA checkpoint to merge")
+    out: str = _out("runs/merged")
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads torch uses for the merge; null: $OMP_NUM_THREADS when set, else the "
+        "cores this process may use")
 
 
 class ScorerModel(_Base):

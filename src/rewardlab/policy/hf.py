@@ -5,6 +5,7 @@ log-probs. Packing and step marking are in `rewardlab.policy.batch`, the sampler
 from __future__ import annotations
 
 import contextlib
+import copy
 import numbers
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rewardlab.modeldir import check_model_dir, load_pretrained
 from rewardlab.policy.batch import Batch, collate, mark_steps, micro_batches
 from rewardlab.policy.logprobs import chunk_positions, lm_head_split, selective_logprobs
+from rewardlab.policy.lora import BASE_DIR, adapter_parameters, is_peft_model, load_adapter_parameters, save_adapter
 from rewardlab.policy.sampling import (
     StopWatch,
     expandable_cache,
@@ -35,11 +37,36 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16}
 
 
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a `model.dtype` name.
+
+    Raises:
+        ValueError: an unknown name (one line naming model.dtype).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype: expected float32, bfloat16 or float16, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def load_model_dir(path: str | Path, *, dtype: str = "float32", device: str = "cpu",
+                   key: str = "model.path") -> tuple[Any, Any]:
+    """(causal LM, tokenizer) of a local Hugging Face model directory, the weights in `dtype` on `device`.
+
+    Raises:
+        ValueError: see `Policy.load`.
+    """
+    weights_dtype = torch_dtype(dtype)
+    where = check_model_dir(path, key)
+    tokenizer = load_pretrained(AutoTokenizer, where, key)
+    model = load_pretrained(AutoModelForCausalLM, where, key, dtype=weights_dtype).to(device)
+    return model, tokenizer
+
+
 class Policy:
     """A causal LM and its tokenizer.
 
     Args:
-        model: a transformers causal LM.
+        model: a transformers causal LM, or a peft model (a LoRA adapter on one: `rewardlab.policy.lora`).
         tokenizer: its tokenizer; needs an end-of-sequence token (a pad token is set to it when missing).
         prompt_format: "raw" (prompt text as is), "chat" (the tokenizer's chat template with one user turn and
             the generation prompt), or "auto" (chat when the tokenizer has a chat template).
@@ -87,6 +114,7 @@ class Policy:
         if self.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._head_split: Any = None  # (body, LM head) once checked (`lm_head_split`), False when there is none
+        self._adapter_off = False  # `without_adapter`'s view: every forward pass with the LoRA adapter disabled
         #: Use the shared-prefix sampler and scorer (see `sampling.sample_prefix_tree`, `completion_logits`). None:
         #: decided by the first call (True when the model's key/value cache can be repeated per row); False forces
         #: the plain paths (transformers' `generate`, one forward pass over every row).
@@ -105,12 +133,7 @@ class Policy:
             ValueError: unknown dtype; one line naming `key` when `path` does not exist, is not a model directory
                 (no config.json) or does not load (see `rewardlab.modeldir`); the errors of `Policy.__init__`.
         """
-        torch_dtype = DTYPES.get(dtype)
-        if torch_dtype is None:
-            raise ValueError(f"model.dtype: expected float32, bfloat16 or float16, got {dtype!r}")
-        where = check_model_dir(path, key)
-        tokenizer = load_pretrained(AutoTokenizer, where, key)
-        model = load_pretrained(AutoModelForCausalLM, where, key, dtype=torch_dtype).to(device)
+        model, tokenizer = load_model_dir(path, dtype=dtype, device=device, key=key)
         return cls(model, tokenizer, prompt_format, **options)
 
     @property
@@ -120,17 +143,72 @@ class Policy:
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
         """The precision of this policy's forward passes: `torch.autocast` in the `autocast` dtype when set, else
-        nothing (the weights' dtype)."""
-        if self.autocast is None:
-            yield
-            return
-        with torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.autocast]):
+        nothing (the weights' dtype). In a `without_adapter` view, also the base model alone: peft's
+        `disable_adapter()`, in eval mode (as a separately loaded reference runs), the mode restored after."""
+        with contextlib.ExitStack() as stack:
+            if self._adapter_off:
+                stack.enter_context(self.model.disable_adapter())
+                was_training = self.model.training
+                self.model.eval()
+                stack.callback(self.model.train, was_training)
+            if self.autocast is not None:
+                stack.enter_context(torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.autocast]))
             yield
 
+    # ------------------------------------------------------------------ LoRA (rewardlab.policy.lora)
+    @property
+    def has_adapter(self) -> bool:
+        """Whether the model is a peft model: a LoRA adapter (the only trainable weights) on a frozen base."""
+        return is_peft_model(self.model)
+
+    def without_adapter(self) -> Policy:
+        """The base model of a LoRA policy as a policy of its own: the same model object, tokenizer and settings,
+        every forward pass (scoring and sampling) run with the adapter disabled (`compute`). Nothing is copied, so it
+        costs no memory and always sees the base weights (which training never changes): the KL reference of a LoRA
+        run.
+
+        Raises:
+            ValueError: the policy has no adapter.
+        """
+        if not self.has_adapter:
+            raise ValueError("Policy.without_adapter: the policy has no LoRA adapter (model.lora is not set)")
+        view = copy.copy(self)
+        view._adapter_off = True
+        return view
+
     def save(self, path: str | Path) -> None:
-        """Save model (safetensors) and tokenizer in HF format under `path`."""
+        """Save the model and tokenizer in HF format under `path`: the full weights (model.safetensors); for a LoRA
+        policy, the adapter only (adapter_config.json, adapter_model.safetensors), plus the base in `path`/base/
+        when the base is not on disk (`rewardlab.policy.lora.save_adapter`).
+
+        Raises:
+            OSError: a write failed.
+        """
+        if self.has_adapter:
+            base = self.model.peft_config["default"].base_model_name_or_path
+            save_adapter(self.model, self.tokenizer, path, base_on_disk=base != BASE_DIR)
+            return
         self.model.save_pretrained(str(path))
         self.tokenizer.save_pretrained(str(path))
+
+    def trained_weights(self) -> dict[str, torch.Tensor]:
+        """The weights training changes, by name, as the model's own tensors (detached, not copied): the full
+        `state_dict()`, or for a LoRA policy the adapter's parameters only (`lora.adapter_parameters`). What a
+        rollout engine publishes to its replicas (`load_trained_weights`)."""
+        if self.has_adapter:
+            return {k: v.detach() for k, v in adapter_parameters(self.model).items()}
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def load_trained_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Load what `trained_weights` of a replica of this policy (built from the same config) returned, in place.
+
+        Raises:
+            RuntimeError: the names do not match this model's (`load_state_dict`, `lora.load_adapter_parameters`).
+        """
+        if self.has_adapter:
+            load_adapter_parameters(self.model, state)
+        else:
+            self.model.load_state_dict(state)
 
     # ------------------------------------------------------------------ text <-> ids
     def format_prompt(self, text: str, messages: Sequence[dict[str, str]] | None = None) -> str:

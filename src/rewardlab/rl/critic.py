@@ -16,6 +16,7 @@ from transformers import AutoModelForTokenClassification
 from rewardlab.optim import make_optimizer
 from rewardlab.policy.batch import Batch, micro_batches
 from rewardlab.policy.hf import Policy
+from rewardlab.policy.lora import base_state_dict
 from rewardlab.rl.episodes import episode_advantages
 
 CRITIC_DIR = "critic"
@@ -25,7 +26,8 @@ class ValueModel:
     """V(s_t): the expected return from the state before completion token t.
 
     Args:
-        policy: the policy whose architecture and backbone weights the critic starts from.
+        policy: the policy whose architecture and backbone weights the critic starts from (a LoRA policy's base
+            weights: the critic itself is a full model, trained fully).
         lr: AdamW learning rate of the critic.
         value_clip: PPO value clipping range c (None: no clipping).
         path: load a saved critic from this directory instead (for resume).
@@ -40,7 +42,13 @@ class ValueModel:
             config.num_labels = 1
             self.model = AutoModelForTokenClassification.from_config(config)
             # The backbone shares the causal LM's parameter names (e.g. `model.layers.0...`); the LM head is unused.
-            self.model.load_state_dict(policy.model.state_dict(), strict=False)
+            # A LoRA policy's weights are its base's (a fresh adapter adds B A = 0), under the plain names.
+            weights = base_state_dict(policy.model) if policy.has_adapter else policy.model.state_dict()
+            missing, _ = self.model.load_state_dict(weights, strict=False)
+            unloaded = [k for k in missing if not k.startswith(("score.", "classifier."))]
+            if unloaded:  # the backbone must come from the policy, never stay random
+                raise RuntimeError(f"critic: the policy's weights do not fit the value model's backbone (missing "
+                                   f"{unloaded[0]})")
             head = getattr(self.model, "score", None) or getattr(self.model, "classifier", None)
             if head is not None:  # V = 0 everywhere at the start
                 torch.nn.init.zeros_(head.weight)

@@ -66,7 +66,7 @@ from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, agg
                                  split_loss_options)
 from rewardlab.runs import RunDir, warn
 from rewardlab.threads import apply_threads, freeze_heap
-from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
+from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
 from rewardlab.tasks import Task, check_task_for_policy, describe_task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
@@ -253,7 +253,8 @@ class TrainState:
 
     Attributes:
         cfg: the run's config. task, reward: the task and its reward (or `cfg.rewards`). policy: the trained model.
-        reference: the frozen KL reference (rl.beta > 0), else None. critic: the value model (estimators that
+        reference: the frozen KL reference (rl.beta > 0), else None: a second copy of the starting model, or with
+            model.lora the policy's own base with its adapter disabled (`Policy.without_adapter`). critic: the value model (estimators that
             need values, e.g. gae), else None. optimizer, scheduler: the policy's AdamW and its learning-rate
             schedule. sampler: the prompt curriculum. run: the open run directory.
         loss_options, agg_options: `resolve_loss_options(cfg.rl)` and its aggregation part (the entropy bonus and
@@ -513,8 +514,9 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     """
     check_names(cfg)
     threads = apply_threads(cfg.threads)
-    if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0):
-        check_model_dir(cfg.model.path)  # a bad path is refused before the run directory is created
+    if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0 or cfg.model.lora is not None):
+        # a bad path is refused before the run directory is created (a LoRA run resumes on its base, so needs it)
+        check_model_dir(cfg.model.path, adapters=True)
     rl = cfg.rl
     task = load_task(cfg.task.spec, **cfg.task.options)
     reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
@@ -551,11 +553,19 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
                 warn(f"rl.prompts_per_step={rl.prompts_per_step} is more than the {len(task.train)} training rows of "
                      f"{cfg.task.spec}: every step repeats prompts (each row about "
                      f"{rl.prompts_per_step / len(task.train):.1f} times, as more groups of the same prompt)")
-        if latest is not None:
+        if latest is not None and cfg.model.lora is not None:
+            # the checkpoint holds the adapter: the policy is built as the run built it, its adapter loaded into it
+            policy = load_policy(cfg.model.path, **model_kw)
+            load_weights(policy.model, latest[1])
+            check_task_for_policy(task, policy)
+        elif latest is not None:
             policy = load_policy(str(latest[1]), **model_kw)
             check_task_for_policy(task, policy)
-        reference = load_policy(cfg.model.path, **model_kw) if rl.beta > 0 else None
-        if reference is not None:
+        reference = None
+        if rl.beta > 0 and policy.has_adapter:  # the base with the adapter disabled: no second model in memory
+            reference = policy.without_adapter()
+        elif rl.beta > 0:
+            reference = load_policy(cfg.model.path, **{**model_kw, "lora": None})
             reference.model.eval().requires_grad_(False)
         critic = None  # a value model, only for estimators that need values (gae)
         if "values" in estimator_needs(rl.estimator) and "values" not in rl.estimator_options:

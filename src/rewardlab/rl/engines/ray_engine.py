@@ -9,8 +9,9 @@
 - `RewardWorker` (rl.reward_workers actors, rl.reward_worker_cpus / _gpus each): the run's reward, built from its
   spec (`build_reward`); it scores the chunks it is given. A failed item is the reward's own RewardOutput error (or
   its exception, with on_error=raise), never a silent 0.
-- `RayEngine.publish` puts the learner's state dict into the object store once (`ray.put`) and every rollout worker
-  loads that one object. Chunk i goes to worker i mod W (round robin); results are gathered in chunk order, so they
+- `RayEngine.publish` puts the learner's state dict (with model.lora: the adapter's parameters only; each worker
+  built the frozen base itself) into the object store once (`ray.put`) and every rollout worker loads that one
+  object. Chunk i goes to worker i mod W (round robin); results are gathered in chunk order, so they
   do not depend on the worker count.
 
 Every worker sets torch's threads to the run's `threads` (Ray sets OMP_NUM_THREADS to an actor's CPUs), so a chunk
@@ -89,8 +90,9 @@ class RolloutWorker:
         freeze_heap()  # as the driver does after its set-up
 
     def load(self, state_dict: dict[str, Any], version: int) -> int:
-        """Load published weights (an object-store reference resolves to the state dict); returns `version`."""
-        self.policy.model.load_state_dict(_tensors(state_dict))
+        """Load published weights (an object-store reference resolves to them: the state dict, or a LoRA run's
+        adapter parameters, `Policy.load_trained_weights`); returns `version`."""
+        self.policy.load_trained_weights(_tensors(state_dict))
         self.version = version
         return version
 
@@ -256,13 +258,15 @@ class RayEngine:
             raise
 
     def publish(self, policy: Any, version: int) -> None:
-        """Put `policy`'s state dict into the object store once; every rollout worker loads that object before its
-        next chunk (actor calls run in order). The references of the last rl.max_staleness + 1 versions are kept
-        for `generate(..., version=v)` (a batch prefetched with older weights). Its bytes (each tensor storage once)
-        are logged as ray/weights_bytes on the step that samples with them."""
+        """Put `policy`'s trained weights (`Policy.trained_weights`: the state dict, or with model.lora the adapter's
+        parameters only, the frozen base being every worker's own) into the object store once; every rollout worker
+        loads that object before its next chunk (actor calls run in order). The references of the last
+        rl.max_staleness + 1 versions are kept for `generate(..., version=v)` (a batch prefetched with older
+        weights). Their bytes (each tensor storage once) are logged as ray/weights_bytes on the step that samples
+        with them."""
         import ray
 
-        state = {k: v.detach().to("cpu") for k, v in policy.model.state_dict().items()}
+        state = {k: v.to("cpu") for k, v in policy.trained_weights().items()}
         storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}
         ref = ray.put(_arrays(state))
         with self._lock:
