@@ -36,8 +36,8 @@ def run(cfg: MergeConfig, *, resume: bool = False, overwrite: bool = False,
         the summary: model (the adapter directory), chain (the adapter directories and the full base model it stands
         on, nearest first), out, dtype, parameters, files, wall_s.
     Raises:
-        ValueError: one line naming model.path when it is not given, is not a LoRA adapter directory (a full model has nothing to
-            merge), or its base or adapter does not load; `RunDirError` (a ValueError) for `cfg.out` (see above).
+        ValueError: one line naming model.path when it is not given, is not a LoRA adapter directory (a full model
+            has nothing to merge), or its base or adapter does not load; `RunDirError` (a ValueError) for `cfg.out` (see above).
         OSError: writing failed.
     """
     apply_threads(cfg.threads)

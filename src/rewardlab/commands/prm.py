@@ -209,8 +209,8 @@ def train(cfg: PrmTrainConfig, *, resume: bool = False, overwrite: bool = False,
 
         wall0 = time.perf_counter()
         step, last, last_eval, final = fit(
-            model, t, len(train_rows), batch_loss, batch_metrics=batch_metrics, units=steps_of, rng=rng, run=run, name="PRM train",
-            progress_key="train/step_accuracy",
+            model, t, len(train_rows), batch_loss, batch_metrics=batch_metrics, units=steps_of, rng=rng, run=run,
+            name="PRM train", progress_key="train/step_accuracy",
             save_model=lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)),
             save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, resume_from=checkpoint,
             evaluate=evaluate if eval_rows else None, show_progress=show_progress)

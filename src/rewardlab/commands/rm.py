@@ -73,7 +73,8 @@ def train(cfg: RmTrainConfig, *, resume: bool = False, overwrite: bool = False, 
 
         wall0 = time.perf_counter()
         step, last, last_eval, final = fit(
-            model, t, len(train_pairs), batch_loss, batch_metrics=batch_metrics, rng=rng, run=run, name="RM train", progress_key="train/accuracy",
+            model, t, len(train_pairs), batch_loss, batch_metrics=batch_metrics, rng=rng, run=run, name="RM train",
+            progress_key="train/accuracy",
             save_model=lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)),
             save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, resume_from=checkpoint,
             evaluate=evaluate if eval_pairs else None, show_progress=show_progress)
