@@ -37,7 +37,8 @@ def run(cfg: MergeConfig, *, resume: bool = False, overwrite: bool = False,
         on, nearest first), out, dtype, parameters, files, wall_s.
     Raises:
         ValueError: one line naming model.path when it is not given, is not a LoRA adapter directory (a full model
-            has nothing to merge), or its base or adapter does not load; `RunDirError` (a ValueError) for `cfg.out` (see above).
+            has nothing to merge), or its base or adapter does not load; `RunDirError` (a ValueError) for `cfg.out`
+            (see above).
         OSError: writing failed.
     """
     apply_threads(cfg.threads)
