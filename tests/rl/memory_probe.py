@@ -3,14 +3,16 @@
 
 One RL update (`rl.trainer.update`: micro-batched log-probs, loss, backward, AdamW step) of N rollouts of a
 Qwen2-style model with a 16,000-token vocabulary, for N and 2N at micro-batch M, then for N and 2N without
-micro-batches; prints, as one JSON line, how much each update raised the process's peak RSS (MiB) over the peak
-before it. The growth of the unsplit updates measures what N more rollouts' activations take."""
+micro-batches; prints, as one JSON line, the process's peak RSS (MiB) during each update: the kernel's high-water
+mark (VmHWM), reset before each update (/proc/self/clear_refs). The unsplit updates measure what N more rollouts'
+activations take."""
 
 from __future__ import annotations
 
 import json
-import resource
+import re
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -35,8 +37,12 @@ def credit(n: int) -> SimpleNamespace:
                            ref_logprobs=None)
 
 
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
+
+
 def peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return int(re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
 
 
 def main(n: int, micro: int) -> None:
@@ -54,14 +60,15 @@ def main(n: int, micro: int) -> None:
                             optimizer=torch.optim.AdamW(model.parameters(), lr=1e-6), loss_options={}, agg_options={},
                             scheduler=SimpleNamespace(step=lambda: None))
     update(state, None, credit(micro))  # AdamW's state and one micro-batch's peak exist from here on
-    growth = {}
+    peaks = {}
     for label, size, batch in (("micro_n", micro, n), ("micro_2n", micro, 2 * n), ("whole_n", None, n),
                                ("whole_2n", None, 2 * n)):
         rl.micro_batch_size = size
-        before = peak_mib()
-        update(state, None, credit(batch))
-        growth[label] = peak_mib() - before
-    print(json.dumps(growth))
+        rollouts = credit(batch)
+        reset_peak()
+        update(state, None, rollouts)
+        peaks[label] = peak_mib()
+    print(json.dumps(peaks))
 
 
 if __name__ == "__main__":
