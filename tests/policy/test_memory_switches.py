@@ -195,3 +195,20 @@ def test_micro_batched_scoring_equals_one_pass():
     trimmed = batch.select(torch.tensor([0, 1])).trim()
     assert trimmed.completion_ids.shape[1] <= batch.completion_ids.shape[1]
     assert int(trimmed.mask.sum()) == int(batch.mask[:2].sum())
+
+
+def test_sampling_and_scoring_pass_the_cache_under_the_name_the_model_takes():
+    """transformers 5.2x renamed the forward's `past_key_values` to `cache` (the old name warns, FutureWarning, on
+    every call of the sampler); the sampler and the shared-prefix scorer use whichever name the model declares."""
+    import warnings
+
+    from rewardlab.policy.sampling import cache_kwarg
+
+    policy = load_policy("tiny", tiny_arch=TINY_ARCH, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        batch, old = _batch(policy)
+        lp, _ = policy.token_logprobs(batch, temperature=1.5)
+    assert cache_kwarg(policy.model) in ("cache", "past_key_values")
+    assert float((lp - old).abs().max()) <= 1e-5  # what was sampled is what is scored
+    assert float((lp - _naive(policy, batch, 1.5)[0]).abs().max()) <= 1e-5

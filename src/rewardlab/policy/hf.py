@@ -20,8 +20,10 @@ from rewardlab.policy.logprobs import chunk_positions, lm_head_split, selective_
 from rewardlab.policy.lora import BASE_DIR, adapter_parameters, is_peft_model, load_adapter_parameters, save_adapter
 from rewardlab.policy.sampling import (
     StopWatch,
+    cache_kwarg,
     expandable_cache,
     group_rows,
+    output_cache,
     sample_prefix_tree,
     sample_with_generate,
     shared_prefix_features,
@@ -112,7 +114,10 @@ class Policy:
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.gradient_checkpointing = bool(gradient_checkpointing)
         if self.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.2x's name (the old one warns)
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._head_split: Any = None  # (body, LM head) once checked (`lm_head_split`), False when there is none
         self._adapter_off = False  # `without_adapter`'s view: every forward pass with the LoRA adapter disabled
         #: Use the shared-prefix sampler and scorer (see `sampling.sample_prefix_tree`, `completion_logits`). None:
@@ -486,7 +491,7 @@ class Policy:
         if self.shared_prefix is not False:
             prefill = self.model(input_ids=batch.input_ids[:, :P], attention_mask=batch.attention_mask[:, :P],
                                  position_ids=batch.position_ids[:, :P], use_cache=True, logits_to_keep=1)
-            self.shared_prefix = expandable_cache(prefill.past_key_values)
+            self.shared_prefix = expandable_cache(output_cache(prefill))
             if self.shared_prefix:
                 result = sample_prefix_tree(self.model, batch, prefill, node=node_t, budgets=budget_t, eos_id=eos,
                                             pad_id=pad, temperature=temperature, top_p=top_p, greedy=greedy,
@@ -586,13 +591,15 @@ class Policy:
         head = self.lm_head()
         body = self._head_split[0] if head is not None else None
 
+        cache_key = cache_kwarg(body if body is not None else self.model)
+
         def forward(past_key_values: Any = None, **inputs: torch.Tensor) -> tuple[torch.Tensor, Any]:
             if body is not None:
-                out = body(**inputs, past_key_values=past_key_values, use_cache=True)
-                return out.last_hidden_state, out.past_key_values
+                out = body(**inputs, use_cache=True, **{cache_key: past_key_values})
+                return out.last_hidden_state, output_cache(out)
             keep = {"logits_to_keep": 1} if past_key_values is None else {}  # the prompt's pass: its last position
-            out = self.model(**inputs, past_key_values=past_key_values, use_cache=True, **keep)
-            return out.logits, out.past_key_values
+            out = self.model(**inputs, use_cache=True, **{cache_key: past_key_values}, **keep)
+            return out.logits, output_cache(out)
 
         checkpointing = self.gradient_checkpointing and self.model.training and torch.is_grad_enabled()
         if self.shared_prefix is not False and not checkpointing:

@@ -7,6 +7,7 @@ transformers' `generate`, nucleus filtering, and completion logits with each dis
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,6 +54,19 @@ def expandable_cache(cache: Any) -> bool:
     encoder-decoder) take the plain paths.
     """
     return isinstance(cache, DynamicCache) and all(isinstance(layer, DynamicLayer) for layer in cache.layers)
+
+
+def cache_kwarg(model: Any) -> str:
+    """The keyword under which `model`'s forward takes its key/value cache: `cache` from transformers 5.2x (which
+    deprecates `past_key_values` with a FutureWarning), `past_key_values` before. A peft wrapper is looked through."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The key/value cache a forward with `use_cache=True` returned: `out.cache` (transformers 5.2x) or
+    `out.past_key_values` (before), read without the deprecation warning."""
+    return out.cache if "cache" in getattr(type(out), "__dataclass_fields__", {}) else out.past_key_values
 
 
 def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -163,7 +177,8 @@ def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, *, node: torch.Te
     """
     eos, pad = eos_id, pad_id
     P = batch.prompt_len
-    cache = prefill.past_key_values  # one row per node
+    cache = output_cache(prefill)  # one row per node
+    cache_key = cache_kwarg(model)
     logits = prefill.logits[:, -1]  # [nodes, V]: next-token logits of each node
     attention = batch.attention_mask[:, :P]  # [nodes, P + t]
     position = batch.position_ids[:, P - 1]  # [nodes]: position of each node's last token
@@ -212,7 +227,7 @@ def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, *, node: torch.Te
         attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
         position = position + 1
         out = model(input_ids=token[:, None], attention_mask=attention, position_ids=position[:, None],
-                    past_key_values=cache, use_cache=True)
+                    use_cache=True, **{cache_key: cache})
         logits = out.logits[:, -1]
     return tokens[:, :length].cpu(), logps[:, :length].cpu(), lengths.cpu()
 
