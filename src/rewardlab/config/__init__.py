@@ -5,15 +5,16 @@ Every field states its default, unit and (where it has one) source. An unknown k
 
 - `rewardlab.config.schema`: the pydantic models, one config class per verb (`rewardlab.commands.COMMANDS` maps
   verbs to them);
-- `rewardlab.config.loader`: YAML files, dotted overrides, section defaults, `validate`, `load_config`, `dump_config`;
+- `rewardlab.config.loader`: YAML files (`read_config_file`), dotted overrides, section defaults, `validate`,
+  `load_config`, `dump_config`;
 - `rewardlab.config.reference`: the reference generated from the field descriptions (`describe(cls)`, a markdown
   table; `help_text(cls)`, the `--help` listing; docs/config.md via `python -m rewardlab.commands docs/config.md`).
 
 Everything is re-exported here: `from rewardlab.config import TrainConfig, load_config`.
 """
 
-from rewardlab.config.loader import (ConfigError, apply_override, dump_config, load_config, validate,
-                                     with_section_defaults)
+from rewardlab.config.loader import (ConfigError, apply_override, dump_config, load_config, read_config_file,
+                                     validate, with_section_defaults)
 from rewardlab.config.reference import config_keys, describe, help_text, reference_markdown, undescribed
 from rewardlab.config.schema import (EVAL_SPLIT_DESCRIPTION, BackboneConfig, EvalParams, EvaluateConfig,
                                      LabelParams, MergeConfig, MergeModel, ModelConfig, PairsParams, PrmLabelConfig,
@@ -27,6 +28,6 @@ __all__ = [
     "MergeConfig", "MergeModel", "ModelConfig", "PairsParams", "PrmLabelConfig", "PrmTrainConfig", "PRMTrainParams",
     "QuickstartConfig", "RLConfig", "RmEvalConfig", "RMEvalParams", "RmPairsConfig", "RmTrainConfig", "RMTrainParams",
     "ScorerModel", "SearchConfig", "SearchParams", "SFTConfig", "SFTParams", "TaskConfig", "TinyArch", "TrainConfig",
-    "apply_override", "config_keys", "describe", "dump_config", "help_text", "load_config", "reference_markdown",
-    "undescribed", "validate", "with_section_defaults",
+    "apply_override", "config_keys", "describe", "dump_config", "help_text", "load_config", "read_config_file",
+    "reference_markdown", "undescribed", "validate", "with_section_defaults",
 ]

@@ -165,6 +165,35 @@ def validate(cls: type[BaseModel], data: dict[str, Any]) -> Any:
         raise ConfigError("config error: " + _describe(exc.errors()[0], cls)) from None
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds ({} for an empty file), parsed with `yaml.safe_load` (data only: no
+    Python objects), unvalidated.
+
+    Raises:
+        ConfigError: one line naming the file (and its line where known): not found, not UTF-8, invalid YAML
+            (including "nested too deeply"), or a top level that is not a mapping.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path}: not found")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # a byte-order mark is accepted
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"config file {path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+    try:
+        loaded = _safe_load(text)
+    except _YamlError as exc:
+        where = f":{exc.line}" if exc.line is not None else ""
+        raise ConfigError(f"config file {path}{where}: invalid YAML ({exc.cause})") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping of keys")
+    return loaded
+
+
 def load_config(cls: type[BaseModel], path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
     """Load config `cls` from an optional YAML file, then apply dotted overrides.
 
@@ -172,27 +201,7 @@ def load_config(cls: type[BaseModel], path: str | Path | None = None, overrides:
         ConfigError: a missing or unparsable file (named with its line), a top level that is not a mapping, an
             unknown key or a bad value.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path}: not found")
-        raw = path.read_bytes()
-        try:
-            text = raw.decode("utf-8-sig")  # a byte-order mark is accepted
-        except UnicodeDecodeError as exc:
-            line = raw[: exc.start].count(b"\n") + 1
-            raise ConfigError(f"config file {path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
-        try:
-            loaded = _safe_load(text)
-        except _YamlError as exc:
-            where = f":{exc.line}" if exc.line is not None else ""
-            raise ConfigError(f"config file {path}{where}: invalid YAML ({exc.cause})") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: top level must be a mapping of keys")
-        data = loaded
+    data = read_config_file(path) if path is not None else {}
     data = with_section_defaults(cls, data)
     named = dict(data)  # the preset an override names sets the defaults of the sections other overrides edit
     for item in overrides or []:
