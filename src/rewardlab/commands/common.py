@@ -68,23 +68,45 @@ def open_run(cfg: Any, *, resume: bool = False, overwrite: bool = False, may_cha
     return run
 
 
+#: The task options that name a reward (a registered name is data; MODULE:FUNCTION is code, never adopted).
+REWARD_OPTIONS = ("reward",)
+
+
 def trained_task(model_path: str) -> tuple[Path, dict[str, Any]] | None:
     """The task a rewardlab checkpoint was trained on: for `RUN/checkpoints/step-K` whose run `RUN` has a
     config.yaml with a `task` section, (RUN/config.yaml, {"spec": ..., "options": {...}}); None for any other
-    model path (an HF directory, "tiny", a run without config.yaml)."""
-    import yaml
+    model path (an HF directory, "tiny", a run without config.yaml or without a task section). The file is read
+    as data (`read_config_file`: YAML, no Python objects); nothing in it is imported here.
+
+    Raises:
+        ConfigError: one line naming RUN/config.yaml: it is not UTF-8, not YAML (or nested too deeply), its top
+            level is not a mapping, its `task` is not a mapping with a string `spec`, or `task.options` is not a
+            mapping.
+    """
+    from rewardlab.config import ConfigError, read_config_file
 
     path = Path(model_path)
     if path.parent.name != "checkpoints":
         return None
     config = path.parent.parent / "config.yaml"
-    try:
-        task = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("task")
-    except (OSError, yaml.YAMLError):
+    if not config.is_file():
+        return None
+    task = read_config_file(config).get("task")
+    if task is None:
         return None
     if not isinstance(task, dict) or not isinstance(task.get("spec"), str):
-        return None
-    return config, {"spec": task["spec"], "options": dict(task.get("options") or {})}
+        raise ConfigError(f"config file {config}: task: expected a mapping with a string spec (spec: KIND:ARGUMENT), "
+                          f"got {_short(task)}")
+    options = task.get("options") or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"config file {config}: task.options: expected a mapping, got {_short(options)}")
+    return config, {"spec": task["spec"], "options": dict(options)}
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """`repr(value)` cut to `limit` characters (a value read from a file may be huge)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def with_trained_task(cfg: Any) -> tuple[Any, dict[str, Any]]:
@@ -94,14 +116,40 @@ def with_trained_task(cfg: Any) -> tuple[Any, dict[str, Any]]:
     and its options become the run's (a line on stderr says so). When the config sets a task that differs, a
     warning says so. Returns (cfg, {"trained_on": the run's task or None, "task_differs": bool, "task_from":
     "config" | "model's run"}), for the verb's summary.
+
+    A run directory is data, never code: a task is adopted only when building it imports nothing, i.e. its reward
+    options (`REWARD_OPTIONS`) name registered rewards, not MODULE:FUNCTION (`rewards.importing.import_names`). A
+    malformed config.yaml is ignored, with a warning, when the config sets the task.
+
+    Raises:
+        ConfigError: (one line, naming RUN/config.yaml and saying to pass --task) the config sets no task and the
+            run's config.yaml is malformed (`trained_task`), or its task's reward is MODULE:FUNCTION code.
     """
-    found = trained_task(cfg.model.path)
+    from rewardlab.config import ConfigError
+    from rewardlab.rewards.importing import import_names
+
+    given = "task" in cfg.model_fields_set
     info: dict[str, Any] = {"trained_on": None, "task_differs": False, "task_from": "config"}
+    try:
+        found = trained_task(cfg.model.path)
+    except ConfigError as exc:
+        if given:
+            warn(f"{exc}; ignored: the task is given ({cfg.task.spec})")
+            return cfg, info
+        raise ConfigError(f"{exc}; it is the run of model.path {cfg.model.path}: pass --task to name the task") \
+            from None
     if found is None:
         return cfg, info
     config, task = found
     info["trained_on"] = task
-    if "task" not in cfg.model_fields_set:
+    if not given:
+        for key in REWARD_OPTIONS:
+            code = import_names(task["options"].get(key))
+            if code:
+                raise ConfigError(
+                    f"config file {config}: task.options.{key} {code[0]!r} is a MODULE:FUNCTION reference, i.e. code, "
+                    f"and a run directory is never trusted to run code; to run it, name the task on the command line "
+                    f"(--task {task['spec']} task.options.{key}={code[0]}), or pass --task to choose another")
         cfg = cfg.model_copy(update={"task": type(cfg.task)(**task)})
         info["task_from"] = "model's run"
         note(f"task {task['spec']} (options {task['options']}): the task {cfg.model.path} was trained on "

@@ -30,7 +30,7 @@ from typing import Any
 
 from rewardlab.rewards.base import REWARDS, Reward, reward
 
-__all__ = ["canonical_name", "is_import_name", "resolve_reward"]
+__all__ = ["canonical_name", "import_names", "is_import_name", "resolve_reward"]
 
 #: Parameter names of TRL's batched reward functions, which score a whole batch: `f(prompts, completions, **kw)`.
 _BATCHED = ("completions", "prompts", "completion_ids")
@@ -39,6 +39,21 @@ _BATCHED = ("completions", "prompts", "completion_ids")
 def is_import_name(name: Any) -> bool:
     """True for a reward name of the form `MODULE:ATTRIBUTE` (registered names never hold a colon)."""
     return isinstance(name, str) and ":" in name
+
+
+def import_names(spec: Any) -> list[str]:
+    """Every `MODULE:ATTRIBUTE` string in a reward spec (a name, a mapping, a list; nested), in order: the code that
+    building it would import. Conservative: a string option value holding a colon counts too.
+
+    Example: import_names([{"name": "math"}, {"compose": "sum", "rewards": ["os:system"]}]) -> ["os:system"].
+    """
+    if isinstance(spec, str):
+        return [spec] if is_import_name(spec) else []
+    if isinstance(spec, dict):
+        return [n for value in spec.values() for n in import_names(value)]
+    if isinstance(spec, (list, tuple)):
+        return [n for item in spec for n in import_names(item)]
+    return []
 
 
 def _split(name: str) -> tuple[str, str, bool]:
