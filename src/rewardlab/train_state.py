@@ -5,7 +5,9 @@ JSON-able record of torch's RNG state that `evaluate` and `search` log after eac
 from __future__ import annotations
 
 import base64
+import pickle
 import random
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -64,9 +66,50 @@ def save_state(directory: Path, state: dict[str, Any]) -> None:
         torch.save(state, fh)
 
 
+def _safe_types() -> list[type]:
+    """The classes besides tensors and plain containers a trainer_state.pt holds: the records of the batches an
+    asynchronous trainer prefetched (`rl.trainer.Prefetch.state_dict`)."""
+    from rewardlab.types import RewardOutput, Rollout
+
+    return [Rollout, RewardOutput]
+
+
+def _refusal(message: str) -> str:
+    """Why torch's weights-only unpickler refused a file, in one line, from its (multi-line) `message`; never its
+    advice to load with weights_only=False."""
+    text = " ".join(message.split())
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        return (f"it names {found.group(1)}, which is not data (a trainer_state.pt holds tensors, numbers, strings "
+                "and containers, and is never run as code)")
+    detail = re.search(r"WeightsUnpickler error: (.*?)(?: Check the documentation|$)", text)
+    return f"not a trainer state ({detail.group(1)[:200] if detail else 'not a torch pickle'})"
+
+
 def load_state(directory: Path) -> dict[str, Any]:
-    """Read `directory`/trainer_state.pt (a checkpoint this project wrote, verified against its manifest first)."""
-    return torch.load(Path(directory) / STATE_FILE, weights_only=False)
+    """Read `directory`/trainer_state.pt (written by `save_state`; verified against its manifest first) as data:
+    torch's weights-only unpickler builds tensors, numbers, strings, bytes, None and plain containers (dict, list,
+    tuple, set), and of classes only `_safe_types`; any other global a pickle names (a function such as os.system,
+    any other class) is refused before anything is called. A manifest is a checksum, not a signature: a checkpoint
+    from elsewhere is never trusted as code.
+
+    Raises:
+        ValueError: one line naming the file: it names a global that is not data (the message names it), or it is
+            not a torch pickle (truncated, garbage).
+    """
+    path = Path(directory) / STATE_FILE
+    scope = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5; 2.4 has only the global allowlist
+    try:
+        if scope is not None:
+            with scope(_safe_types()):
+                return torch.load(path, weights_only=True)
+        torch.serialization.add_safe_globals(_safe_types())
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"{path}: refused to load: {_refusal(str(exc))}") from None
+    except (EOFError, RuntimeError) as exc:  # truncated, or not a torch file at all
+        raise ValueError(f"{path}: not a trainer state ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]})") from None
 
 
 def load_weights(model: torch.nn.Module, directory: Path) -> None:

@@ -160,3 +160,37 @@ def test_a_second_writer_is_refused(tmp_path, capsys):
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     assert main([*_args(tmp_path, out, "rl.steps=2"), "--overwrite"]) == 0  # the lock died with its holder
+
+
+class _Hostile:
+    """Unpickling it calls os.mkdir(marker): a trainer_state.pt someone shared that runs code on --resume."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_resume_refuses_a_trainer_state_that_would_run_code(uninterrupted, tmp_path, capsys):
+    import hashlib
+    import shutil
+
+    import torch
+
+    d = _copy(uninterrupted / "A", tmp_path / "D")
+    shutil.rmtree(d / "checkpoints" / "step-4")
+    (d / "summary.json").unlink()
+    step2, marker = d / "checkpoints" / "step-2", tmp_path / "pwned"
+    torch.save({"step": 2, "rng": _Hostile(marker)}, step2 / "trainer_state.pt")
+    manifest = json.loads((step2 / "manifest.json").read_text())  # a consistent manifest: it is not a signature
+    data = (step2 / "trainer_state.pt").read_bytes()
+    manifest["files"]["trainer_state.pt"] = {**manifest["files"]["trainer_state.pt"], "size": len(data),
+                                             "sha256": hashlib.sha256(data).hexdigest()}
+    (step2 / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    args = _args(uninterrupted, d, "rl.steps=4", "save_every=2", "rl.epochs=2", "rl.minibatch_size=2")
+    assert main([*args, "--resume"]) == 2
+    assert not marker.exists()
+    err = _err_lines(capsys)
+    assert err[-1].startswith(f"rewardlab train: error: {step2 / 'trainer_state.pt'}: ") and "mkdir" in err[-1]
