@@ -36,15 +36,16 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     episode's messages, termination, turns and tool calls, and the summary its episode figures (turns_mean,
     termination fractions, tool_call_rate, tool_errors_mean; `evaluate_policy`). With `resume`, the batches logged by an interrupted run with the same settings
     are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). When `cfg.model` is
-    a checkpoint of a rewardlab run and no task is given, the task (and its options) is the run's; a task that
+    a checkpoint of a rewardlab run and no task is given, the task (and its options) is the run's, unless its
+    reward is MODULE:FUNCTION code, which a run directory is never trusted to run (refused); a task that
     differs from it is warned about; summary.json records `trained_on`, `task_differs` and `task_from`
     (`with_trained_task`). With `announce`, one
     line on stderr says how many rows of which split were evaluated.
 
     Raises:
         RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with other
-            settings; ValueError: the split has no rows; and what `tasks.load`, `load_policy` and `evaluate_policy`
-            raise.
+            settings; ValueError: the split has no rows; and what `with_trained_task`, `tasks.load`, `load_policy`
+            and `evaluate_policy` raise.
     """
     cfg, trained = with_trained_task(cfg)
     task, policy = load_inputs(cfg)

@@ -41,12 +41,12 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
 
     Correctness is always judged by the task's own verifier (`task.reward`); the scorer (`cfg.scorer`, default the
     task's verifier, i.e. an oracle) only ranks candidates. As with `evaluate`, a checkpoint of a rewardlab run
-    defaults the task to the run's (`with_trained_task`).
+    defaults the task to the run's (`with_trained_task`: never a MODULE:FUNCTION reward from a run directory).
 
     Raises:
-        ValueError: an unknown method or equivalence, bad budgets, and what `tasks.load`, `load_policy` and
-            `build_reward` raise; RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in
-            use, or `resume` with other settings.
+        ValueError: an unknown method or equivalence, bad budgets, and what `with_trained_task`, `tasks.load`,
+            `load_policy` and `build_reward` raise; RunDirError (a ValueError): `cfg.out` holds a run and neither
+            flag is given, is in use, or `resume` with other settings.
     """
     s = cfg.search
     check_settings(s)
