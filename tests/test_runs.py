@@ -311,3 +311,18 @@ def test_resume_deletes_the_temp_dirs_of_checkpoint_writes_cut_short(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-2"]
     events = [(e["event"], e.get("path")) for e in run.read_jsonl("events.jsonl")]
     assert events[0] == ("partial_checkpoint_removed", "checkpoints/.step-4.x1y2")
+
+
+@pytest.mark.parametrize("text", ["- a list\n", "a: " + "[" * 20000 + "\n", "a: [1\n"])
+def test_resume_reads_a_malformed_run_config_as_one_line(tmp_path, text):
+    """A run's config.yaml that is not a mapping, too deeply nested or not YAML is a one-line error naming it on
+    --resume, never a traceback (RecursionError, AttributeError on a list)."""
+    from rewardlab.runs import check_resume_config
+
+    run = RunDir.start(tmp_path)
+    (tmp_path / "config.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(RunDirError) as err:
+        check_resume_config(run, "a: 1\n")
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path / "config.yaml") in msg and "--overwrite" in msg
+    run.close()

@@ -195,6 +195,21 @@ def _config_diffs(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, 
 ALWAYS_MAY_CHANGE = ("threads",)
 
 
+def _read_run_config(path: Path) -> dict[str, Any]:
+    """A run's config.yaml as a mapping, read as data (`config.read_config_file`).
+
+    Raises:
+        RunDirError: one line naming the file: not UTF-8, invalid or too deeply nested YAML, not a mapping.
+    """
+    from rewardlab.config import ConfigError, read_config_file
+
+    try:
+        return read_config_file(path)
+    except ConfigError as exc:
+        raise RunDirError(f"--resume: {exc}; resume a run whose config.yaml this project wrote, or pass "
+                          "--overwrite") from None
+
+
 def check_resume_config(run: RunDir, config_text: str, may_change: Iterable[str] = ()) -> list[tuple[str, Any, Any]]:
     """For a resume that continues the same job: the run's config.yaml must hold the same settings as `config_text`
     (the YAML of the resolved config), but for `out` (which may be spelt differently), the dotted keys in
@@ -212,7 +227,7 @@ def check_resume_config(run: RunDir, config_text: str, may_change: Iterable[str]
     if not path.is_file():
         run.write_config(config_text)
         return []
-    old, new = yaml.safe_load(path.read_text(encoding="utf-8")) or {}, yaml.safe_load(config_text) or {}
+    old, new = _read_run_config(path), yaml.safe_load(config_text) or {}
     allowed = set(may_change) | set(ALWAYS_MAY_CHANGE)
     diffs = [d for d in _config_diffs(old, new) if d[0] != "out"]
     refused = [d for d in diffs if d[0] not in allowed]
@@ -372,8 +387,7 @@ class RunDir:
         changes = list(changes)
         if not changes:
             return
-        path = self.path / "config.yaml"
-        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        config = _read_run_config(self.path / "config.yaml")
         for key, _, value in changes:
             *parents, last = key.split(".")
             node = config
