@@ -159,3 +159,14 @@ def test_sft_refuses_a_training_row_past_the_window(tmp_path, capsys, data, poli
     assert str(err.value) == (f"sft.eval_every: held-out row {test}:1: a prompt of 50 tokens + 21 tokens (the longest "
                               "training target, the held-out completion limit) is more than the model's context "
                               "window of 64 tokens; shorten the held-out prompts, or set sft.eval_every=0")
+
+
+@pytest.mark.parametrize("verb,key", [(["rm", "pairs"], "pairs.max_new_tokens"), (["prm", "label"],
+                                                                                    "label.max_new_tokens")])
+def test_rm_pairs_and_prm_label_refuse_a_prompt_past_the_window(tmp_path, capsys, data, verb, key):
+    out = tmp_path / "run"
+    assert main([*verb, "--no-progress", "--task", f"jsonl:{data}", "--out", str(out), f"{key}=4",
+                 *SMALL]) == 2
+    assert _err_line(capsys).startswith(f"rewardlab {' '.join(verb)}: error: {data}:3: a prompt of 102 tokens + "
+                                        f"{key}=4 is more than the model's context window of 64 tokens")
+    assert not out.exists()
