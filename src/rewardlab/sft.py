@@ -26,7 +26,7 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy
 from rewardlab.progress import stage
 from rewardlab.runs import RunDir
-from rewardlab.tasks import Task, check_task_for_policy
+from rewardlab.tasks import Task, check_target_lengths, check_task_for_policy
 from rewardlab.tasks.sampler import RowSampler
 from rewardlab.threads import apply_threads
 from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
@@ -198,13 +198,16 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
         the summary: final loss, steps, wall seconds, `final_checkpoint` path, `resumed_from` (step, or None).
     Raises:
         ValueError: a training row without the target field; sft.eval_every > 0 with no held-out rows
-            (`heldout_rows`); `RunDirError` (a ValueError): a resume with other settings or no valid checkpoint.
+            (`heldout_rows`); a row whose prompt + target does not fit the model's context window (FILE:LINE,
+            `tasks.check_target_lengths`); `RunDirError` (a ValueError): a resume with other settings or no valid
+            checkpoint.
         Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step (see the module docstring).
     """
     p = cfg.sft
     check_target(task, p.target, cfg.task.spec)
     check_task_for_policy(task, policy)  # characters the tokenizer cannot encode, chat rows without a template
     rows = heldout_rows(task, p.eval_every, p.eval_n, field="sft.eval_every")
+    check_target_lengths(task, policy, target=p.target, eval_rows=rows)  # prompt + target within the context window
     apply_threads(cfg.threads)
     start_step, checkpoint = 0, None
     if resume:  # the newest valid checkpoint, logs rolled back to it; allowed changes written to config.yaml

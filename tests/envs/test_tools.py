@@ -283,3 +283,89 @@ def test_check_arguments_by_hand():
     assert check_arguments(schema, {"n": 1, "mode": "c"}) == 'mode must be one of "a", "b", got \'"c"\''
     assert check_arguments(schema, {"n": 1, "maybe": 2.5}) == "maybe must be an integer or null, got '2.5'"
     assert check_arguments(schema, {}) == "missing argument 'n'"
+
+
+# ------------------------------------------------------------------------------------------------ hostile calls
+# Issue 31 item 3: what a model writes is never an exception out of env.step or evaluate_policy (the fuzzing of every
+# parser is tests/faults/test_fuzz_tool_parsers.py).
+HOSTILE = [
+    ("<tool_call>" + "[" * 1000 + "</tool_call>", "nested deeper than 64 levels"),  # was RecursionError
+    ('<tool_call>{"name": "calc", "arguments": {"expression": ' + "1" * 4301 + "}}</tool_call>",
+     "an integer of 4301 digits (at most 4300)"),  # was ValueError (int max str digits)
+    ('<tool_call>{"name": "calc", "arguments": "' + "[" * 1000 + '"}</tool_call>',
+     '"arguments" must be a JSON object, got a string that is nested deeper than 64 levels'),
+    ('<tool_call>{"name": "calc", "arguments": {"expression": "\\ud800"}}</tool_call>',
+     "a string that is not valid Unicode (lone surrogate '\\ud800')"),  # samples.jsonl (UTF-8) could not take it
+]
+
+
+@pytest.mark.parametrize("action,why", HOSTILE, ids=["deep", "4301_digits", "deep_arguments_string", "surrogate"])
+def test_hostile_hermes_calls_are_malformed_observations(action, why):
+    import json
+
+    from rewardlab.envs import make_env
+
+    with make_env("calculator", parser="hermes", workers=1) as env:
+        message, record = _one(env, action)
+    assert record["status"] == "malformed"
+    assert message["content"].startswith(f"error: malformed tool call: {why}"), message["content"]
+    assert "\n" not in message["content"] and len(message["content"]) < 200
+    json.dumps(record, ensure_ascii=False).encode("utf-8")  # as samples.jsonl writes it
+
+
+def test_hostile_hermes_calls_do_not_stop_evaluate_policy():
+    from render_helpers import CHATML, char_tokenizer
+
+    from rewardlab.envs import make_env
+    from rewardlab.envs.sampling import EpisodeSettings
+    from rewardlab.evaluation.policy import evaluate_policy
+    from rewardlab.rewards import build_reward
+    from rewardlab.types import Sampled
+
+    class Chat:  # every episode: one hostile call per turn, then the answer
+        prompt_format, context_window = "chat", 100_000
+
+        def __init__(self, turns):
+            self.tokenizer = char_tokenizer(CHATML, specials=("<|im_start|>",))
+            self.eos_token_id = self.tokenizer.eos_token_id
+            self.turns = turns
+
+        def sample_ids(self, prompts, *, streams, stop=None, **_kw):
+            out = []
+            for stream in streams:
+                text = self.turns[stream[4]]
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+                ends_in_stop = bool(stop) and any(text.endswith(s) for s in stop)
+                ids = ids if ends_in_stop else ids + [self.eos_token_id]
+                out.append(Sampled(ids, [0.0] * len(ids), "stop" if ends_in_stop else "eos"))
+            return out
+
+    turns = [action for action, _ in HOSTILE if action.isascii()] + ["<answer>7</answer>"]
+    with make_env("calculator", parser="hermes", workers=1) as env:
+        settings = EpisodeSettings(env, max_turns=len(turns), max_episode_tokens=50_000, max_tool_tokens=64,
+                                   name="calculator")
+        result = evaluate_policy(Chat(turns), [{"prompt": "q", "answer": "7"}], build_reward("exact_match"), n=0,
+                                 ks=(), max_new_tokens=10_000, episodes=settings)
+    calls = result["predictions"][0]["tool_calls"]
+    assert [[c["status"] for c in turn] for turn in calls] == [["malformed"]] * (len(turns) - 1) + [[]]
+
+
+def test_a_parser_that_raises_gives_one_malformed_call_not_an_exception(env, monkeypatch):
+    def broken(text, schemas):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(env.parser, "parse", broken)
+    message, record = _one(env, "<tool_call>anything</tool_call>")
+    assert record["status"] == "malformed"
+    assert message["content"] == ("error: malformed tool call: the hermes parser could not read this turn "
+                                  "(RecursionError)")
+
+
+def test_compact_refuses_huge_integers_and_lone_surrogates():
+    env = ToolEnv([square], parser="compact")
+    (c,) = env.parse("<c>" + "1" * 4301 + "</c>")
+    assert c["status"] == "bad_arguments" and c["error"].startswith("bad arguments for square: x must be an integer")
+    assert env.parse("<c>" + "1" * 4300 + "</c>")[0]["status"] == "ok"
+    (c,) = ToolEnv([shout], parser="compact").parse("<c>a\ud800</c>")
+    assert c["status"] == "malformed" and c["arguments"] == "a\\ud800"
+    assert c["error"] == "malformed tool call: not valid Unicode (lone surrogate '\\ud800')"

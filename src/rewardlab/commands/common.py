@@ -11,7 +11,7 @@ import torch
 from rewardlab.config import dump_config
 from rewardlab.policy import Policy, load_policy
 from rewardlab.runs import RunDir, warn
-from rewardlab.tasks import Task, check_task_for_policy, describe_task
+from rewardlab.tasks import Task, check_prompt_lengths, check_task_for_policy, describe_task
 from rewardlab.tasks import load as load_task
 from rewardlab.threads import apply_threads
 
@@ -41,6 +41,21 @@ def load_inputs(cfg: Any, *, model: bool = True) -> tuple[Task, Policy | None]:
     if policy is not None:
         check_task_for_policy(task, policy)
     return task, policy
+
+
+def check_prompts(task: Task, policy: Policy, *, max_new_tokens: int, key: str, max_prompt_length: int | None = None,
+                  prompt_key: str | None = None) -> None:
+    """Every prompt of `task` fits the model's context window with `max_new_tokens` (the verb's `key`), or is cut by
+    `max_prompt_length` (`prompt_key`), which is then said in one warning (`tasks.check_prompt_lengths`). Call it
+    before the run directory is opened.
+
+    Raises:
+        ValueError: one line naming the first prompt that does not fit by its FILE:LINE, or the keys.
+    """
+    note = check_prompt_lengths(task, policy, max_new_tokens=max_new_tokens, key=key,
+                                max_prompt_length=max_prompt_length, prompt_key=prompt_key)
+    if note:
+        warn(note)
 
 
 def announce_task(task: Task, enabled: bool = True) -> None:

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from rewardlab.commands.common import announce_task, load_inputs, open_run, with_trained_task
+from rewardlab.commands.common import announce_task, check_prompts, load_inputs, open_run, with_trained_task
 from rewardlab.envs import load_episodes
 from rewardlab.config import EvaluateConfig
 from rewardlab.evaluation.policy import describe_rows, evaluate_policy
@@ -44,8 +44,9 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
 
     Raises:
         RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with other
-            settings; ValueError: the split has no rows; and what `with_trained_task`, `tasks.load`, `load_policy`
-            and `evaluate_policy` raise.
+            settings; ValueError: the split has no rows; a prompt that does not fit the model's context window with
+            eval.max_new_tokens, named by its FILE:LINE (`check_prompts`; eval.max_prompt_length cuts long prompts
+            instead); and what `with_trained_task`, `tasks.load`, `load_policy` and `evaluate_policy` raise.
     """
     cfg, trained = with_trained_task(cfg)
     task, policy = load_inputs(cfg)
@@ -55,6 +56,8 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     if not rows:
         raise ValueError(f"split: the {split} split of {cfg.task.spec} has no rows")
     reward = build_reward(task.reward)
+    check_prompts(task, policy, max_new_tokens=cfg.eval.max_new_tokens, key="eval.max_new_tokens",
+                  max_prompt_length=cfg.eval.max_prompt_length, prompt_key="eval.max_prompt_length")
     episodes = load_episodes(task, cfg.env, policy)
     announce_task(task, show_progress)
     try:
@@ -66,7 +69,7 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
                 result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature,
                                          top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
                                          bar=bar, done=done, on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]),
-                                         episodes=episodes, seed=cfg.seed)
+                                         episodes=episodes, seed=cfg.seed, max_prompt_length=e.max_prompt_length)
             predictions = result.pop("predictions")
             atomic_write_text(run.path / PREDICTIONS, "".join(json.dumps(p, ensure_ascii=False) + "\n"
                                                               for p in predictions))

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from rewardlab.commands.common import announce_task, load_inputs, load_model
+from rewardlab.commands.common import announce_task, check_prompts, load_inputs, load_model
 from rewardlab.config import PrmLabelConfig, PrmTrainConfig, dump_config
 from rewardlab.evaluation.reward_models import first_error_f1
 from rewardlab.progress import stage
@@ -46,7 +46,9 @@ def label(cfg: PrmLabelConfig, *, resume: bool = False, overwrite: bool = False,
 
     Raises:
         ValueError: an unknown method, a chat-format policy, "reference" on a task without an integer +/- chain
-            expression (see `reference_first_error`); `RunDirError`: the directory holds a run and neither `resume`
+            expression (see `reference_first_error`), a prompt that does not fit the model's context window with
+            label.max_new_tokens (named by its FILE:LINE, `check_prompts`); `RunDirError`: the directory holds a run
+            and neither `resume`
             nor `overwrite` is given, is in use, or has nothing to resume; a resume with another
             `label.question_batch`.
     """
@@ -64,6 +66,7 @@ def label(cfg: PrmLabelConfig, *, resume: bool = False, overwrite: bool = False,
     verifier = build_reward(task.reward)
     policy = load_model(cfg)
     check_task_for_policy(task, policy)
+    check_prompts(task, policy, max_new_tokens=p.max_new_tokens, key="label.max_new_tokens")
     estimator = PrefixEstimator(policy, verifier, k=p.k, temperature=p.temperature, top_p=p.top_p,
                                 max_new_tokens=p.max_new_tokens, separator=p.separator, batch_size=p.batch_size)
     announce_task(task, show_progress)

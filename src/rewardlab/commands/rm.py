@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from rewardlab.commands.common import announce_task, load_inputs, load_model, open_run
+from rewardlab.commands.common import announce_task, check_prompts, load_inputs, load_model, open_run
 from rewardlab.config import RmEvalConfig, RmPairsConfig, RmTrainConfig
 from rewardlab.evaluation.probes import MASTER_KEYS, length_bias
 from rewardlab.progress import stage
@@ -246,8 +246,10 @@ def pairs(cfg: RmPairsConfig, *, resume: bool = False, overwrite: bool = False, 
     settings, same pairs).
 
     Raises:
-        ValueError: what `tasks.load` and `load_policy` raise; with source "mutants", a row without a canonical
-            solution or tests; no pairs made (the policy is always or never right; no mutant fails);
+        ValueError: what `tasks.load` and `load_policy` raise; with source "policy", a prompt that does not fit the
+            model's context window with pairs.max_new_tokens (named by its FILE:LINE, `check_prompts`); with source
+            "mutants", a row without a canonical solution or tests; no pairs made (the policy is always or never
+            right; no mutant fails);
             RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume`
             with other settings.
     """
@@ -273,6 +275,7 @@ def _prepare_pairs(cfg: RmPairsConfig):
         verifier = build_reward(task.reward)
         policy = load_model(cfg)
         check_task_for_policy(task, policy)
+        check_prompts(task, policy, max_new_tokens=p.max_new_tokens, key="pairs.max_new_tokens")
     return task, rows, policy, verifier
 
 

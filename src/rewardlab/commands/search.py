@@ -16,7 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rewardlab.commands.common import announce_task, load_inputs, load_model, open_run, with_trained_task
+from rewardlab.commands.common import (announce_task, check_prompts, load_inputs, load_model, open_run,
+                                       with_trained_task)
 from rewardlab.config import SearchConfig
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
@@ -44,9 +45,10 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
     defaults the task to the run's (`with_trained_task`: never a MODULE:FUNCTION reward from a run directory).
 
     Raises:
-        ValueError: an unknown method or equivalence, bad budgets, and what `with_trained_task`, `tasks.load`,
-            `load_policy` and `build_reward` raise; RunDirError (a ValueError): `cfg.out` holds a run and neither
-            flag is given, is in use, or `resume` with other settings.
+        ValueError: an unknown method or equivalence, bad budgets, a prompt that does not fit the model's context
+            window with search.max_new_tokens (named by its FILE:LINE, `check_prompts`), and what
+            `with_trained_task`, `tasks.load`, `load_policy` and `build_reward` raise; RunDirError (a ValueError):
+            `cfg.out` holds a run and neither flag is given, is in use, or `resume` with other settings.
     """
     s = cfg.search
     check_settings(s)
@@ -61,6 +63,7 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
     scorer = build_reward(cfg.scorer) if cfg.scorer is not None else verifier
     policy = load_model(cfg)
     check_task_for_policy(task, policy)
+    check_prompts(task, policy, max_new_tokens=s.max_new_tokens, key="search.max_new_tokens")
     announce_task(task, show_progress)
     with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the task, rewards and model load
         units = Units(lambda rec: run.append_jsonl(UNIT_LOG, [rec]), run.read_jsonl(UNIT_LOG) if resume else [])

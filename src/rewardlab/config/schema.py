@@ -15,6 +15,12 @@ from rewardlab.types import TERMINATIONS, TRUNCATIONS
 
 
 #: Descriptions shared by several sections.
+MAX_PROMPT_LENGTH = (
+    "prompt tokens at most (TRL's max_prompt_length): a longer prompt (formatted, as the model reads it) keeps its "
+    "last N tokens, cut from the left as TRL cuts it; set-up warns how many rows are cut and names the first by its "
+    "FILE:LINE, and N + max_new_tokens must fit the model's context window. null (default): prompts are never cut, "
+    "and a row whose prompt + max_new_tokens does not fit the context window is a set-up error naming its FILE:LINE. "
+    "Single-turn tasks only (an env:NAME episode meets the window turn by turn)")
 TOP_P = ("nucleus sampling: draw from the smallest set of tokens whose probability reaches top_p (Holtzman et al. "
          "2020); 1: off")
 WEIGHT_DECAY = "AdamW decoupled weight decay (Loshchilov & Hutter 2019); 0: off"
@@ -187,6 +193,14 @@ def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | No
                          "env.max_episode_tokens")
 
 
+def check_prompt_cut(task: TaskConfig, max_prompt_length: int | None, key: str) -> None:
+    """`key` (rl.max_prompt_length, eval.max_prompt_length) set on an environment task (task.spec env:NAME) is a
+    one-line ValueError naming it: episodes are not cut, they end at the context window (termination context)."""
+    if max_prompt_length is not None and task.spec.startswith("env:"):
+        raise ValueError(f"{key}: cuts single-turn prompts, and {task.spec!r} is an environment task, whose episodes "
+                         "end at the model's context window (termination context); drop the setting")
+
+
 def refuse_environment(task: TaskConfig, verb: str) -> None:
     """For a verb that samples single completions (`search`, `rm pairs`, `prm label`): an environment task
     (task.spec env:NAME, multi-turn episodes) is a one-line ValueError naming task.spec and the verbs that run one."""
@@ -240,6 +254,8 @@ class RLConfig(_Base):
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
     max_new_tokens: int = Field(8, gt=0, description="completion token limit")
+    max_prompt_length: int | None = Field(None, gt=0, description=MAX_PROMPT_LENGTH + "; also the held-out "
+                                          "evaluation's (eval_every)")
     lr_schedule: Literal["constant", "cosine"] = Field(
         "constant", description="after the warm-up: constant, or cosine decay to 0.1 x lr at the last step "
         "(Loshchilov & Hutter 2017)")
@@ -390,6 +406,8 @@ class EvalParams(_Base):
     temperature: float = Field(1.0, gt=0, description="sampling temperature of the pass@k samples")
     top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
     max_new_tokens: int = Field(8, gt=0, description="completion token limit (greedy and sampled)")
+    max_prompt_length: int | None = Field(None, gt=0, description=MAX_PROMPT_LENGTH + "; give a model trained with "
+                                          "rl.max_prompt_length the same")
     batch_size: int = Field(256, gt=0, description="prompts per generate call")
     limit: int | None = Field(None, gt=0, description="evaluate only the first N rows of the split")
 
@@ -491,6 +509,7 @@ class TrainConfig(_Checkpoints, _Verb):
     @model_validator(mode="after")
     def _env_applies(self):
         check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
+        check_prompt_cut(self.task, self.rl.max_prompt_length, "rl.max_prompt_length")
         self.rl.check_engine()
         check_lora_reference(self.model, self.rl)
         return self
@@ -516,6 +535,7 @@ class EvaluateConfig(_Verb):
     @model_validator(mode="after")
     def _env_applies(self):
         check_env_section(self.env, self.task, self.eval.max_new_tokens, "eval.max_new_tokens")
+        check_prompt_cut(self.task, self.eval.max_prompt_length, "eval.max_prompt_length")
         return self
 
 
@@ -617,6 +637,8 @@ class QuickstartConfig(_Run):
         if self.sft.tool_frac is not None and not self.task.spec.startswith("env:"):
             raise ValueError("sft.tool_frac: applies to environment tasks (preset tools); drop the setting")
         check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
+        check_prompt_cut(self.task, self.rl.max_prompt_length, "rl.max_prompt_length")
+        check_prompt_cut(self.task, self.eval.max_prompt_length, "eval.max_prompt_length")
         self.rl.check_engine()
         check_lora_reference(self.model, self.rl)
         return self

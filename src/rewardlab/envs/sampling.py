@@ -129,7 +129,7 @@ def load_episodes(task: Any, section: Any, policy: Any) -> EpisodeSettings | Non
 def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: EpisodeSettings | None, n: int = 1,
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                     stream: tuple[int, int, int] | None = None, batch_size: int | None = None,
-                    first_row: int = 0) -> list[Rollout]:
+                    first_row: int = 0, max_prompt_length: int | None = None) -> list[Rollout]:
     """Sample `n` rollouts of each row: single completions, or with `episodes` whole episodes.
 
     Args:
@@ -148,14 +148,20 @@ def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: Ep
             `rewardlab.rl.engines`): sample k of the call is sample first_row * n + k of that batch (its stream,
             group and episode id), so sampling a batch chunk by chunk gives the rollouts of sampling it at once with
             batch_size = the chunk's rows.
+        max_prompt_length: single completions only: each prompt is cut to its last this many tokens
+            (`Policy.generate`'s left truncation, TRL's max_prompt_length); None: never cut.
     Returns:
         Single-turn: len(rows) * n rollouts, rollout k of row k // n with group first_row + k // n. Episodes: the
         rows of each episode in episode order (episode k of row k // n), one rollout per row, every row with its
         `episode_id` (first_row * n + k) and group first_row + k // n; read them per episode with `episode_ends` /
         `episode_rows`.
     Raises:
-        ValueError: what `Policy.generate` or `run_episodes` raise for bad settings.
+        ValueError: what `Policy.generate` or `run_episodes` raise for bad settings (a prompt that fills the context
+            window included); `max_prompt_length` with `episodes`.
     """
+    if episodes is not None and max_prompt_length is not None:
+        raise ValueError("max_prompt_length: cuts single-turn prompts; episodes end at the context window instead")
+    cut = {} if max_prompt_length is None else {"max_prompt_length": max_prompt_length}  # stand-ins may lack it
     step = batch_size or len(rows) or 1
     out: list[Rollout] = []
     for start in range(0, len(rows), step):
@@ -165,7 +171,7 @@ def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: Ep
             streams = ([(stream[0], stream[1], offset + k, stream[2]) for k in range(len(chunk) * n)]
                        if stream is not None and not greedy else None)
             new = policy.generate([r["prompt"] for r in chunk], n=n, temperature=temperature, top_p=top_p,
-                                  max_new_tokens=max_new_tokens, greedy=greedy, rows=chunk, streams=streams)
+                                  max_new_tokens=max_new_tokens, greedy=greedy, rows=chunk, streams=streams, **cut)
         else:
             seed, at, rnd = stream if stream is not None else (0, 0, 0)
             new = run_episodes(policy, episodes.env, chunk, n=n, max_turns=episodes.max_turns,

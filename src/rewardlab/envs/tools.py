@@ -24,11 +24,13 @@ Call formats (parsers, by name):
              argument's JSON type: "32" is 32 for an integer argument), answered by `<o>RESULT</o>`. For the embedded
              tiny model, whose vocabulary is printable ASCII: `<c>12*34</c><o>408</o>`. Several calls per turn.
 
-Statuses of a call: ok (it ran and returned), malformed (not parseable: bad JSON, no "name", an unclosed tag),
-unknown_tool, bad_arguments (a required argument missing, an unknown one, a value of the wrong JSON type),
+Statuses of a call: ok (it ran and returned), malformed (not parseable: bad JSON, no "name", an unclosed tag,
+JSON nested deeper than `MAX_JSON_DEPTH`, an integer of more than `MAX_INT_DIGITS` digits, a string that is not valid
+Unicode), unknown_tool, bad_arguments (a required argument missing, an unknown one, a value of the wrong JSON type),
 error (the tool raised, or its worker process died), timeout (it ran past `timeout_s` and its worker was killed).
 Every call that is not ok becomes a tool message whose content says what was wrong, in one short line starting with
-"error:"; a bad call never raises.
+"error:"; a bad call never raises, whatever the model wrote (`ToolEnv.parse` also turns a parser's own exception into
+one malformed call), and every call's record is plain JSON that UTF-8 can encode (what samples.jsonl writes).
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from rewardlab.envs.base import State, StepResult
 from rewardlab.envs.multiturn import MultiTurnEnv
 from rewardlab.registry import Registry
 
-__all__ = ["CALL_STATUSES", "CompactParser", "HermesParser", "TOOL_PARSERS", "ToolEnv", "check_arguments",
-           "tool_schema"]
+__all__ = ["CALL_STATUSES", "CompactParser", "HermesParser", "MAX_INT_DIGITS", "MAX_JSON_DEPTH", "TOOL_PARSERS",
+           "ToolEnv", "check_arguments", "tool_schema"]
 
 #: The status of a parsed call, as `info["tool_calls"][i]["status"]` and `Rollout.tool_calls` record it.
 CALL_STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout")
@@ -68,13 +70,94 @@ def _call(name: Any, arguments: Any, status: str = "ok", error: str = "") -> dic
     return {"name": name, "arguments": arguments, "status": status, "error": error}
 
 
+#: Deepest nesting of arrays and objects in a tool call's JSON (the call object itself is level 1); a deeper call is
+#: malformed. Decoding, checking, pickling and logging a value each recurse once per level, so an unbounded depth is
+#: a RecursionError waiting for the first of them.
+MAX_JSON_DEPTH = 64
+#: Most digits of an integer in a tool call; a longer one is malformed (hermes) or bad_arguments (compact). It is
+#: Python's default `sys.get_int_max_str_digits()`, fixed here whatever the process sets: reading and writing a
+#: longer integer is a ValueError under the default and superlinear time without it.
+MAX_INT_DIGITS = 4300
+
+
+class _Unreadable(ValueError):
+    """Why a call's text is not accepted, one line (raised inside `_read_json`, never out of a parser)."""
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of `text` as repr text (JSON's "\\ud800" escape makes one; UTF-8 cannot encode it,
+    so neither a tokenizer nor samples.jsonl could take it), or None when `text` is valid Unicode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return repr(text[exc.start])
+    return None
+
+
+def _encodable(text: str) -> str:
+    """`text` with any lone surrogate written as its backslash escape, so that a record quoting it stays UTF-8."""
+    return text if _lone_surrogate(text) is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _read_int(text: str) -> int:
+    """int(text) for an integer of at most MAX_INT_DIGITS digits; raises _Unreadable for a longer one."""
+    digits = len(text) - (text[:1] in "+-")
+    if digits > MAX_INT_DIGITS:
+        raise _Unreadable(f"an integer of {digits} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _json_problem(value: Any) -> str | None:
+    """Why a decoded JSON value is refused (nested deeper than MAX_JSON_DEPTH, a string or key that is not valid
+    Unicode), or None. Walks the value with an explicit stack: no recursion however deep it is."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            bad = _lone_surrogate(item)
+            if bad is not None:
+                return f"a string that is not valid Unicode (lone surrogate {bad})"
+        elif isinstance(item, (list, dict)):
+            if depth > MAX_JSON_DEPTH:
+                return f"nested deeper than {MAX_JSON_DEPTH} levels"
+            if isinstance(item, dict):
+                stack.extend((key, depth) for key in item)
+                stack.extend((v, depth + 1) for v in item.values())
+            else:
+                stack.extend((v, depth + 1) for v in item)
+    return None
+
+
+def _read_json(text: str) -> Any:
+    """json.loads(text, strict=False) (a raw newline inside a string, as in code, is fine), bounded: nesting at most
+    MAX_JSON_DEPTH levels, integers of at most MAX_INT_DIGITS digits, every string valid Unicode.
+
+    Raises:
+        _Unreadable: one line, e.g. "not JSON (Expecting value at char 0)", "nested deeper than 64 levels".
+    """
+    try:
+        value = json.loads(text, strict=False, parse_int=_read_int)
+    except _Unreadable:
+        raise
+    except json.JSONDecodeError as exc:
+        raise _Unreadable(f"not JSON ({exc.msg} at char {exc.pos})") from None
+    except RecursionError:  # json's decoder recurses per level and stops at the interpreter's recursion limit
+        raise _Unreadable(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    why = _json_problem(value)
+    if why is not None:
+        raise _Unreadable(why)
+    return value
+
+
 @TOOL_PARSERS.register("hermes")
 class HermesParser:
     """Hermes/Qwen tool calls: `<tool_call>{"name": NAME, "arguments": {...}}</tool_call>`, any number per turn.
 
     "arguments" may be missing (no arguments) or a JSON string that holds an object (OpenAI style). A call whose
     body is not JSON, is not an object, has no str "name" or non-object "arguments" is `malformed`, and so is a
-    `<tool_call>` that never closes.
+    `<tool_call>` that never closes, and one whose JSON is nested deeper than MAX_JSON_DEPTH levels, holds an
+    integer of more than MAX_INT_DIGITS digits or a string that is not valid Unicode (a lone surrogate escape such
+    as "\\ud800"). A malformed call's "arguments" is its body text (lone surrogates backslash-escaped).
     """
 
     name = "hermes"
@@ -90,22 +173,24 @@ class HermesParser:
         for match in self._CALL.finditer(text):
             body, closed = match.group(1).strip(), bool(match.group(2))
             if not closed:
-                calls.append(_call(None, body, "malformed", "<tool_call> is never closed by </tool_call>"))
+                calls.append(_call(None, _encodable(body), "malformed", "<tool_call> is never closed by </tool_call>"))
                 continue
             try:
-                obj = json.loads(body, strict=False)  # a raw newline inside a string (code) is fine
-            except json.JSONDecodeError as exc:
-                calls.append(_call(None, body, "malformed", f"not JSON ({exc.msg} at char {exc.pos}): {_quote(body)}"))
+                obj = _read_json(body)
+            except _Unreadable as exc:
+                calls.append(_call(None, _encodable(body), "malformed", f"{exc}: {_quote(body)}"))
                 continue
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-                calls.append(_call(None, body, "malformed", 'expected {"name": ..., "arguments": {...}}'))
+                calls.append(_call(None, _encodable(body), "malformed", 'expected {"name": ..., "arguments": {...}}'))
                 continue
             arguments = obj.get("arguments", {})
             if isinstance(arguments, str):
                 try:
-                    arguments = json.loads(arguments, strict=False) if arguments.strip() else {}
-                except json.JSONDecodeError:
-                    pass
+                    arguments = _read_json(arguments) if arguments.strip() else {}
+                except _Unreadable as exc:
+                    calls.append(_call(obj["name"], arguments, "malformed",
+                                       f'"arguments" must be a JSON object, got a string that is {exc}'))
+                    continue
             if not isinstance(arguments, dict):
                 calls.append(_call(obj["name"], arguments, "malformed", '"arguments" must be a JSON object'))
                 continue
@@ -122,7 +207,7 @@ class HermesParser:
 #: JSON types `compact` can read its argument text as, and how.
 _FROM_TEXT: dict[str, Callable[[str], Any]] = {
     "string": str,
-    "integer": int,
+    "integer": _read_int,
     "number": float,
     "boolean": lambda s: {"true": True, "false": False}[s.lower()],
 }
@@ -132,8 +217,9 @@ _FROM_TEXT: dict[str, Callable[[str], Any]] = {
 class CompactParser:
     """The compact raw form: `<c>TEXT</c>` calls the environment's single tool with TEXT (stripped) as its one
     argument, read as the argument's JSON type (string as is; integer, number, boolean parsed: "32" -> 32);
-    answered by `<o>RESULT</o>`. Any number of calls per turn. An unclosed `<c>` is `malformed`; TEXT that does not
-    read as the argument's type is `bad_arguments`.
+    answered by `<o>RESULT</o>`. Any number of calls per turn. An unclosed `<c>` is `malformed`, and so is TEXT
+    that is not valid Unicode (a lone surrogate); TEXT that does not read as the argument's type (an integer of more
+    than MAX_INT_DIGITS digits included) is `bad_arguments`.
     """
 
     name = "compact"
@@ -164,7 +250,11 @@ class CompactParser:
         for match in self._CALL.finditer(text):
             body, closed = match.group(1).strip(), bool(match.group(2))
             if not closed:
-                calls.append(_call(None, body, "malformed", "<c> is never closed by </c>"))
+                calls.append(_call(None, _encodable(body), "malformed", "<c> is never closed by </c>"))
+                continue
+            bad = _lone_surrogate(body)
+            if bad is not None:
+                calls.append(_call(None, _encodable(body), "malformed", f"not valid Unicode (lone surrogate {bad})"))
                 continue
             try:
                 value = _FROM_TEXT[spec["type"]](body)
@@ -374,8 +464,14 @@ class ToolEnv(MultiTurnEnv):
     # ---------------------------------------------------------------------------------------- calls
     def parse(self, text: str) -> list[dict[str, Any]]:
         """The calls in a model turn, checked but not run: each {"name", "arguments", "status", "error"} with
-        status ok, malformed, unknown_tool or bad_arguments, and a one-line `error` for a bad one."""
-        calls = self.parser.parse(text, self.tools)
+        status ok, malformed, unknown_tool or bad_arguments, and a one-line `error` for a bad one. Never raises on
+        the model's text: should the parser itself raise (a bug, or a registered parser less careful than the built-in
+        ones), the turn is one malformed call naming the parser and the exception type."""
+        try:
+            calls = self.parser.parse(text, self.tools)
+        except Exception as exc:  # noqa: BLE001 - a model's text must never stop an episode, a run or an evaluation
+            calls = [_call(None, _encodable(text), "malformed",
+                           f"the {self.parser_name} parser could not read this turn ({type(exc).__name__})")]
         for call in calls:
             if call["status"] == "ok":
                 if call["name"] not in self._schemas:

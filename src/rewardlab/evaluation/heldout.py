@@ -58,14 +58,18 @@ class HeldOutEval:
         batch_size: questions per generate call.
         episodes: the episodes of an environment task (`rewardlab.envs.episode_settings`): each question is a
             greedy episode in its environment; None (default): single completions.
+        max_prompt_length: single completions' prompts cut to their last this many tokens (`rl.max_prompt_length`,
+            `Policy.generate`); None: never cut.
     """
 
     def __init__(self, rows: Sequence[dict[str, Any]], reward_spec: Any, *, every: int, last_step: int,
-                 max_new_tokens: int, batch_size: int = 256, episodes: EpisodeSettings | None = None) -> None:
+                 max_new_tokens: int, batch_size: int = 256, episodes: EpisodeSettings | None = None,
+                 max_prompt_length: int | None = None) -> None:
         self.rows = list(rows)
         self.episodes = episodes
         self.every, self.last_step = every, last_step
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        self.max_prompt_length = max_prompt_length
         self.reward = build_reward(reward_spec) if self.rows and every else None
 
     def due(self, step: int, *, last: bool = False) -> bool:
@@ -79,7 +83,8 @@ class HeldOutEval:
         saved, t0 = rng_state(), time.perf_counter()
         try:
             result = evaluate_policy(policy, self.rows, self.reward, n=0, ks=(), max_new_tokens=self.max_new_tokens,
-                                     batch_size=self.batch_size, episodes=self.episodes)
+                                     batch_size=self.batch_size, episodes=self.episodes,
+                                     max_prompt_length=self.max_prompt_length)
         finally:
             set_rng_state(saved)
         out = {"eval/accuracy": result["accuracy"], "eval/score_mean": result["score_mean"]}

@@ -51,6 +51,7 @@ def evaluate_policy(
     on_batch: Callable[[dict[str, Any]], None] | None = None,
     episodes: EpisodeSettings | None = None,
     seed: int = 0,
+    max_prompt_length: int | None = None,
 ) -> dict[str, Any]:
     """Greedy accuracy and pass@k of `policy` on `rows`, in batches of `batch_size` questions.
 
@@ -59,7 +60,8 @@ def evaluate_policy(
     one per question and `n` sampled ones. The reward is called once per episode, on its last row
     (`episode_ends`: the final model turn is the completion it scores). Sampled episodes draw from the streams
     (seed, batch index, 0) (`sample_rollouts`): they do not depend on torch's generator (single completions keep
-    drawing from it, as before).
+    drawing from it, as before). With `max_prompt_length` (single completions only), each prompt is cut to its last
+    that many tokens (`Policy.generate`, TRL's left truncation).
 
     Each finished batch is handed to `on_batch` as a record {"batch", "start", "size", "correct" (greedy, per
     question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per question), "examples",
@@ -81,7 +83,8 @@ def evaluate_policy(
         "tool_call_rate", "tool_calls_mean" and "tool_errors_mean".
     Raises:
         ValueError: a k outside 1..n, or no rows; a record in `done` that is not the batch at its position (the
-            rows or batch size changed).
+            rows or batch size changed); what `sample_rollouts` raises (a prompt that fills the model's context
+            window, `max_prompt_length` with `episodes`).
     """
     if not rows:
         raise ValueError("evaluate: no rows to evaluate")
@@ -107,7 +110,8 @@ def evaluate_policy(
                    "pass_counts": [0] * len(chunk), "examples": [], "predictions": []}
             stream = (seed, b, 0) if episodes is not None else None
             greedy_rows = sample_rollouts(policy, chunk_rows, episodes=episodes, greedy=True,
-                                          max_new_tokens=max_new_tokens, stream=stream)
+                                          max_new_tokens=max_new_tokens, stream=stream,
+                                          max_prompt_length=max_prompt_length)
             greedy = episode_ends(greedy_rows)
             outs = reward(greedy)
             by_episode = episode_rows(greedy_rows) if episodes is not None else {}
@@ -128,7 +132,7 @@ def evaluate_policy(
             if n > 0:
                 sampled = episode_ends(sample_rollouts(
                     policy, chunk_rows, episodes=episodes, n=n, temperature=temperature, top_p=top_p,
-                    max_new_tokens=max_new_tokens, stream=stream))
+                    max_new_tokens=max_new_tokens, stream=stream, max_prompt_length=max_prompt_length))
                 for r, o in zip(sampled, reward(sampled)):
                     rec["pass_counts"][r.group] += o.correct
                     rec["predictions"][r.group]["samples"].append({"completion": r.completion, "score": o.score,

@@ -242,9 +242,23 @@ class Policy:
         add_special = self.prompt_format != "chat"
         return self.tokenizer(text, add_special_tokens=add_special)["input_ids"]
 
+    def encode_prompts(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode_prompt` of each of `texts` (already formatted prompts), in one tokenizer call."""
+        if not texts:
+            return []
+        return self.tokenizer(list(texts), add_special_tokens=self.prompt_format != "chat", verbose=False)["input_ids"]
+
     def encode_target(self, text: str) -> list[int]:
         """Token ids of a target completion followed by the end-of-sequence token (for supervised training)."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode_target` of each of `texts`, in one tokenizer call."""
+        if not texts:
+            return []
+        eos = self.tokenizer.eos_token_id
+        encoded = self.tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+        return [ids + [eos] for ids in encoded]
 
     def collate(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> Batch:
         """Pack prompts (left-padded) and completions (right-padded) into a `Batch` on this policy's device
@@ -284,8 +298,15 @@ class Policy:
         prefixes: Sequence[str] | None = None,
         stop: str | None = None,
         streams: Sequence[tuple[int, ...]] | None = None,
+        max_prompt_length: int | None = None,
     ) -> list[Rollout]:
         """Sample `n` completions of each task prompt.
+
+        Prompts are checked against the model's context window (`context_window`, tokens) as `sample_ids` checks
+        them: a prompt (formatted, with its prefix) that fills the window is a ValueError; a completion budget that
+        would run past it is clamped to the room left (window - prompt tokens), and such a completion may end there
+        with `truncated` True. The verbs refuse, at set-up, any task row whose prompt + max_new_tokens does not fit
+        (`rewardlab.tasks.check_prompt_lengths`), so a run never relies on the clamp.
 
         Args:
             prompts: task prompt texts (formatted with `format_prompt` here, with the row's `messages` when its
@@ -307,20 +328,31 @@ class Policy:
                 k's t-th token is drawn by inverse CDF at a uniform hashed from (streams[k], t)
                 (`rewardlab.policy.streams`), so it does not depend on the batch, `batch_size`, the other rollouts or
                 torch's global generator. None: draws from torch's global generator.
+            max_prompt_length: cut every prompt (formatted, with its prefix) longer than this many tokens to its last
+                `max_prompt_length` tokens (left truncation, TRL's `max_prompt_length`); such a rollout's
+                `prompt_ids` are the kept tokens and its `prompt` their decoded text. None: prompts are never cut.
         Returns:
             len(prompts) * n rollouts, prompt-major: rollout k belongs to prompt k // n and has group k // n.
             `logprobs` are log softmax(logits / temperature) of the sampled tokens (temperature 1 when greedy).
-            `truncated` is True when a completion ended at `max_new_tokens`, with neither EOS nor `stop`.
+            `truncated` is True when a completion ended at its token budget (`max_new_tokens`, or the room left in
+            the context window), with neither EOS nor `stop`.
         Raises:
-            ValueError: temperature <= 0, top_p outside (0, 1], n < 1, greedy with n > 1, max_new_tokens < 1, an
-                empty `stop`, `prefixes` of another length than `prompts`, or `streams` of another length than
-                len(prompts) * n or with a key that is not a tuple of ints.
+            ValueError: one line: temperature <= 0, top_p outside (0, 1], n < 1, greedy with n > 1, max_new_tokens
+                < 1, max_prompt_length < 1, an empty `stop`, `prefixes` of another length than `prompts`, `streams`
+                of another length than len(prompts) * n or with a key that is not a tuple of ints, or a prompt whose
+                tokens (after `max_prompt_length`) fill the context window ("generation.prompts[3]: 5002 prompt
+                tokens leave no room in the model's context window of 256 tokens; ...").
         """
         if n < 1 or (greedy and n != 1):
             raise ValueError(f"generation: n must be >= 1 (and 1 when greedy), got {n}")
         self._check_sampling(temperature, top_p, greedy)
         if max_new_tokens < 1:
             raise ValueError(f"generation.max_new_tokens: must be >= 1, got {max_new_tokens}")
+        if max_prompt_length is not None and (isinstance(max_prompt_length, bool)
+                                              or not isinstance(max_prompt_length, numbers.Integral)
+                                              or max_prompt_length < 1):
+            raise ValueError(f"generation.max_prompt_length: must be an integer >= 1 or None, got "
+                             f"{max_prompt_length!r}")
         if stop is not None and not stop:
             raise ValueError("generation.stop: must be a non-empty string or None")
         if prefixes is not None and len(prefixes) != len(prompts):
@@ -334,6 +366,9 @@ class Policy:
         texts = [self.format_prompt(p, convs[i]) + (prefixes[i] if prefixes is not None else "")
                  for i, p in enumerate(prompts)]
         ids = [self.encode_prompt(t) for t in texts]
+        cut = [max_prompt_length is not None and len(p) > max_prompt_length for p in ids]
+        ids = [p[-max_prompt_length:] if c else p for p, c in zip(ids, cut)]  # type: ignore[operator]
+        budgets = self._prompt_budgets(ids, max_new_tokens, "generation.prompts")
         step = batch_size or len(prompts) or 1
         rollouts: list[Rollout] = []
         for start in range(0, len(prompts), step):
@@ -341,7 +376,8 @@ class Policy:
             B = len(chunk)
             befores = [texts[start + k // n][max(0, len(texts[start + k // n]) - len(stop) + 1) :] if stop else ""
                        for k in range(B * n)]
-            sampled = self._sample(chunk, node=[k // n for k in range(B * n)], budgets=[max_new_tokens] * (B * n),
+            sampled = self._sample(chunk, node=[k // n for k in range(B * n)],
+                                   budgets=[budgets[start + k // n] for k in range(B * n)],
                                    temperature=temperature, top_p=top_p, greedy=greedy,
                                    stops=[stop] if stop is not None else None, befores=befores,
                                    words=None if words is None else words[start * n : (start + B) * n])
@@ -349,7 +385,7 @@ class Policy:
                 p_idx = start + k // n
                 rollouts.append(
                     Rollout(
-                        prompt=texts[p_idx],
+                        prompt=tok.decode(ids[p_idx], skip_special_tokens=False) if cut[p_idx] else texts[p_idx],
                         prompt_ids=ids[p_idx],
                         completion=tok.decode(s.ids, skip_special_tokens=True),
                         completion_ids=s.ids,
@@ -431,6 +467,19 @@ class Policy:
         node = [distinct.setdefault(tuple(int(x) for x in p), len(distinct)) for p in prompts]
         return self._sample([list(p) for p in distinct], node=node, budgets=budgets, temperature=temperature,
                             top_p=top_p, greedy=greedy, stops=stops, befores=[""] * N, words=words)
+
+    def _prompt_budgets(self, ids: Sequence[Sequence[int]], max_new_tokens: int, field: str) -> list[int]:
+        """The token budget of a completion of each prompt: `max_new_tokens`, clamped to the room the context window
+        leaves (window - len(prompt)). Raises a one-line ValueError naming `field`[i] for a prompt that fills it."""
+        window = self.context_window
+        if window is None:
+            return [max_new_tokens] * len(ids)
+        for i, p in enumerate(ids):
+            if len(p) >= window:
+                raise ValueError(f"{field}[{i}]: {len(p)} prompt tokens leave no room in the model's context window "
+                                 f"of {window} tokens; shorten the prompt, or cut prompts from the left with "
+                                 f"max_prompt_length (below {window})")
+        return [min(max_new_tokens, window - len(p)) for p in ids]
 
     @staticmethod
     def _check_sampling(temperature: float, top_p: float, greedy: bool) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from rewardlab.config import TrainConfig, dump_config
+from rewardlab.config import RLConfig, TrainConfig, dump_config
 from rewardlab.envs.replay import episode_record
 from rewardlab.envs.sampling import (EpisodeSettings, episode_ends, episode_metrics, episode_rows,
                                      load_episodes, sample_rollouts)
@@ -67,7 +67,7 @@ from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, agg
 from rewardlab.runs import RunDir, warn
 from rewardlab.threads import apply_threads, freeze_heap
 from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
-from rewardlab.tasks import Task, check_task_for_policy, describe_task, load as load_task
+from rewardlab.tasks import Task, check_prompt_lengths, check_task_for_policy, describe_task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
 #: Settings a resumed run may change (train longer, checkpoint differently, fit in less memory: the memory switches
@@ -401,7 +401,7 @@ def _greedy_baseline(state: TrainState, rollouts: list[Rollout]) -> tuple[dict[s
     groups = list(first)
     rows = [first[g].row for g in groups]
     greedy = sample_rollouts(state.policy, rows, episodes=state.episodes, greedy=True,
-                             max_new_tokens=rl.max_new_tokens)
+                             max_new_tokens=rl.max_new_tokens, max_prompt_length=rl.max_prompt_length)
     if rl.step_separator is not None:
         for r in greedy:
             state.policy.mark_steps(r, rl.step_separator)
@@ -500,10 +500,21 @@ def step_metrics(rollouts: list[Rollout], outputs: list[RewardOutput], group_siz
     return m
 
 
+def check_task_fits(task: Task, policy: Policy, rl: RLConfig) -> None:
+    """The model can read the task (`tasks.check_task_for_policy`) and its prompts fit the context window with
+    rl.max_new_tokens (`tasks.check_prompt_lengths`); prompts that rl.max_prompt_length cuts are counted in one
+    warning. Raises the one-line ValueErrors of those checks."""
+    check_task_for_policy(task, policy)
+    note = check_prompt_lengths(task, policy, max_new_tokens=rl.max_new_tokens, key="rl.max_new_tokens",
+                                max_prompt_length=rl.max_prompt_length, prompt_key="rl.max_prompt_length")
+    if note:
+        warn(note)
+
+
 def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> TrainState:
-    """Check `cfg`, load the task, reward and models, check that the model can read the task
-    (`tasks.check_task_for_policy`), open the run directory and, with `resume`, restore the newest valid checkpoint
-    (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
+    """Check `cfg`, load the task, reward and models, check that the model can read the task and that its prompts fit
+    the context window (`check_task_fits`), open the run directory and, with `resume`, restore the newest valid
+    checkpoint (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
 
     The model is loaded before the directory is touched (an overwrite deletes the old run); the RNGs are seeded
     with `cfg.seed` after every model is built, then a resume restores their saved state. The run directory is
@@ -530,7 +541,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     policy: Policy | None = None
     if not resume:
         policy = load_policy(cfg.model.path, **model_kw)
-        check_task_for_policy(task, policy)  # before the run directory is touched
+        check_task_fits(task, policy, rl)  # before the run directory is touched
     # the environment and the env section's budgets, its keys checked against the environment (and the model's
     # tokenizer, known here unless resuming) before the run directory is touched
     episodes = load_episodes(task, cfg.env, policy)
@@ -557,10 +568,10 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
             # the checkpoint holds the adapter: the policy is built as the run built it, its adapter loaded into it
             policy = load_policy(cfg.model.path, **model_kw)
             load_weights(policy.model, latest[1])
-            check_task_for_policy(task, policy)
+            check_task_fits(task, policy, rl)
         elif latest is not None:
             policy = load_policy(str(latest[1]), **model_kw)
-            check_task_for_policy(task, policy)
+            check_task_fits(task, policy, rl)
         reference = None
         if rl.beta > 0 and policy.has_adapter:  # the base with the adapter disabled: no second model in memory
             reference = policy.without_adapter()
@@ -1127,7 +1138,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
         resumed from).
     Raises:
         ValueError: unknown algorithm or reward names; a task the model cannot read (`tasks.check_task_for_policy`:
-            characters outside its vocabulary, chat rows without a chat template); RunDirError (a ValueError):
+            characters outside its vocabulary, chat rows without a chat template); a prompt that does not fit the
+            model's context window with rl.max_new_tokens, named by its FILE:LINE (`tasks.check_prompt_lengths`;
+            rl.max_prompt_length cuts long prompts instead); RunDirError (a ValueError):
             `cfg.out` holds a run and neither flag is given, is in use by another process, `resume` with other
             settings, or `resume` finds no valid checkpoint.
         OSError: a checkpoint could not be written (the message names it and the intact previous one).
@@ -1144,7 +1157,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     try:
         heldout = HeldOutEval(heldout_rows(state.task, rl.eval_every, rl.eval_n, field="rl.eval_every"),
                               state.task.reward, every=rl.eval_every, last_step=rl.steps,
-                              max_new_tokens=rl.max_new_tokens, episodes=state.episodes)
+                              max_new_tokens=rl.max_new_tokens, episodes=state.episodes,
+                              max_prompt_length=rl.max_prompt_length)
         state.generated_total = generated_before(run, state.start_step)
         state.prefetch = prefetch = Prefetch(state, state.saved_prefetch)
         wall0, last, out_of_time = time.perf_counter(), {}, False

@@ -73,7 +73,9 @@ from rewardlab.tasks import reasoning_gym as _reasoning_gym  # noqa: E402,F401
 from rewardlab.tasks import humaneval as _humaneval  # noqa: E402,F401
 from rewardlab.tasks import worked as _worked  # noqa: E402,F401
 from rewardlab.tasks import environment as _environment  # noqa: E402,F401
-from rewardlab.tasks.check import check_chat_format, check_task_for_policy, check_task_vocabulary  # noqa: E402
+from rewardlab.tasks.check import (  # noqa: E402
+    check_chat_format, check_prompt_lengths, check_target_lengths, check_task_for_policy, check_task_vocabulary)
 
-__all__ = ["LOADERS", "Row", "Task", "check_chat_format", "check_task_for_policy", "check_task_vocabulary",
-           "dedup_and_split", "describe_task", "load", "register_loader", "row_key", "spec_examples"]
+__all__ = ["LOADERS", "Row", "Task", "check_chat_format", "check_prompt_lengths", "check_target_lengths",
+           "check_task_for_policy", "check_task_vocabulary", "dedup_and_split", "describe_task", "load",
+           "register_loader", "row_key", "spec_examples"]

@@ -1,9 +1,10 @@
 """Checks of a loaded task against the policy that will read it: characters its tokenizer cannot represent, chat rows
-for a model without a chat template. Verbs call `check_task_for_policy(task, policy)` once both are loaded."""
+for a model without a chat template, prompts too long for its context window. Verbs call
+`check_task_for_policy(task, policy)` and `check_prompt_lengths(task, policy, ...)` once both are loaded."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rewardlab.tasks.base import Row, Task
@@ -133,3 +134,123 @@ def check_task_for_policy(task: Task, policy: Any) -> None:
         return
     check_chat_format(task, policy.prompt_format, has_template=bool(getattr(tokenizer, "chat_template", None)))
     check_task_vocabulary(task, tokenizer)
+
+
+def _prompt_tokens(rows: list[Row], policy: Any) -> list[int]:
+    """How many tokens each row's prompt is when `Policy.generate` feeds it (formatted, encoded with its special
+    tokens), encoded in one tokenizer call where the policy has `encode_prompts`."""
+    texts = [policy.format_prompt(row["prompt"], row.get("messages")) for row in rows]
+    encode_all = getattr(policy, "encode_prompts", None)
+    ids = encode_all(texts) if encode_all is not None else [policy.encode_prompt(t) for t in texts]
+    return [len(p) for p in ids]
+
+
+def check_prompt_lengths(task: Task, policy: Any, *, max_new_tokens: int, key: str,
+                         max_prompt_length: int | None = None, prompt_key: str | None = None) -> str | None:
+    """Refuse, before anything runs, a single-turn task whose prompts leave no room for `max_new_tokens` in the
+    model's context window: past the window a model reads positions it was never trained on (the tiny model's 256
+    positions, silently; a 10**6-character prompt asked for a terabyte), and `Policy.generate` would refuse or cut
+    the completion short mid-run.
+
+    A prompt is counted in tokens as `Policy.generate` feeds it: formatted (`format_prompt`, a chat row with its
+    conversation) and encoded with its special tokens. An environment task (`task.env`) is not checked here: its
+    episodes meet the window turn by turn (`Policy.sample_ids`, termination "context").
+
+    Args:
+        task: a loaded task; every row of `task.split("all")` is checked, in file order.
+        policy: a `rewardlab.policy.Policy` (`context_window`, `format_prompt`, `encode_prompt`); a policy whose
+            context window is unknown (None, or a stand-in without one) is not checked.
+        max_new_tokens: the verb's completion token limit. key: its dotted config name, e.g. "rl.max_new_tokens".
+        max_prompt_length: the verb's left-truncation length in tokens (TRL's `max_prompt_length`: a longer prompt
+            keeps its last max_prompt_length tokens), or None: prompts are never cut. prompt_key: its dotted name.
+    Returns:
+        None, or, when `max_prompt_length` cuts some prompts, one line for the verb to print as a warning:
+        "rl.max_prompt_length: 1 of 11 rows of task jsonl:data.jsonl have prompts longer than 64 tokens; they are
+        cut from the left to their last 64 tokens (first at data.jsonl:1, 5002 tokens)".
+    Raises:
+        ValueError: one line. Without `max_prompt_length`, naming the first row that does not fit by its
+            `PATH:LINE` (`Task.where`; "NAME row I" for a generated task): "data.jsonl:1: a prompt of 5002 tokens +
+            rl.max_new_tokens=4 is more than the model's context window of 256 tokens (1 of 11 rows of task
+            jsonl:data.jsonl); shorten it, lower rl.max_new_tokens, or set rl.max_prompt_length to cut long prompts
+            from the left (at most 252)". With it: "rl.max_prompt_length: 300 + rl.max_new_tokens=4 is more than
+            the model's context window of 256 tokens; ...", and "rl.max_new_tokens: 300 tokens leave no room for a
+            prompt ..." when `max_new_tokens` alone fills the window.
+    """
+    window = getattr(policy, "context_window", None)
+    if task.env is not None or not isinstance(window, int) or getattr(policy, "tokenizer", None) is None:
+        return None
+    room = window - max_new_tokens
+    if room < 1:
+        raise ValueError(f"{key}: {max_new_tokens} tokens leave no room for a prompt in the model's context window "
+                         f"of {window} tokens; lower it")
+    if max_prompt_length is not None and max_prompt_length > room:
+        raise ValueError(f"{prompt_key}: {max_prompt_length} + {key}={max_new_tokens} is more than the model's "
+                         f"context window of {window} tokens; lower {prompt_key} to at most {room} (or {key})")
+    rows = _file_order(task)
+    lengths = _prompt_tokens(rows, policy)
+    limit = room if max_prompt_length is None else max_prompt_length
+    over = [i for i, n in enumerate(lengths) if n > limit]
+    if not over:
+        return None
+    first = over[0]
+    where, tokens = task.where(rows[first], first), lengths[first]
+    share = f"{len(over)} of {len(rows)} rows of task {task.name}"
+    if max_prompt_length is not None:
+        return (f"{prompt_key}: {share} have prompts longer than {max_prompt_length} tokens; they are cut from the "
+                f"left to their last {max_prompt_length} tokens (first at {where}, {tokens} tokens)")
+    fix = (f"set {prompt_key} to cut long prompts from the left (at most {room})" if prompt_key
+           else "use a model with a longer context window")
+    raise ValueError(f"{where}: a prompt of {tokens} tokens + {key}={max_new_tokens} is more than the model's "
+                     f"context window of {window} tokens ({share}); shorten that prompt, lower {key}, or {fix}")
+
+
+def check_target_lengths(task: Task, policy: Any, *, target: str, eval_rows: Sequence[Row] = ()) -> None:
+    """For supervised training (`sft`): refuse, before anything runs, a training row whose prompt + target does not
+    fit the model's context window (past it the model would be trained on positions it was never built for), and,
+    with held-out evaluation, an evaluated row whose prompt leaves no room for the longest training target (the
+    evaluation's completion limit, `rewardlab.sft.train_sft`).
+
+    Tokens are counted as `rewardlab.sft.encode_rows` encodes a row: the formatted prompt with its special tokens,
+    then row[`target`] followed by EOS. Rows with a `trace` and environment tasks (`task.env`) are not checked here
+    (their traces are rendered turn by turn); nor is a policy whose context window is unknown.
+
+    Args:
+        task: a loaded task; its training rows are checked in file order.
+        policy: a `rewardlab.policy.Policy` (`context_window`, `format_prompt`, `encode_prompt`, `encode_target`).
+        target: the row field trained as the completion (`sft.target`).
+        eval_rows: the held-out rows evaluated during training (`heldout_rows`); () when evaluation is off.
+    Raises:
+        ValueError: one line naming the first row that does not fit by its FILE:LINE (`Task.where`), e.g.
+            "data.jsonl:3: a prompt of 200 tokens + target 'answer' of 80 tokens (EOS included) is more than the
+            model's context window of 256 tokens (2 of 300 training rows of task jsonl:data.jsonl); shorten them or
+            use a model with a longer context window", or "sft.eval_every: held-out row data.jsonl:9: a prompt of
+            250 tokens + 30 tokens (the longest training target, the held-out completion limit) ...".
+    """
+    window = getattr(policy, "context_window", None)
+    if task.env is not None or not isinstance(window, int) or getattr(policy, "tokenizer", None) is None:
+        return
+    train = {id(r) for r in task.train}
+    rows = [r for r in _file_order(task) if id(r) in train and "trace" not in r and target in r]
+    if not rows:
+        return
+    prompts = _prompt_tokens(rows, policy)
+    encode_all = getattr(policy, "encode_targets", None)
+    texts = [str(r[target]) for r in rows]
+    targets = [len(t) for t in (encode_all(texts) if encode_all is not None else map(policy.encode_target, texts))]
+    over = [i for i, (p, t) in enumerate(zip(prompts, targets)) if p + t > window]
+    if over:
+        i = over[0]
+        raise ValueError(f"{task.where(rows[i])}: a prompt of {prompts[i]} tokens + target {target!r} of {targets[i]} "
+                         f"tokens (EOS included) is more than the model's context window of {window} tokens "
+                         f"({len(over)} of {len(task.train)} training rows of task {task.name}); shorten them or use "
+                         "a model with a longer context window")
+    if not eval_rows:
+        return
+    longest = max(targets)
+    held = _prompt_tokens(list(eval_rows), policy)
+    i = next((i for i, n in enumerate(held) if n + longest > window), None)
+    if i is not None:
+        raise ValueError(f"sft.eval_every: held-out row {task.where(eval_rows[i])}: a prompt of {held[i]} tokens + "
+                         f"{longest} tokens (the longest training target, the held-out completion limit) is more "
+                         f"than the model's context window of {window} tokens; shorten the held-out prompts, or set "
+                         "sft.eval_every=0")

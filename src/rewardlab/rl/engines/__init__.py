@@ -41,6 +41,8 @@ class SamplingSettings:
     Attributes:
         max_new_tokens: tokens of a completion (of one model turn of an episode) at most.
         temperature, top_p: as in `Policy.generate`.
+        max_prompt_length: a single completion's prompt is cut to its last this many tokens (`rl.max_prompt_length`,
+            `Policy.generate`); None: never cut.
         chunk: rollouts (episodes) per chunk, a multiple of every `n` generate is called with (`rl.rollout_chunk`);
             None: a call's whole batch is one chunk.
     """
@@ -49,6 +51,7 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     chunk: int | None = None
+    max_prompt_length: int | None = None
 
 
 def chunk_spans(count: int, per_chunk: int | None) -> list[tuple[int, int]]:
@@ -159,7 +162,7 @@ def sample_chunk(policy: Any, episodes: Any, settings: SamplingSettings, rows: S
 
     out = sample_rollouts(policy, rows, episodes=episodes, n=n, temperature=settings.temperature,
                           top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, stream=stream,
-                          first_row=first_row)
+                          first_row=first_row, max_prompt_length=settings.max_prompt_length)
     for r in out:
         r.policy_version = version
     return out
@@ -178,7 +181,7 @@ def make_engine(cfg: Any, *, episodes: Any, reward: Any, threads: int) -> Engine
     """
     rl = cfg.rl
     settings = SamplingSettings(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
-                                chunk=rl.rollout_chunk)
+                                chunk=rl.rollout_chunk, max_prompt_length=rl.max_prompt_length)
     if rl.engine == "local":
         return LocalEngine(settings, episodes=episodes, reward=reward)
     from rewardlab.rl.engines.ray_engine import RayEngine
