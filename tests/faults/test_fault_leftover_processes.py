@@ -2,7 +2,8 @@
 alive a few seconds later (a SIGTERM's grace period later for `train`), for each pool:
 
 - the reward executor (pebble workers), with a worker busy on a math item that never finishes by itself (the
-  reference 10^{10^{10}}, which math-verify tries to evaluate), through `rewardlab train` and `rewardlab evaluate`;
+  reference 10^{10^{10}}, which math-verify tries to evaluate), through `rewardlab train`, `evaluate`, `search` and
+  `prm label`;
 - the sandbox launcher, started by the code reward before the math pool forked its workers (which then held a copy
   of the launcher's socket), and a launcher whose socket another process holds;
 - `ToolEnv`'s pebble workers, with a tool in an endless loop, in a Python driver (custom tools are the Python API's).
@@ -106,16 +107,28 @@ def test_train_sigterm_finishes_the_step_checkpoints_exits_143_and_leaves_no_pro
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
 
 
+#: Verbs other than train, each scoring with the math reward (default timeout 5 s: a hung item's worker is replaced
+#: and the next item hangs in turn). They have no grace period: SIGTERM ends them at once, as SIGKILL does.
+VERBS = {
+    "evaluate": ["evaluate", "eval.batch_size=2", "eval.n=2", "eval.k=[1, 2]", "eval.max_new_tokens=32",
+                 "eval.temperature=1.5"],
+    "search": ["search", "--scorer", "math", "search.n=[1, 2]", "search.methods=[best_of_n]",
+               "search.max_new_tokens=32"],
+    "prm label": ["prm", "label", "label.method=mc", "label.limit=4", "label.question_batch=2",
+                  "label.solutions_per_question=2", "label.max_new_tokens=32", "label.k=2"],
+}
+
+
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_evaluate_killed_while_a_math_item_hangs_leaves_no_process(tmp_path, signum):
+@pytest.mark.parametrize("verb", list(VERBS))
+def test_verb_killed_while_a_math_item_hangs_leaves_no_process(tmp_path, verb, signum):
     task = _hang_rows(tmp_path)
-    args = ["evaluate", "--model", "tiny", "--task", f"jsonl:{task}", "--out", str(tmp_path / "run"),
-            *TINY_OVERRIDES, "task.options={reward: math}", "eval.batch_size=2", "eval.n=2", "eval.k=[1, 2]",
-            "eval.max_new_tokens=32", "eval.temperature=1.5", "threads=1"]
+    args = [*VERBS[verb], "--model", "tiny", "--task", f"jsonl:{task}", "--out", str(tmp_path / "run"),
+            *TINY_OVERRIDES, "task.options={reward: math}", "threads=1"]
     tree = Tree(cli(args), tmp_path / "stderr.txt", _env())
     try:
         tree.wait_for("math worker busy for 1 s", lambda: workers_of(tree, min_cpu_s=1.0), timeout=120)
-        _kill_and_count(tree, signum, GONE_S)  # evaluate has no grace period: SIGTERM ends it at once
+        _kill_and_count(tree, signum, GONE_S)
     finally:
         tree.kill_all()
 
