@@ -101,3 +101,13 @@ def test_interrupted_by_sigterm_says_so_and_exits_143():
     assert exc.exit_status == 143 and Interrupted("sft", "r", 1, "r/c").exit_status == 130
     assert str(exc) == ("stopped by SIGTERM at step 7; checkpoint step-7 written; continue with: "
                         "rewardlab train --out runs/x --resume")
+
+
+def test_the_cli_refuses_a_bad_grace_period_before_anything_starts(monkeypatch, tmp_path, capsys):
+    from rewardlab.cli import main
+
+    monkeypatch.setenv("REWARDLAB_SIGTERM_GRACE_S", "soon")
+    assert main(["train", "--model", "tiny", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.strip() == ("rewardlab train: error: REWARDLAB_SIGTERM_GRACE_S: expected a number "
+                                               "of seconds >= 0, got 'soon'")
+    assert not (tmp_path / "r").exists()

@@ -26,6 +26,13 @@ import sys
 from rewardlab.commands import COMMANDS, GROUPS, Command
 
 
+#: The top-level help's epilog: what Ctrl-C and SIGTERM do.
+SIGNALS_HELP = ("Ctrl-C or SIGTERM during train and sft: finish the current step, checkpoint it, print the --resume "
+                "command, exit 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once. After a SIGTERM the "
+                "process ends within REWARDLAB_SIGTERM_GRACE_S seconds (default 20), abandoning a step not finished "
+                "by then. Other verbs stop at once and resume from their logs. No process a verb starts outlives it.")
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, but the epilog (the config keys, laid out by `rewardlab.config.help_text`) prints as is."""
 
@@ -58,7 +65,8 @@ def _add_verb(sub, name: str, command: Command) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rewardlab", description="Reward-guided policy optimization of LMs.")
+    parser = argparse.ArgumentParser(prog="rewardlab", description="Reward-guided policy optimization of LMs.",
+                                     epilog=SIGNALS_HELP)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     groups: dict[str, argparse._SubParsersAction] = {}
     for verb, command in COMMANDS.items():
