@@ -6,6 +6,13 @@ config keys (`rl.lr=1e-4`); a verb's shortcut flags (`--model`, `--task`, `--dat
 (`model.path=`, `task.spec=`, `data=`). Every verb writes a run directory (`--out`) and refuses one that already
 holds a run unless given `--resume` (continue it) or `--overwrite` (delete it first). Errors print one line and exit
 with status 2.
+
+Signals: during `train` and `sft` (and the quickstart's stages) a first Ctrl-C or SIGTERM finishes the step, writes a
+checkpoint, prints the `--resume` command and exits with 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once.
+After a first SIGTERM the process ends within $REWARDLAB_SIGTERM_GRACE_S seconds (default 20) whatever happens:
+a step that does not finish in time is abandoned, to be resumed from the last checkpoint. Other verbs die of
+SIGTERM at once, as of SIGKILL, and resume from their logs. No process a verb starts outlives it
+(`rewardlab.lifetime`, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -17,6 +24,13 @@ import shutil
 import sys
 
 from rewardlab.commands import COMMANDS, GROUPS, Command
+
+
+#: The top-level help's epilog: what Ctrl-C and SIGTERM do.
+SIGNALS_HELP = ("Ctrl-C or SIGTERM during train and sft: finish the current step, checkpoint it, print the --resume "
+                "command, exit 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once. After a SIGTERM the "
+                "process ends within REWARDLAB_SIGTERM_GRACE_S seconds (default 20), abandoning a step not finished "
+                "by then. Other verbs stop at once and resume from their logs. No process a verb starts outlives it.")
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -51,7 +65,8 @@ def _add_verb(sub, name: str, command: Command) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rewardlab", description="Reward-guided policy optimization of LMs.")
+    parser = argparse.ArgumentParser(prog="rewardlab", description="Reward-guided policy optimization of LMs.",
+                                     epilog=SIGNALS_HELP)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     groups: dict[str, argparse._SubParsersAction] = {}
     for verb, command in COMMANDS.items():
@@ -98,17 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
 
     from rewardlab.config import load_config
-    from rewardlab.interrupt import EXIT_INTERRUPTED, Interrupted, resume_command
+    from rewardlab.interrupt import Interrupted, resume_command, sigterm_grace_s
     from rewardlab.rewards import RewardError
 
     try:
+        sigterm_grace_s()  # a bad REWARDLAB_SIGTERM_GRACE_S is an error before anything starts
         cfg = load_config(command.config, args.config, overrides)
         result = command.run(cfg, resume=args.resume, overwrite=args.overwrite, show_progress=not args.no_progress)
         if command.prints_summary:
             print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
-    except Interrupted as exc:  # a first Ctrl-C: the run stopped after a step, with a checkpoint
+    except Interrupted as exc:  # a first Ctrl-C or SIGTERM: the run stopped after a step, with a checkpoint
         print(f"rewardlab: {exc.message(resume_command(sys.argv[1:] if argv is None else argv))}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exc.exit_status  # 130 after Ctrl-C, 143 after SIGTERM
     except (ValueError, OSError, RewardError) as exc:
         text = str(exc)
         if isinstance(exc, OSError) and exc.strerror and exc.filename is None:

@@ -387,7 +387,8 @@ class RunDir:
         changes = list(changes)
         if not changes:
             return
-        config = _read_run_config(self.path / "config.yaml")
+        path = self.path / "config.yaml"
+        config = _read_run_config(path)
         for key, _, value in changes:
             *parents, last = key.split(".")
             node = config

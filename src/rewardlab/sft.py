@@ -5,9 +5,10 @@ During training:
   many steps and at the last (`rewardlab.evaluation.heldout`; completions up to the longest training target's
   tokens), logged as eval/accuracy and plotted in plots/sft_loss.png; a task without held-out rows is a ValueError
   naming sft.eval_every (`heldout_rows`, to be called before the run directory is opened);
-- a first Ctrl-C (SIGINT, main thread only) ends the run after the step it is in: a checkpoint of that step and the
-  summary (`interrupted: true`) are written and `rewardlab.interrupt.Interrupted` is raised; a second one raises
-  KeyboardInterrupt at once. The SIGINT handler in place before is restored.
+- a first Ctrl-C (SIGINT) or SIGTERM (main thread only) ends the run after the step it is in: a checkpoint of that
+  step and the summary (`interrupted: true`) are written and `rewardlab.interrupt.Interrupted` is raised; a second
+  one raises KeyboardInterrupt at once; after a SIGTERM the process exits within its grace period whatever happens.
+  The SIGINT and SIGTERM handlers in place before are restored.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
             (`heldout_rows`); a row whose prompt + target does not fit the model's context window (FILE:LINE,
             `tasks.check_target_lengths`); `RunDirError` (a ValueError): a resume with other settings or no valid
             checkpoint.
-        Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step (see the module docstring).
+        Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C or SIGTERM after a step (see the module docstring).
     """
     p = cfg.sft
     check_target(task, p.target, cfg.task.spec)
@@ -242,7 +243,7 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
                           max_new_tokens=max((len(t) for _, t, _ in encoded), default=1))
     policy.model.train()
     start, final, step = time.perf_counter(), checkpoint, start_step
-    with StopRequest() as stop:  # a first Ctrl-C ends the run after the current step
+    with StopRequest() as stop:  # a first Ctrl-C or SIGTERM ends the run after the current step
         with stage("SFT", p.steps, enabled=show_progress) as bar:
             bar.advance(start_step)
             for step in range(start_step + 1, p.steps + 1):
@@ -271,5 +272,5 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
                    "resumed_from": start_step if resume else None, "steps_done": step, "interrupted": interrupted}
         run.write_summary(summary)
     if interrupted:
-        raise Interrupted("sft", cfg.out, step, final)
+        raise Interrupted("sft", cfg.out, step, final, signum=stop.signum)
     return summary

@@ -27,7 +27,8 @@ def run(cfg: SFTConfig, *, resume: bool = False, overwrite: bool = False, show_p
             directory holds a run and neither `resume` nor
             `overwrite` is given, is in use, or has no valid checkpoint to resume; and what `tasks.load` and
             `load_policy` raise.
-        Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step, with its checkpoint (`train_sft`).
+        Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C or SIGTERM after a step, with its checkpoint
+            (`train_sft`).
     """
     task, policy = load_inputs(cfg)
     check_target(task, cfg.sft.target, cfg.task.spec)

@@ -12,6 +12,10 @@ pool's channel lock (as while reading a task or writing a result); `map` restart
 restarted when no result arrives for the item timeout plus `_STALL_GRACE` seconds - and runs the items it had not
 finished once more on a fresh one. The workers of a broken pool are stopped, not left behind.
 
+No worker outlives the process that started the pool: each dies with it (`rewardlab.lifetime.die_with_parent`, a
+parent-death SIGKILL on Linux), also when that process is SIGKILLed while the worker runs an item; the first workers
+are forked from a thread that lasts as long as the process (`rewardlab.lifetime.in_lasting_thread`).
+
     with Executor(workers=2) as ex:
         results = ex.map(check, items, timeout=5.0)      # [value | TaskError, ...] in input order
 
@@ -22,6 +26,7 @@ reused across calls and rewards, and shut down at interpreter exit.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import threading
 import weakref
@@ -34,6 +39,7 @@ from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
+from rewardlab.lifetime import die_with_parent, in_lasting_thread
 from rewardlab.sandbox import default_workers  # one definition for both pools
 from rewardlab.threads import single_thread_worker
 
@@ -82,6 +88,12 @@ def _run_chunk(fn: Callable[[Any], Any], chunk: Sequence[Any]) -> list[tuple[boo
     return out
 
 
+def _init_worker(parent_pid: int | None) -> None:
+    """Initializer of every pool worker: die with the pool's process (see the module docstring), one thread."""
+    die_with_parent(parent_pid)
+    single_thread_worker()
+
+
 def _stop_pool(pool: ProcessPool) -> None:
     pool.stop()  # terminates the workers; map() has already collected every result it waits for
     pool.join(timeout=10)
@@ -120,7 +132,12 @@ class Executor:
                 if self._finalizer is not None:  # a pool pebble gave up: stop the workers it left running
                     self._finalizer()
                 context = multiprocessing.get_context(self.start_method)
-                self._pool = ProcessPool(max_workers=self.workers, context=context, initializer=single_thread_worker)
+                # A forkserver's children are the fork server's: their parent is not this process.
+                parent = None if context.get_start_method() == "forkserver" else os.getpid()
+                self._pool = ProcessPool(max_workers=self.workers, context=context, initializer=_init_worker,
+                                         initargs=(parent,))
+                pool = self._pool
+                in_lasting_thread(lambda: pool.active)  # pebble forks the first workers when the pool first starts
                 # Runs at close(), at garbage collection or at interpreter exit (atexit), whichever is first; it
                 # holds the pool, not the executor, so it does not keep the executor alive.
                 self._finalizer = weakref.finalize(self, _stop_pool, self._pool)

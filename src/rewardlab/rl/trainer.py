@@ -23,7 +23,8 @@
 - `log_step`, `save_checkpoint`: metrics.jsonl, samples.jsonl, atomic checkpoints.
 - held-out evaluation every rl.eval_every steps (`rewardlab.evaluation.heldout`), logged on the step's metrics line.
 
-A first Ctrl-C (SIGINT) ends the run after the step it is in, with a checkpoint and the summary (`Interrupted`).
+A first Ctrl-C (SIGINT) or SIGTERM ends the run after the step it is in, with a checkpoint and the summary
+(`Interrupted`); after a SIGTERM, within its grace period (`rewardlab.interrupt`).
 
 The loop never branches on an algorithm name.
 """
@@ -1125,9 +1126,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
     `cfg.rl.steps`) and saves its final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
     With `rl.eval_every`, the policy is evaluated greedily on held-out questions every that many steps and at the
     last (`rewardlab.evaluation.heldout`; eval/accuracy in metrics.jsonl and plots/train.png). A first Ctrl-C
-    (SIGINT, main thread only) ends the run after the step it is in: a checkpoint of that step and the summary
-    (`interrupted: true`) are written and `Interrupted` is raised; a second one raises KeyboardInterrupt at once.
-    The SIGINT handler in place before the call is restored.
+    (SIGINT) or SIGTERM (main thread only) ends the run after the step it is in: a checkpoint of that step and the
+    summary (`interrupted: true`) are written and `Interrupted` is raised; a second one raises KeyboardInterrupt at
+    once. After a SIGTERM the process exits within the grace period whatever happens (`rewardlab.interrupt`). The
+    SIGINT and SIGTERM handlers in place before the call are restored.
     With rl.max_staleness = k (engine ray), step s trains on the batch of step s sampled by policy version
     max(0, s - 1 - k), generated while the learner runs the steps before it (`Prefetch`); checkpoints hold the
     batches prefetched, so a resume stays exact, and the summary's `async` counts every finished rollout as trained,
@@ -1144,8 +1146,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
             `cfg.out` holds a run and neither flag is given, is in use by another process, `resume` with other
             settings, or `resume` finds no valid checkpoint.
         OSError: a checkpoint could not be written (the message names it and the intact previous one).
-        Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C after a step; names the step, its checkpoint and the
-            `--resume` command.
+        Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C or SIGTERM after a step; names the step, its
+            checkpoint and the `--resume` command.
         RewardError: rl.max_reward_error_frac of a step's rollouts had a reward error (after a checkpoint of the
             step before; see `stop_on_reward_errors`), or a reward failed with on_error=raise.
     """
@@ -1162,7 +1164,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
         state.generated_total = generated_before(run, state.start_step)
         state.prefetch = prefetch = Prefetch(state, state.saved_prefetch)
         wall0, last, out_of_time = time.perf_counter(), {}, False
-        with StopRequest() as stop:  # a first Ctrl-C ends the run after the current step
+        with StopRequest() as stop:  # a first Ctrl-C or SIGTERM ends the run after the current step
             with stage(rl.estimator.upper(), rl.steps, enabled=show_progress) as bar:
                 bar.advance(state.start_step)
                 for step in range(state.start_step + 1, rl.steps + 1):
@@ -1202,7 +1204,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
             }
             run.write_summary(summary)
         if interrupted:
-            raise Interrupted("train", cfg.out, state.step, state.latest[1])
+            raise Interrupted("train", cfg.out, state.step, state.latest[1], signum=stop.signum)
         return summary
     finally:
         if state.prefetch is not None:

@@ -1,9 +1,9 @@
 """The sandbox launcher: a small long-lived process that forks one contained process tree per program.
 
-Run by `rewardlab.sandbox.runner` as `python -I -B launcher.py FD` (by path, as -I ignores PYTHONPATH), where FD is
-one end of a SOCK_SEQPACKET socket pair; stdlib only, so it never imports rewardlab (or torch). It is single-threaded,
-so forking it is safe (forking a multi-threaded parent is not), and it imports everything once, so each sandbox costs
-a fork and a few system calls instead of an interpreter start.
+Run by `rewardlab.sandbox.runner` as `python -I -B launcher.py FD CALLER` (by path, as -I ignores PYTHONPATH), where
+FD is one end of a SOCK_SEQPACKET socket pair and CALLER the caller's pid; stdlib only, so it never imports rewardlab
+(or torch). It is single-threaded, so forking it is safe (forking a multi-threaded parent is not), and it imports
+everything once, so each sandbox costs a fork and a few system calls instead of an interpreter start.
 
 Protocol (one JSON object per datagram):
     hello    {"namespaces": bool, "reason": why not, "pid"}  - sent once at start, after probing the namespace set-up
@@ -16,6 +16,8 @@ Protocol (one JSON object per datagram):
     reply    {"id", "isolation", "status" (raw wait status of the program, or null), "timed_out", "wall_seconds",
               "error" (null, or why the sandbox could not run the program), "cpu_seconds", "max_rss_bytes"}
              with the program's stdout and stderr attached as two memfds (none when it could not start).
+The launcher kills its sandboxes and exits when the caller closes its end of the socket, and when the caller process
+ends (it watches a pidfd of CALLER), even while another process still holds a copy of the caller's end.
 Under "namespaces" isolation nothing is written to the host's disk: the source and outputs are memfds and the
 working directory is a tmpfs mounted over /tmp in the sandbox's own mount namespace.
 
@@ -654,11 +656,19 @@ def probe_namespaces() -> str:
     return "" if reply.get("isolation") == "namespaces" else "the probe process died"
 
 
-def main(sock_fd: int) -> None:
+def main(sock_fd: int, caller_pid: int | None = None) -> None:
     sock = socket.socket(fileno=sock_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller's Ctrl-C is the caller's business
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     launcher_pid = os.getpid()
+    caller = -1
+    if caller_pid is not None:
+        try:
+            caller = os.pidfd_open(caller_pid)
+        except OSError:  # already gone
+            return
+        if os.getppid() != caller_pid:  # it died and another process took its pid before the pidfd was opened
+            return
     global LAUNCHER_ALIVE
     LAUNCHER_ALIVE, alive_w = os.pipe()  # alive_w stays open, unused, for the launcher's whole life
     refused = probe_namespaces()
@@ -670,6 +680,8 @@ def main(sock_fd: int) -> None:
     running: dict[object, int] = collections.Counter()  # batch -> jobs running
     poller = select.poll()
     poller.register(sock, select.POLLIN)
+    if caller >= 0:
+        poller.register(caller, select.POLLIN)  # readable once the caller process has ended
 
     def reply(message: dict, fds: Sequence[int] = ()) -> None:
         socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
@@ -696,6 +708,10 @@ def main(sock_fd: int) -> None:
         if jobs:
             wait_ms = max(0, int(1000 * (min(j["deadline"] for j in jobs.values()) - time.monotonic())) + 1)
         for fd, _ in poller.poll(wait_ms):
+            if fd == caller:  # the caller is gone, however it ended: take every sandbox down with us
+                for job in jobs.values():
+                    os.kill(job["pid"], signal.SIGKILL)
+                return
             if fd == sock.fileno():
                 try:
                     data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
@@ -807,4 +823,4 @@ def _finish(job: dict) -> dict:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)

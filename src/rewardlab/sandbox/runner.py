@@ -61,7 +61,9 @@ Implementation: a launcher process (`launcher.py` in this package, stdlib only, 
 interpreter and clones one sandbox per program. The caller only exchanges datagrams with it: it never forks itself
 (forking a multi-threaded trainer that holds a model is slow and unsafe), and any number of caller threads can run
 batches at once. The launcher runs up to `workers` programs of a batch at once and starts the next queued one the
-moment one exits.
+moment one exits. It kills its sandboxes and exits when the caller process ends, however it ends: it sees end of file
+on its socket (a process forked from the caller, e.g. a pool worker, closes its inherited copy of the caller's end at
+once) and it watches the caller's pidfd, which covers a copy held anyway.
 """
 
 from __future__ import annotations
@@ -203,16 +205,20 @@ class _Launcher:
 
     def __init__(self, python: str) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        _NOT_INHERITED.update((ours, theirs))
         self._log = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
-                [python, "-I", "-B", str(LAUNCHER), str(theirs.fileno())],
+                [python, "-I", "-B", str(LAUNCHER), str(theirs.fileno()), str(os.getpid())],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
                 env=_base_env(), cwd="/", start_new_session=True,
             )
         except OSError as exc:
+            _NOT_INHERITED.discard(ours)
+            ours.close()
             raise SandboxError(f"sandbox: cannot start the launcher with {python}: {exc}") from None
         finally:
+            _NOT_INHERITED.discard(theirs)
             theirs.close()
         self.sock = ours
         self.owner_pid = os.getpid()
@@ -222,6 +228,8 @@ class _Launcher:
         self.dead: str | None = None
         hello = self._recv()[0]
         if hello is None:
+            _NOT_INHERITED.discard(ours)
+            ours.close()
             raise SandboxError(f"sandbox: the launcher exited at start: {self._log_tail()}")
         self.namespaces: bool = hello["namespaces"]
         self.refusal: str = hello["reason"]
@@ -296,6 +304,7 @@ class _Launcher:
         return self.dead is None and self.owner_pid == os.getpid() and self.proc.poll() is None
 
     def close(self) -> None:
+        _NOT_INHERITED.discard(self.sock)
         try:
             self.sock.close()  # the launcher sees EOF, kills its sandboxes and exits
             self.proc.wait(timeout=5)
@@ -306,6 +315,23 @@ class _Launcher:
 _LAUNCHERS: dict[str, _Launcher] = {}
 _BATCHES = itertools.count()
 _LAUNCHERS_LOCK = threading.Lock()
+#: This process's ends of its launchers' sockets. A forked child (a pool worker) closes its copies at once: a copy
+#: left open would keep a launcher from seeing end of file when this process dies.
+_NOT_INHERITED: set[socket.socket] = set()
+
+
+def _forget_launchers_after_fork() -> None:
+    """In a forked child: close the inherited launcher sockets and forget the parent's launchers (a child that runs
+    a sandbox starts its own); the lock may have been held by another thread of the parent at the fork."""
+    global _LAUNCHERS_LOCK
+    for sock in list(_NOT_INHERITED):
+        sock.close()
+    _NOT_INHERITED.clear()
+    _LAUNCHERS.clear()
+    _LAUNCHERS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_launchers_after_fork)
 
 
 def _launcher(python: str) -> _Launcher:
