@@ -26,7 +26,8 @@ Call formats (parsers, by name):
 
 Statuses of a call: ok (it ran and returned), malformed (not parseable: bad JSON, no "name", an unclosed tag),
 unknown_tool, bad_arguments (a required argument missing, an unknown one, a value of the wrong JSON type),
-error (the tool raised, or its worker process died), timeout (it ran past `timeout_s` and its worker was killed).
+error (the tool raised, or its worker process died), timeout (it ran past `timeout_s` and its worker was killed),
+over_limit (a call after the turn's first `max_calls_per_turn`; not run).
 Every call that is not ok becomes a tool message whose content says what was wrong, in one short line starting with
 "error:"; a bad call never raises.
 """
@@ -49,7 +50,7 @@ __all__ = ["CALL_STATUSES", "CompactParser", "HermesParser", "TOOL_PARSERS", "To
            "tool_schema"]
 
 #: The status of a parsed call, as `info["tool_calls"][i]["status"]` and `Rollout.tool_calls` record it.
-CALL_STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout")
+CALL_STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout", "over_limit")
 
 #: name -> tool-call parser class (no options). A parser has `stop` (the strings that close a call), `check(schemas)`
 #: (raises ValueError when it cannot serve these tools), `parse(text, schemas) -> list[dict]` and `raw_text(message)`.
@@ -284,7 +285,9 @@ class ToolEnv(MultiTurnEnv):
     "error: <what was wrong>". info["tool_calls"] lists the calls, each {"name", "arguments", "status", "seconds"}
     (status one of CALL_STATUSES; seconds the tool's own run time, `timeout_s` for a timeout, 0.0 for a call that
     did not run). On the turn that reaches `max_turns`, the calls are parsed and recorded but not run (nobody would
-    read their results): status as parsed, seconds 0.0, the episode ends with termination "max_turns".
+    read their results): status as parsed, seconds 0.0, the episode ends with termination "max_turns". A turn's
+    calls after its first `max_calls_per_turn` are not run: each is status "over_limit", its content an error line
+    (the calls before it run as usual).
 
     Tools must be picklable top-level callables (functions defined at a module's top level, not lambdas or nested
     functions): they run in worker processes (pebble, via `rewardlab.rewards.executor.Executor`), so a call that
@@ -300,6 +303,8 @@ class ToolEnv(MultiTurnEnv):
         max_turns: end the episode after this many model turns, or None (the episode loop's limit only).
         parser: a name in TOOL_PARSERS: "hermes" (default) or "compact" (one one-argument tool).
         timeout_s: wall seconds one call may run (> 0).
+        max_calls_per_turn: calls of one model turn that are run (>= 1; later ones are "over_limit"), or None for
+            no limit. It bounds a turn's tool time to about ceil(max_calls_per_turn / workers) * timeout_s.
         workers: worker processes of the pool (default: min(4, the run's thread budget)).
     Attributes:
         tools: [K] JSON schemas (for `apply_chat_template(..., tools=...)`); stop: the parser's closing strings;
@@ -307,11 +312,11 @@ class ToolEnv(MultiTurnEnv):
     Raises:
         ValueError: one line: no tools, a tool that is not callable, has no schema (missing hints or docstring), is
             not picklable, or shares a name; an unknown parser; a parser that cannot serve the tools ("compact" with
-            several tools); timeout_s or workers out of range.
+            several tools); timeout_s, max_calls_per_turn or workers out of range.
     """
 
     def __init__(self, tools: Sequence[Callable[..., Any]], *, max_turns: int | None = None, parser: str = "hermes",
-                 timeout_s: float = 10.0, workers: int | None = None) -> None:
+                 timeout_s: float = 10.0, max_calls_per_turn: int | None = 4, workers: int | None = None) -> None:
         super().__init__(max_turns=max_turns)
         if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence) or not tools:
             raise ValueError(f"ToolEnv.tools: expected a non-empty list of callables, got {tools!r}")
@@ -320,6 +325,10 @@ class ToolEnv(MultiTurnEnv):
             raise ValueError(f"ToolEnv.timeout_s: expected a positive number of seconds, got {timeout_s!r}")
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(f"ToolEnv.workers: expected an integer >= 1 or None, got {workers!r}")
+        if max_calls_per_turn is not None and (isinstance(max_calls_per_turn, bool)
+                                               or not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1):
+            raise ValueError(f"ToolEnv.max_calls_per_turn: expected an integer >= 1 or None, got "
+                             f"{max_calls_per_turn!r}")
         try:
             self.parser = TOOL_PARSERS.get(parser)()
         except ValueError as exc:
@@ -342,6 +351,7 @@ class ToolEnv(MultiTurnEnv):
         self.tools = schemas
         self.stop = tuple(self.parser.stop)
         self.timeout_s = float(timeout_s)
+        self.max_calls_per_turn = max_calls_per_turn
         self._functions = functions
         self._schemas = {s["function"]["name"]: s for s in schemas}
         self._workers = workers
@@ -374,9 +384,16 @@ class ToolEnv(MultiTurnEnv):
     # ---------------------------------------------------------------------------------------- calls
     def parse(self, text: str) -> list[dict[str, Any]]:
         """The calls in a model turn, checked but not run: each {"name", "arguments", "status", "error"} with
-        status ok, malformed, unknown_tool or bad_arguments, and a one-line `error` for a bad one."""
+        status ok, malformed, unknown_tool, bad_arguments or over_limit (every call after the first
+        `max_calls_per_turn`, whatever it parsed as), and a one-line `error` for a bad one."""
         calls = self.parser.parse(text, self.tools)
-        for call in calls:
+        limit = self.max_calls_per_turn
+        for k, call in enumerate(calls):
+            if limit is not None and k >= limit:
+                call["status"] = "over_limit"
+                call["error"] = (f"call {k + 1} of {len(calls)} is over the limit of {limit} tool call"
+                                 f"{'s' if limit > 1 else ''} per turn; it was not run")
+                continue
             if call["status"] == "ok":
                 if call["name"] not in self._schemas:
                     call["status"] = "unknown_tool"
