@@ -280,7 +280,8 @@ class ToolEnv(MultiTurnEnv):
 
     Each model turn is parsed with the parser; a turn without a call ends the episode (info["termination"] =
     "stop": the model answered). Otherwise each call is checked (known tool, arguments fitting its schema) and the
-    good ones run at once in a process pool, each under `timeout_s`; the observation is one role "tool" message per
+    good ones run at once in a process pool, each under `timeout_s` (`step_batch` runs the calls of several
+    episodes' turns at once, with the results of serial steps); the observation is one role "tool" message per
     call, in call order, {"role": "tool", "name": NAME, "content": str(result)} or, for a bad call, content
     "error: <what was wrong>". info["tool_calls"] lists the calls, each {"name", "arguments", "status", "seconds"}
     (status one of CALL_STATUSES; seconds the tool's own run time, `timeout_s` for a timeout, 0.0 for a call that
@@ -356,6 +357,8 @@ class ToolEnv(MultiTurnEnv):
         self._schemas = {s["function"]["name"]: s for s in schemas}
         self._workers = workers
         self._executor = None
+        #: id(state) -> (action, its parsed calls, their contents): what `step_batch` ran, read by env_response.
+        self._prepared: dict[int, tuple[str, list[dict[str, Any]], list[str]]] = {}
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def _get_executor(self):
@@ -412,50 +415,96 @@ class ToolEnv(MultiTurnEnv):
     def run_calls(self, calls: list[dict[str, Any]]) -> list[str]:
         """Run the ok calls of `calls` (from `parse`) in the pool, at once; set each call's status and `seconds`
         in place. Returns the content of each call's tool message, in order (a bad call's is "error: ...")."""
-        contents = ["" for _ in calls]
-        jobs = []
-        for i, call in enumerate(calls):
-            call.setdefault("seconds", 0.0)
-            if call["status"] == "ok":
-                jobs.append(i)
-            else:
-                contents[i] = f"error: {call['error']}"
-        if jobs:
-            from rewardlab.rewards.executor import TaskError
+        return self._run_turns([calls])[0]
 
-            results = self._get_executor().map(
-                _run_tool, [(self._functions[calls[i]["name"]], calls[i]["arguments"]) for i in jobs],
-                timeout=self.timeout_s)
-            for i, result in zip(jobs, results):
-                call = calls[i]
-                if isinstance(result, TaskError):
-                    if result.kind == "timeout":
-                        call["status"], call["seconds"] = "timeout", self.timeout_s
-                        contents[i] = f"error: {call['name']} timed out after {self.timeout_s:g} s"
-                    else:
-                        call["status"] = "error"
-                        contents[i] = f"error: {call['name']} failed: {result.message}"
-                    continue
-                ok, text, seconds = result
-                call["seconds"] = seconds
-                if ok:
-                    contents[i] = text
+    def _run_turns(self, turns: list[list[dict[str, Any]]]) -> list[list[str]]:
+        """`run_calls` of several turns (of different episodes) with one pool `map` over all their ok calls, so that
+        they run concurrently up to the pool's workers; per turn, the contents `run_calls` would return."""
+        contents = [["" for _ in calls] for calls in turns]
+        jobs = []
+        for t, calls in enumerate(turns):
+            for i, call in enumerate(calls):
+                call.setdefault("seconds", 0.0)
+                if call["status"] == "ok":
+                    jobs.append((t, i))
+                else:
+                    contents[t][i] = f"error: {call['error']}"
+        if not jobs:
+            return contents
+        from rewardlab.rewards.executor import TaskError
+
+        results = self._get_executor().map(
+            _run_tool, [(self._functions[turns[t][i]["name"]], turns[t][i]["arguments"]) for t, i in jobs],
+            timeout=self.timeout_s)
+        for (t, i), result in zip(jobs, results):
+            call = turns[t][i]
+            if isinstance(result, TaskError):
+                if result.kind == "timeout":
+                    call["status"], call["seconds"] = "timeout", self.timeout_s
+                    contents[t][i] = f"error: {call['name']} timed out after {self.timeout_s:g} s"
                 else:
                     call["status"] = "error"
-                    contents[i] = f"error: {text}"
+                    contents[t][i] = f"error: {call['name']} failed: {result.message}"
+                continue
+            ok, text, seconds = result
+            call["seconds"] = seconds
+            if ok:
+                contents[t][i] = text
+            else:
+                call["status"] = "error"
+                contents[t][i] = f"error: {text}"
         return contents
 
+    def _runs_calls(self, turn: int) -> bool:
+        """Whether the calls of model turn `turn` (1-based) run: not on the turn that reaches `max_turns`."""
+        return self.max_turns is None or turn < self.max_turns
+
+    def step_batch(self, states: Sequence[State], actions: Sequence[str]) -> list[StepResult]:
+        """`[self.step(state, action) for ...]` for the turns of several episodes, with the tool calls of all of
+        them run at once in the pool (up to its workers at a time) instead of one episode after another. The
+        results, the states and the calls' records are those of the serial steps, in order (a call's `seconds` is
+        its own run time, as measured in its worker).
+
+        A subclass that overrides `step`, `env_response` or `run_calls` is stepped one episode after another, so
+        its own code sees each turn as `step` would give it.
+
+        Raises:
+            ValueError: states and actions of different lengths; what `step` raises.
+        """
+        states, actions = list(states), list(actions)
+        if len(states) != len(actions):
+            raise ValueError(f"{type(self).__name__}.step_batch: {len(states)} states and {len(actions)} actions")
+        cls = type(self)
+        if (cls.step is not MultiTurnEnv.step or cls.env_response is not ToolEnv.env_response
+                or cls.run_calls is not ToolEnv.run_calls or len({id(s) for s in states}) != len(states)):
+            return [self.step(state, action) for state, action in zip(states, actions)]
+        turns = [self.parse(action) for action in actions]
+        contents = self._run_turns([calls if self._runs_calls(state["turn"] + 1) else []
+                                    for state, calls in zip(states, turns)])
+        try:
+            for state, action, calls, text in zip(states, actions, turns, contents):
+                self._prepared[id(state)] = (action, calls, text)
+            return [self.step(state, action) for state, action in zip(states, actions)]
+        finally:
+            self._prepared.clear()
+
     def env_response(self, messages: list[dict[str, Any]], state: State) -> StepResult:
-        """Parse the model's latest turn and run its calls (see the class docstring)."""
-        calls = self.parse(messages[-1]["content"])
+        """Parse the model's latest turn and run its calls (see the class docstring); under `step_batch`, take the
+        calls it already parsed and ran."""
+        action = messages[-1]["content"]
+        prepared = self._prepared.pop(id(state), None)
+        if prepared is not None and prepared[0] == action:
+            _, calls, contents = prepared
+        else:
+            calls, contents = self.parse(action), None
         state["calls"] = calls
         if not calls:
             return StepResult(None, True, None, {"termination": "stop", "tool_calls": []})
-        if self.max_turns is not None and state["turn"] >= self.max_turns:
+        if not self._runs_calls(state["turn"]):
             contents = [f"error: {c['error']}" if c["status"] != "ok" else "" for c in calls]
             for call in calls:
                 call["seconds"] = 0.0
-        else:
+        elif contents is None:
             contents = self.run_calls(calls)
         observation = [{"role": "tool", "name": c["name"] if isinstance(c["name"], str) else "", "content": text}
                        for c, text in zip(calls, contents)]
