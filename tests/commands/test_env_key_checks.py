@@ -31,7 +31,8 @@ def _error(capsys, *args):
     return lines[0]
 
 
-@pytest.mark.parametrize("key,value", [("tool_timeout_s", "3"), ("max_tool_tokens", "32"), ("tool_keep", "end")])
+@pytest.mark.parametrize("key,value", [("tool_timeout_s", "3"), ("max_tool_tokens", "32"), ("tool_keep", "end"),
+                                       ("max_tool_calls_per_turn", "2")])
 def test_a_tool_key_on_an_environment_without_tools_is_refused_naming_it(tmp_path, capsys, key, value):
     out = tmp_path / "run"
     line = _error(capsys, "evaluate", *GUESS, f"env.{key}={value}", f"out={out}")
@@ -69,15 +70,49 @@ def test_the_env_section_reaches_the_episodes_and_the_tool_timeout_only_when_set
     task = load("env:python")
     default = load_episodes(task, load_config(EvaluateConfig, None, ["task.spec=env:python"]).env, None)
     assert default.env.timeout_s == 15.0  # python's own (its sandbox stops a program after 5 s), not the key's 5.0
+    assert default.env.max_calls_per_turn == 4
     cfg = load_config(EvaluateConfig, None, ["task.spec=env:python", "env.tool_timeout_s=2", "env.max_turns=3",
                                              "env.max_episode_tokens=300", "env.max_tool_tokens=40",
-                                             "env.tool_keep=end"])
+                                             "env.tool_keep=end", "env.max_tool_calls_per_turn=2"])
     settings = load_episodes(task, cfg.env, None)
     assert settings.env.timeout_s == 2.0 and settings.name == "python"
+    assert settings.env.max_calls_per_turn == 2
     assert (settings.max_turns, settings.max_episode_tokens, settings.max_tool_tokens, settings.tool_keep) == (
         3, 300, 40, "end")
     single = Task("jsonl:x", train=[{"prompt": "1+1=", "answer": "2"}], test=[])
     assert load_episodes(single, load_config(EvaluateConfig, None, []).env, None) is None
+
+
+@pytest.mark.parametrize("value,message", [
+    ("0", "env.max_tool_calls_per_turn: Input should be greater than 0"),
+    ("two", "env.max_tool_calls_per_turn: Input should be a valid integer"),
+    ("1.5", "env.max_tool_calls_per_turn: Input should be a valid integer"),
+])
+def test_a_bad_max_tool_calls_per_turn_is_one_line_naming_the_key(tmp_path, capsys, value, message):
+    out = tmp_path / "run"
+    line = _error(capsys, "evaluate", *CALC, f"env.max_tool_calls_per_turn={value}", f"out={out}")
+    assert message in line
+    assert not out.exists()
+
+
+def test_max_tool_calls_per_turn_on_a_tool_environment_that_does_not_take_it_is_refused():
+    from rewardlab.envs import ENVIRONMENTS, ToolEnv, calc
+
+    class NoLimit(ToolEnv):  # a tool environment whose options do not include max_calls_per_turn
+        def __init__(self) -> None:
+            super().__init__([calc], parser="compact")
+
+    ENVIRONMENTS.register("no_limit")(NoLimit)
+    try:
+        task = Task("env:no_limit", train=[{"prompt": "1+1=", "answer": "2"}], test=[], env={"name": "no_limit"})
+        default = load_config(EvaluateConfig, None, ["task.spec=env:calculator"]).env
+        assert load_episodes(task, default, None).env.max_calls_per_turn == 4  # the default: nothing to refuse
+        cfg = load_config(EvaluateConfig, None, ["task.spec=env:calculator", "env.max_tool_calls_per_turn=2"])
+        with pytest.raises(ValueError, match=r"^env.max_tool_calls_per_turn: environment 'no_limit' does not take "
+                                             "max_calls_per_turn, so nothing reads it; drop the setting$"):
+            load_episodes(task, cfg.env, None)
+    finally:
+        ENVIRONMENTS.unregister("no_limit")
 
 
 def test_sft_trains_on_an_environment_task_from_its_generated_traces(tmp_path):

@@ -21,7 +21,7 @@ import episode_envs  # noqa: F401  (registers env:test_turns, its reward and the
 
 #: Keys that only apply in one mode, with the override that sets them, refused in the other mode.
 ENV_ONLY = ["env.max_turns=2", "env.max_episode_tokens=30", "env.max_tool_tokens=20", "env.tool_keep=end",
-            "env.tool_timeout_s=2", "rl.turn_rewards=info_gain"]
+            "env.tool_timeout_s=2", "env.max_tool_calls_per_turn=2", "rl.turn_rewards=info_gain"]
 SINGLE_TURN_ONLY = ["rl.step_separator=';'"]
 #: Keys that only engine ray reads, refused on engine local (every run below) in both modes.
 RAY_ONLY = ["rl.rollout_workers=3", "rl.reward_workers=1", "rl.ray_address=auto", "rl.rollout_worker_cpus=1",
@@ -127,6 +127,7 @@ def test_every_evaluate_key_is_read_on_an_environment_task(tmp_path, reads):
                  f"--out={tmp_path / 'eval'}"]) == 0
     read = _consumed(reads)  # before the schema walk below, which reads every default
     owners = _leaf_owners(EvaluateConfig)
-    tool_keys = {"env.max_tool_tokens", "env.tool_keep", "env.tool_timeout_s"}  # refused: test_turns has no tools
+    tool_keys = {"env.max_tool_tokens", "env.tool_keep", "env.tool_timeout_s",
+                 "env.max_tool_calls_per_turn"}  # refused: test_turns has no tools
     unread = sorted(k for k, owner in owners.items() if owner not in read and k not in tool_keys)
     assert unread == [], f"evaluate: config keys no run read (silent settings): {unread}"

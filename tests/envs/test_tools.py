@@ -88,7 +88,7 @@ def test_schemas_come_from_get_json_schema_and_stop_is_the_parsers_closing_strin
     assert env.stop == ("</tool_call>",)
     assert ToolEnv([square], parser="compact").stop == ("</c>",)
     assert set(TOOL_PARSERS) == {"hermes", "compact"}
-    assert CALL_STATUSES == ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout")
+    assert CALL_STATUSES == ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout", "over_limit")
 
 
 @pytest.mark.parametrize("tool,match", [(no_doc, "tool 'no_doc': .*docstring"), (no_hints, "tool 'no_hints': ")])
@@ -125,6 +125,9 @@ def test_bad_construction_arguments_are_one_line_errors():
         ToolEnv([add], timeout_s=0)
     with pytest.raises(ValueError, match="ToolEnv.tools"):
         ToolEnv([])
+    for bad in (0, -1, True, 1.5, "4"):
+        with pytest.raises(ValueError, match=r"^ToolEnv.max_calls_per_turn: expected an integer >= 1 or None, got "):
+            ToolEnv([add], max_calls_per_turn=bad)
 
 
 # ------------------------------------------------------------------------------------------------ hermes parsing
@@ -198,6 +201,27 @@ def test_good_and_bad_calls_of_one_turn_keep_their_order(env):
     assert [m["content"] for m in result.observation] == ["A", "error: unknown tool 'nope'; tools: add, shout, boom",
                                                           "3"]
     assert [c["status"] for c in result.info["tool_calls"]] == ["ok", "unknown_tool", "ok"]
+
+
+def test_calls_over_max_calls_per_turn_are_error_observations_and_the_earlier_ones_still_run():
+    with ToolEnv([hang, shout, add], timeout_s=1.0, max_calls_per_turn=2, workers=2) as env:
+        state = env.reset({"prompt": "q"})
+        # the third call (ok), the fourth (malformed) and the two hanging ones are over the limit: none of them runs
+        result = env.step(state, call("shout", text="a") + call("add", a=1, b=2) + call("shout", text="b")
+                          + "<tool_call>{bad}</tool_call>" + call("hang", text="x") * 2)
+        assert [c["status"] for c in result.info["tool_calls"]] == ["ok", "ok"] + ["over_limit"] * 4
+        contents = [m["content"] for m in result.observation]
+        assert contents[:2] == ["A", "3"]
+        for k, text in enumerate(contents[2:], start=3):
+            assert text == f"error: call {k} of 6 is over the limit of 2 tool calls per turn; it was not run"
+        assert [c["seconds"] for c in result.info["tool_calls"][2:]] == [0.0] * 4
+        assert result.info["tool_calls"][2]["arguments"] == {"text": "b"}  # recorded as parsed
+    with ToolEnv([shout], max_calls_per_turn=None, workers=1) as env:  # None: no limit
+        result = env.step(env.reset({"prompt": "q"}), call("shout", text="a") * 6)
+        assert [c["status"] for c in result.info["tool_calls"]] == ["ok"] * 6
+    default = ToolEnv([shout], workers=1)
+    assert default.max_calls_per_turn == 4
+    assert [c["status"] for c in default.parse(call("shout", text="a") * 5)] == ["ok"] * 4 + ["over_limit"]
 
 
 def test_a_hanging_tool_is_stopped_by_its_timeout_and_the_pool_keeps_working():

@@ -66,6 +66,8 @@ def test_python_task_reward_spec_scores_the_fenced_final_answer():
     ("env:guess_number", {"n": 1}, "task.options: env guess_number.n: expected an integer >= 2, got 1"),
     ("env:guess_number", {"seed": "x"}, "task.options.seed: expected an integer, got 'x'"),
     ("env:calculator", {"timeout_s": 2}, "task.options.timeout_s: set env.tool_timeout_s instead"),
+    ("env:python", {"max_calls_per_turn": 2},
+     "task.options.max_calls_per_turn: set env.max_tool_calls_per_turn instead"),
     ("env:chess", {}, "task spec 'env:chess': unknown environment 'chess'; valid: calculator, guess_number, python"),
 ])
 def test_bad_options_are_one_line_errors_naming_task_options(spec, options, message):

@@ -167,6 +167,11 @@ class EnvConfig(_Base):
         None, gt=0, description="seconds a tool call may run; a call past it is stopped and the model reads a timeout "
         "error (tool status timeout). Default (null): the environment's own (calculator 5, python 15: its sandbox "
         "stops a program after 5 s of its own)")
+    max_tool_calls_per_turn: int = Field(
+        4, gt=0, description="tool calls of one model turn that are run; each later call is not run and the model "
+        "reads an error for it (tool status over_limit). It bounds a turn's tool time to about ceil(N / tool "
+        "workers) x the tool timeout (verl's rollout.multi_turn.max_parallel_calls, which drops later calls "
+        "silently)")
 
     def changed(self) -> set[str]:
         """The keys of this section set to other than their defaults (e.g. {"tool_keep"})."""

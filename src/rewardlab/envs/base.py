@@ -51,6 +51,10 @@ class Environment(Protocol):
         tools: list of JSON schemas of the environment's tools, given to the chat template; default None.
         raw_text(message) -> str: how an observation message is appended to a raw (non-chat) prompt; default its
             content.
+        step_batch(states, actions) -> list[StepResult]: the steps of several episodes' turns at once (the episode
+            loop calls it once per round with every episode that took a turn); it must return exactly what
+            `[step(s, a) for s, a in zip(states, actions)]` would, in order. Default: those serial steps. `ToolEnv`
+            has one that runs the tool calls of all the turns concurrently in its pool.
     """
 
     def reset(self, row: dict[str, Any]) -> State: ...

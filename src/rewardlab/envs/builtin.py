@@ -181,6 +181,7 @@ class CalculatorEnv(ToolEnv):
         size: questions drawn before de-duplication (default 5000).
         test_size: held-out questions (default 300).
         timeout_s: wall seconds one calc call may run (default 5).
+        max_calls_per_turn: calls of one model turn that run (default 4; later ones are status over_limit).
         workers: tool worker processes (default: min(4, the thread budget)).
     Raises:
         ValueError: an unknown parser or dataset, or a bad reasoning-gym option (one line).
@@ -191,10 +192,12 @@ class CalculatorEnv(ToolEnv):
 
     def __init__(self, *, parser: str = "compact", dataset: str = "chain_sum", min_terms: int = 2,
                  max_terms: int = 3, min_digits: int = 3, max_digits: int = 4, size: int = 5000,
-                 test_size: int = 300, timeout_s: float = 5.0, workers: int | None = None) -> None:
+                 test_size: int = 300, timeout_s: float = 5.0, max_calls_per_turn: int = 4,
+                 workers: int | None = None) -> None:
         if dataset not in _CALC_DATASETS:
             raise ValueError(f"env calculator.dataset: expected one of {', '.join(_CALC_DATASETS)}, got {dataset!r}")
-        super().__init__([calc], parser=parser, timeout_s=timeout_s, workers=workers)
+        super().__init__([calc], parser=parser, timeout_s=timeout_s, max_calls_per_turn=max_calls_per_turn,
+                         workers=workers)
         self.dataset = dataset
         self.config = {"min_terms": min_terms, "max_terms": max_terms, "min_digits": min_digits,
                        "max_digits": max_digits}
@@ -480,6 +483,8 @@ class PythonEnv(ToolEnv):
         test_size: held-out problems (default 0.2 of 164).
         timeout_s: wall seconds one run_python call may take in its worker (default 15; the sandbox stops the
             program itself after 5).
+        max_calls_per_turn: run_python calls of one model turn that run (default 4; later ones are status
+            over_limit).
         workers: tool worker processes (default: min(4, the thread budget)).
     """
 
@@ -487,8 +492,9 @@ class PythonEnv(ToolEnv):
     reward_options: dict[str, Any] = {"fenced": True}
 
     def __init__(self, *, parser: str = "hermes", test_size: int | float = 0.2, timeout_s: float = 15.0,
-                 workers: int | None = None) -> None:
-        super().__init__([run_python], parser=parser, timeout_s=timeout_s, workers=workers)
+                 max_calls_per_turn: int = 4, workers: int | None = None) -> None:
+        super().__init__([run_python], parser=parser, timeout_s=timeout_s, max_calls_per_turn=max_calls_per_turn,
+                         workers=workers)
         self.test_size = test_size
         self._tasks: dict[int, Task] = {}
 

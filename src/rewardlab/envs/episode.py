@@ -3,8 +3,11 @@
 An `Episode` is a state machine that never samples by itself: `next_request()` says what the model must continue
 next (the row's ids so far, the turn's token budget, the random stream), `feed(sampled)` gives it what the model
 sampled, and it runs the environment, renders the observation and keeps the budgets. `run_episodes` is the local
-driver: it batches the pending requests of all live episodes into one `sample_ids` call per round. Other drivers
-(remote workers, engines' agent loops) run the same `Episode` objects with their own sampler.
+driver: it batches the pending requests of all live episodes into one `sample_ids` call per round, and steps the
+environment of all of them at once (`step_all`: the environment's `step_batch` when it has one, which a `ToolEnv`
+uses to run every episode's tool calls of the round concurrently in its pool), in two halves of `feed`:
+`feed_sample(sampled)` then `feed_step(result)`. Other drivers (remote workers, engines' agent loops) run the same
+`Episode` objects with their own sampler.
 
 Token exactness: a row's ids only ever grow by appending. A model turn appends the ids the sampler returned
 (loss mask 1, their behaviour log-probs); an environment turn appends `renderer.extend(...)` (loss mask 0,
@@ -199,6 +202,7 @@ class Episode:
         self.tokens = 0  # episode tokens so far (see the module doc)
         self.termination: str | None = None
         self._pending: Request | None = None
+        self._stepping = False  # between feed_sample (which returned the action) and feed_step
         self._caps: tuple[int, int, int | None] = (0, 0, None)
 
     @property
@@ -215,6 +219,9 @@ class Episode:
         the context window is full) ends the episode here (`max_episode_tokens`, else `context`)."""
         if self.done:
             return None
+        if self._stepping:
+            raise ValueError(f"episode {self.episode_id}: next_request() while the environment step of the last "
+                             "turn is due (call feed_step(result))")
         if self._pending is not None:
             return self._pending
         lim, row = self.limits, self.rows[-1]
@@ -234,13 +241,24 @@ class Episode:
         return self._pending
 
     def feed(self, sampled: Sampled) -> None:
-        """Append the model's turn, step the environment on its text, append the observation (or end the episode).
+        """Append the model's turn, step the environment on its text, append the observation (or end the episode):
+        `feed_sample(sampled)`, then, when it returns an action, `feed_step(env.step(state, action))`.
+
+        Raises:
+            ValueError: what `feed_sample` and `feed_step` raise.
+        """
+        action = self.feed_sample(sampled)
+        if action is not None:
+            self.feed_step(self.env.step(self.state, action))
+
+    def feed_sample(self, sampled: Sampled) -> str | None:
+        """The first half of `feed`: append the model's turn. Returns the text the environment must now be stepped
+        on (`env.step(self.state, text)`, whose result goes to `feed_step`), or None when the turn ended the episode
+        without an environment step (it used its whole budget: `max_new_tokens`, `max_episode_tokens` or `context`).
 
         Raises:
             ValueError: no request pending; a `Sampled` whose ids and log-probs differ in length, longer than the
-                budget, with an unknown finish, or "length" with fewer tokens than the budget; a done step whose
-                info "termination" is not one of ENV_TERMINATIONS; an env step that returns no StepResult or a
-                malformed observation.
+                budget, with an unknown finish, or "length" with fewer tokens than the budget.
         """
         req = self._pending
         if req is None:
@@ -275,8 +293,22 @@ class Episode:
             max_new, left_episode, _ = self._caps
             self._end("max_new_tokens" if req.max_new_tokens == max_new else
                       "max_episode_tokens" if req.max_new_tokens == left_episode else "context")
-            return
-        result = self.env.step(self.state, text)
+            return None
+        self._stepping = True
+        return text
+
+    def feed_step(self, result: StepResult) -> None:
+        """The second half of `feed`: the environment's answer to the turn `feed_sample` returned; append the
+        observation or end the episode.
+
+        Raises:
+            ValueError: no step due (feed_sample did not return an action); a result that is not a StepResult; a
+                done step whose info "termination" is not one of ENV_TERMINATIONS; a malformed observation.
+        """
+        if not self._stepping:
+            raise ValueError(f"episode {self.episode_id}: feed_step() without a turn to step (call feed_sample())")
+        self._stepping = False
+        row = self.rows[-1]
         if not isinstance(result, StepResult):
             raise ValueError(f"episode {self.episode_id}: env.step returned {type(result).__name__}, not a StepResult")
         row.turn_rewards.append(0.0 if result.reward is None else float(result.reward))
@@ -364,6 +396,23 @@ class Episode:
         return out
 
 
+def step_all(env: Environment, states: Sequence[Any], actions: Sequence[str]) -> list[StepResult]:
+    """Step the environment of several episodes on their turns, results in order: `env.step_batch(states, actions)`
+    when the environment has one (a `ToolEnv` runs all their tool calls at once in its pool), else `env.step(state,
+    action)` of each, one after another. Either way the results are those of the serial steps.
+
+    Raises:
+        ValueError: a step_batch that returns a different number of results than it was given turns.
+    """
+    batch = getattr(env, "step_batch", None)
+    if not callable(batch) or len(states) < 2:
+        return [env.step(state, action) for state, action in zip(states, actions)]
+    results = list(batch(list(states), list(actions)))
+    if len(results) != len(states):
+        raise ValueError(f"{type(env).__name__}.step_batch returned {len(results)} results for {len(states)} turns")
+    return results
+
+
 def check_stop_strings(renderer: Any, stop: Sequence[str] | None) -> None:
     """Refuse stop strings that could never end a turn on this renderer's tokenizer.
 
@@ -397,7 +446,9 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
                  greedy: bool = False, max_tool_tokens: int | None = None, tool_keep: str = "start", seed: int = 0,
                  step: int = 0, round: int = 0, episode_offset: int = 0, renderer: Any = None) -> list[Rollout]:
     """Run `n` episodes of each task row in `env` with `policy`, batching every live episode's turn into one
-    `policy.sample_ids` call per round, and return their rows as rollouts.
+    `policy.sample_ids` call per round and their environment steps into one `step_all` call (a `ToolEnv` runs the
+    round's tool calls of all episodes concurrently, up to its pool's workers; the results are those of stepping
+    the episodes one after another), and return their rows as rollouts.
 
     Args:
         policy: a `TokenSampler` (`sample_ids`, `eos_token_id`, `context_window`): `rewardlab.policy.Policy` or any
@@ -471,6 +522,8 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
                                     streams=[req.stream for _, req in live])
         if len(sampled) != len(live):
             raise ValueError(f"run_episodes: sample_ids returned {len(sampled)} samples for {len(live)} prompts")
-        for (ep, _), s in zip(live, sampled):
-            ep.feed(s)
+        due = [(ep, action) for (ep, _), s in zip(live, sampled) if (action := ep.feed_sample(s)) is not None]
+        results = step_all(env, [ep.state for ep, _ in due], [action for _, action in due])
+        for (ep, _), result in zip(due, results):
+            ep.feed_step(result)
     return [r for ep in episodes for r in ep.rollouts()]

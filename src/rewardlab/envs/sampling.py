@@ -41,10 +41,12 @@ class EpisodeSettings:
 
 
 def episode_settings(task: Any, *, max_turns: int, max_episode_tokens: int, max_tool_tokens: int | None = None,
-                     tool_keep: str = "start", tool_timeout_s: float | None = None) -> EpisodeSettings | None:
+                     tool_keep: str = "start", tool_timeout_s: float | None = None,
+                     max_tool_calls_per_turn: int | None = None) -> EpisodeSettings | None:
     """The episodes of `task` (a `rewardlab.tasks.Task`): None for a single-turn task (`task.env` is None), else its
-    environment (`make_env(task.env["name"], **task.env["options"])`, with `timeout_s=tool_timeout_s` for an
-    environment that runs tools) and these budgets (the `env` config section).
+    environment (`make_env(task.env["name"], **task.env["options"])`, with `timeout_s=tool_timeout_s` and
+    `max_calls_per_turn=max_tool_calls_per_turn` for an environment that declares them; None leaves its own) and
+    these budgets (the `env` config section).
 
     Raises:
         ValueError: what `make_env` raises.
@@ -56,12 +58,14 @@ def episode_settings(task: Any, *, max_turns: int, max_episode_tokens: int, max_
     name, options = task.env["name"], dict(task.env.get("options") or {})
     if tool_timeout_s is not None and "timeout_s" in (ENVIRONMENTS.options(name) or ()):
         options.setdefault("timeout_s", tool_timeout_s)
+    if max_tool_calls_per_turn is not None and "max_calls_per_turn" in (ENVIRONMENTS.options(name) or ()):
+        options.setdefault("max_calls_per_turn", max_tool_calls_per_turn)
     return EpisodeSettings(make_env(name, **options), max_turns=max_turns, max_episode_tokens=max_episode_tokens,
                            max_tool_tokens=max_tool_tokens, tool_keep=tool_keep, name=name)
 
 
 #: The env keys that only environments running tools read.
-TOOL_KEYS = ("tool_timeout_s", "max_tool_tokens", "tool_keep")
+TOOL_KEYS = ("tool_timeout_s", "max_tool_tokens", "tool_keep", "max_tool_calls_per_turn")
 
 
 def check_episode_keys(settings: EpisodeSettings | None, policy: Any, *, changed: Collection[str] = ()) -> None:
@@ -107,22 +111,32 @@ def load_episodes(task: Any, section: Any, policy: Any) -> EpisodeSettings | Non
     """The episodes of an environment task (`task.env`; None for a single-turn task): its environment and the budgets
     of the `env` config section (`episode_settings`), the section's keys checked against the environment and the
     model (`check_episode_keys`). `env.tool_timeout_s` (null by default: the environment's own timeout) becomes the
-    `timeout_s` of an environment that runs tools. Call it at set-up, before a run directory is opened.
+    `timeout_s` of an environment that runs tools, `env.max_tool_calls_per_turn` its `max_calls_per_turn`. Call it
+    at set-up, before a run directory is opened.
 
     Args:
         task: a `rewardlab.tasks.Task`.
         section: the `env` config section (`rewardlab.config.EnvConfig`: max_turns, max_episode_tokens,
-            max_tool_tokens, tool_keep, tool_timeout_s and `changed()`, the keys set to other than their defaults).
+            max_tool_tokens, tool_keep, tool_timeout_s, max_tool_calls_per_turn and `changed()`, the keys set to other
+            than their defaults).
         policy: the policy whose renderer must fit the truncation marker in max_tool_tokens; None skips that check.
     Raises:
-        ValueError: one line naming the key: what `episode_settings` (`make_env`) and `check_episode_keys` raise.
+        ValueError: one line naming the key: what `episode_settings` (`make_env`) and `check_episode_keys` raise;
+            env.max_tool_calls_per_turn set on an environment that runs tools but does not take `max_calls_per_turn`.
     """
     if getattr(task, "env", None) is None:
         return None
     settings = episode_settings(task, max_turns=section.max_turns, max_episode_tokens=section.max_episode_tokens,
                                 max_tool_tokens=section.max_tool_tokens, tool_keep=section.tool_keep,
-                                tool_timeout_s=section.tool_timeout_s)
-    check_episode_keys(settings, policy, changed=section.changed())
+                                tool_timeout_s=section.tool_timeout_s,
+                                max_tool_calls_per_turn=section.max_tool_calls_per_turn)
+    changed = section.changed()
+    check_episode_keys(settings, policy, changed=changed)
+    env = settings.env
+    if "max_tool_calls_per_turn" in changed and getattr(env, "max_calls_per_turn", None) != \
+            section.max_tool_calls_per_turn:
+        raise ValueError(f"env.max_tool_calls_per_turn: environment {settings.name or type(env).__name__!r} does "
+                         "not take max_calls_per_turn, so nothing reads it; drop the setting")
     return settings
 
 

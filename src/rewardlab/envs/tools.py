@@ -27,7 +27,8 @@ Call formats (parsers, by name):
 Statuses of a call: ok (it ran and returned), malformed (not parseable: bad JSON, no "name", an unclosed tag,
 JSON nested deeper than `MAX_JSON_DEPTH`, an integer of more than `MAX_INT_DIGITS` digits, a string that is not valid
 Unicode), unknown_tool, bad_arguments (a required argument missing, an unknown one, a value of the wrong JSON type),
-error (the tool raised, or its worker process died), timeout (it ran past `timeout_s` and its worker was killed).
+error (the tool raised, or its worker process died), timeout (it ran past `timeout_s` and its worker was killed),
+over_limit (a call after the turn's first `max_calls_per_turn`; not run).
 Every call that is not ok becomes a tool message whose content says what was wrong, in one short line starting with
 "error:"; a bad call never raises, whatever the model wrote (`ToolEnv.parse` also turns a parser's own exception into
 one malformed call), and every call's record is plain JSON that UTF-8 can encode (what samples.jsonl writes).
@@ -51,7 +52,7 @@ __all__ = ["CALL_STATUSES", "CompactParser", "HermesParser", "MAX_INT_DIGITS", "
            "ToolEnv", "check_arguments", "tool_schema"]
 
 #: The status of a parsed call, as `info["tool_calls"][i]["status"]` and `Rollout.tool_calls` record it.
-CALL_STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout")
+CALL_STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout", "over_limit")
 
 #: name -> tool-call parser class (no options). A parser has `stop` (the strings that close a call), `check(schemas)`
 #: (raises ValueError when it cannot serve these tools), `parse(text, schemas) -> list[dict]` and `raw_text(message)`.
@@ -369,12 +370,15 @@ class ToolEnv(MultiTurnEnv):
 
     Each model turn is parsed with the parser; a turn without a call ends the episode (info["termination"] =
     "stop": the model answered). Otherwise each call is checked (known tool, arguments fitting its schema) and the
-    good ones run at once in a process pool, each under `timeout_s`; the observation is one role "tool" message per
+    good ones run at once in a process pool, each under `timeout_s` (`step_batch` runs the calls of several
+    episodes' turns at once, with the results of serial steps); the observation is one role "tool" message per
     call, in call order, {"role": "tool", "name": NAME, "content": str(result)} or, for a bad call, content
     "error: <what was wrong>". info["tool_calls"] lists the calls, each {"name", "arguments", "status", "seconds"}
     (status one of CALL_STATUSES; seconds the tool's own run time, `timeout_s` for a timeout, 0.0 for a call that
     did not run). On the turn that reaches `max_turns`, the calls are parsed and recorded but not run (nobody would
-    read their results): status as parsed, seconds 0.0, the episode ends with termination "max_turns".
+    read their results): status as parsed, seconds 0.0, the episode ends with termination "max_turns". A turn's
+    calls after its first `max_calls_per_turn` are not run: each is status "over_limit", its content an error line
+    (the calls before it run as usual).
 
     Tools must be picklable top-level callables (functions defined at a module's top level, not lambdas or nested
     functions): they run in worker processes (pebble, via `rewardlab.rewards.executor.Executor`), so a call that
@@ -390,6 +394,8 @@ class ToolEnv(MultiTurnEnv):
         max_turns: end the episode after this many model turns, or None (the episode loop's limit only).
         parser: a name in TOOL_PARSERS: "hermes" (default) or "compact" (one one-argument tool).
         timeout_s: wall seconds one call may run (> 0).
+        max_calls_per_turn: calls of one model turn that are run (>= 1; later ones are "over_limit"), or None for
+            no limit. It bounds a turn's tool time to about ceil(max_calls_per_turn / workers) * timeout_s.
         workers: worker processes of the pool (default: min(4, the run's thread budget)).
     Attributes:
         tools: [K] JSON schemas (for `apply_chat_template(..., tools=...)`); stop: the parser's closing strings;
@@ -397,11 +403,11 @@ class ToolEnv(MultiTurnEnv):
     Raises:
         ValueError: one line: no tools, a tool that is not callable, has no schema (missing hints or docstring), is
             not picklable, or shares a name; an unknown parser; a parser that cannot serve the tools ("compact" with
-            several tools); timeout_s or workers out of range.
+            several tools); timeout_s, max_calls_per_turn or workers out of range.
     """
 
     def __init__(self, tools: Sequence[Callable[..., Any]], *, max_turns: int | None = None, parser: str = "hermes",
-                 timeout_s: float = 10.0, workers: int | None = None) -> None:
+                 timeout_s: float = 10.0, max_calls_per_turn: int | None = 4, workers: int | None = None) -> None:
         super().__init__(max_turns=max_turns)
         if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence) or not tools:
             raise ValueError(f"ToolEnv.tools: expected a non-empty list of callables, got {tools!r}")
@@ -410,6 +416,10 @@ class ToolEnv(MultiTurnEnv):
             raise ValueError(f"ToolEnv.timeout_s: expected a positive number of seconds, got {timeout_s!r}")
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(f"ToolEnv.workers: expected an integer >= 1 or None, got {workers!r}")
+        if max_calls_per_turn is not None and (isinstance(max_calls_per_turn, bool)
+                                               or not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1):
+            raise ValueError(f"ToolEnv.max_calls_per_turn: expected an integer >= 1 or None, got "
+                             f"{max_calls_per_turn!r}")
         try:
             self.parser = TOOL_PARSERS.get(parser)()
         except ValueError as exc:
@@ -432,10 +442,13 @@ class ToolEnv(MultiTurnEnv):
         self.tools = schemas
         self.stop = tuple(self.parser.stop)
         self.timeout_s = float(timeout_s)
+        self.max_calls_per_turn = max_calls_per_turn
         self._functions = functions
         self._schemas = {s["function"]["name"]: s for s in schemas}
         self._workers = workers
         self._executor = None
+        #: id(state) -> (action, its parsed calls, their contents): what `step_batch` ran, read by env_response.
+        self._prepared: dict[int, tuple[str, list[dict[str, Any]], list[str]]] = {}
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def _get_executor(self):
@@ -464,15 +477,22 @@ class ToolEnv(MultiTurnEnv):
     # ---------------------------------------------------------------------------------------- calls
     def parse(self, text: str) -> list[dict[str, Any]]:
         """The calls in a model turn, checked but not run: each {"name", "arguments", "status", "error"} with
-        status ok, malformed, unknown_tool or bad_arguments, and a one-line `error` for a bad one. Never raises on
-        the model's text: should the parser itself raise (a bug, or a registered parser less careful than the built-in
+        status ok, malformed, unknown_tool, bad_arguments or over_limit (every call after the first
+        `max_calls_per_turn`, whatever it parsed as), and a one-line `error` for a bad one. Never raises on the
+        model's text: should the parser itself raise (a bug, or a registered parser less careful than the built-in
         ones), the turn is one malformed call naming the parser and the exception type."""
         try:
             calls = self.parser.parse(text, self.tools)
         except Exception as exc:  # noqa: BLE001 - a model's text must never stop an episode, a run or an evaluation
             calls = [_call(None, _encodable(text), "malformed",
                            f"the {self.parser_name} parser could not read this turn ({type(exc).__name__})")]
-        for call in calls:
+        limit = self.max_calls_per_turn
+        for k, call in enumerate(calls):
+            if limit is not None and k >= limit:
+                call["status"] = "over_limit"
+                call["error"] = (f"call {k + 1} of {len(calls)} is over the limit of {limit} tool call"
+                                 f"{'s' if limit > 1 else ''} per turn; it was not run")
+                continue
             if call["status"] == "ok":
                 if call["name"] not in self._schemas:
                     call["status"] = "unknown_tool"
@@ -491,50 +511,96 @@ class ToolEnv(MultiTurnEnv):
     def run_calls(self, calls: list[dict[str, Any]]) -> list[str]:
         """Run the ok calls of `calls` (from `parse`) in the pool, at once; set each call's status and `seconds`
         in place. Returns the content of each call's tool message, in order (a bad call's is "error: ...")."""
-        contents = ["" for _ in calls]
-        jobs = []
-        for i, call in enumerate(calls):
-            call.setdefault("seconds", 0.0)
-            if call["status"] == "ok":
-                jobs.append(i)
-            else:
-                contents[i] = f"error: {call['error']}"
-        if jobs:
-            from rewardlab.rewards.executor import TaskError
+        return self._run_turns([calls])[0]
 
-            results = self._get_executor().map(
-                _run_tool, [(self._functions[calls[i]["name"]], calls[i]["arguments"]) for i in jobs],
-                timeout=self.timeout_s)
-            for i, result in zip(jobs, results):
-                call = calls[i]
-                if isinstance(result, TaskError):
-                    if result.kind == "timeout":
-                        call["status"], call["seconds"] = "timeout", self.timeout_s
-                        contents[i] = f"error: {call['name']} timed out after {self.timeout_s:g} s"
-                    else:
-                        call["status"] = "error"
-                        contents[i] = f"error: {call['name']} failed: {result.message}"
-                    continue
-                ok, text, seconds = result
-                call["seconds"] = seconds
-                if ok:
-                    contents[i] = text
+    def _run_turns(self, turns: list[list[dict[str, Any]]]) -> list[list[str]]:
+        """`run_calls` of several turns (of different episodes) with one pool `map` over all their ok calls, so that
+        they run concurrently up to the pool's workers; per turn, the contents `run_calls` would return."""
+        contents = [["" for _ in calls] for calls in turns]
+        jobs = []
+        for t, calls in enumerate(turns):
+            for i, call in enumerate(calls):
+                call.setdefault("seconds", 0.0)
+                if call["status"] == "ok":
+                    jobs.append((t, i))
+                else:
+                    contents[t][i] = f"error: {call['error']}"
+        if not jobs:
+            return contents
+        from rewardlab.rewards.executor import TaskError
+
+        results = self._get_executor().map(
+            _run_tool, [(self._functions[turns[t][i]["name"]], turns[t][i]["arguments"]) for t, i in jobs],
+            timeout=self.timeout_s)
+        for (t, i), result in zip(jobs, results):
+            call = turns[t][i]
+            if isinstance(result, TaskError):
+                if result.kind == "timeout":
+                    call["status"], call["seconds"] = "timeout", self.timeout_s
+                    contents[t][i] = f"error: {call['name']} timed out after {self.timeout_s:g} s"
                 else:
                     call["status"] = "error"
-                    contents[i] = f"error: {text}"
+                    contents[t][i] = f"error: {call['name']} failed: {result.message}"
+                continue
+            ok, text, seconds = result
+            call["seconds"] = seconds
+            if ok:
+                contents[t][i] = text
+            else:
+                call["status"] = "error"
+                contents[t][i] = f"error: {text}"
         return contents
 
+    def _runs_calls(self, turn: int) -> bool:
+        """Whether the calls of model turn `turn` (1-based) run: not on the turn that reaches `max_turns`."""
+        return self.max_turns is None or turn < self.max_turns
+
+    def step_batch(self, states: Sequence[State], actions: Sequence[str]) -> list[StepResult]:
+        """`[self.step(state, action) for ...]` for the turns of several episodes, with the tool calls of all of
+        them run at once in the pool (up to its workers at a time) instead of one episode after another. The
+        results, the states and the calls' records are those of the serial steps, in order (a call's `seconds` is
+        its own run time, as measured in its worker).
+
+        A subclass that overrides `step`, `env_response` or `run_calls` is stepped one episode after another, so
+        its own code sees each turn as `step` would give it.
+
+        Raises:
+            ValueError: states and actions of different lengths; what `step` raises.
+        """
+        states, actions = list(states), list(actions)
+        if len(states) != len(actions):
+            raise ValueError(f"{type(self).__name__}.step_batch: {len(states)} states and {len(actions)} actions")
+        cls = type(self)
+        if (cls.step is not MultiTurnEnv.step or cls.env_response is not ToolEnv.env_response
+                or cls.run_calls is not ToolEnv.run_calls or len({id(s) for s in states}) != len(states)):
+            return [self.step(state, action) for state, action in zip(states, actions)]
+        turns = [self.parse(action) for action in actions]
+        contents = self._run_turns([calls if self._runs_calls(state["turn"] + 1) else []
+                                    for state, calls in zip(states, turns)])
+        try:
+            for state, action, calls, text in zip(states, actions, turns, contents):
+                self._prepared[id(state)] = (action, calls, text)
+            return [self.step(state, action) for state, action in zip(states, actions)]
+        finally:
+            self._prepared.clear()
+
     def env_response(self, messages: list[dict[str, Any]], state: State) -> StepResult:
-        """Parse the model's latest turn and run its calls (see the class docstring)."""
-        calls = self.parse(messages[-1]["content"])
+        """Parse the model's latest turn and run its calls (see the class docstring); under `step_batch`, take the
+        calls it already parsed and ran."""
+        action = messages[-1]["content"]
+        prepared = self._prepared.pop(id(state), None)
+        if prepared is not None and prepared[0] == action:
+            _, calls, contents = prepared
+        else:
+            calls, contents = self.parse(action), None
         state["calls"] = calls
         if not calls:
             return StepResult(None, True, None, {"termination": "stop", "tool_calls": []})
-        if self.max_turns is not None and state["turn"] >= self.max_turns:
+        if not self._runs_calls(state["turn"]):
             contents = [f"error: {c['error']}" if c["status"] != "ok" else "" for c in calls]
             for call in calls:
                 call["seconds"] = 0.0
-        else:
+        elif contents is None:
             contents = self.run_calls(calls)
         observation = [{"role": "tool", "name": c["name"] if isinstance(c["name"], str) else "", "content": text}
                        for c, text in zip(calls, contents)]

@@ -6,7 +6,8 @@ episodes in that environment.
     task.reward     # the environment's outcome reward: a name, or {"name": ..., **options} ("code", fenced: true)
 
 Options (`task.options`): `seed` (the rows' seed, default 0) and the environment's own declared options (e.g. n,
-size, test_size for guess_number). The tool timeout is not a task option: it is `env.tool_timeout_s`.
+size, test_size for guess_number). The tool timeout and the calls run per turn are not task options: they are
+`env.tool_timeout_s` and `env.max_tool_calls_per_turn`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rewardlab.tasks import register_loader
 from rewardlab.tasks.base import Row, Task, row_key
 
 #: Environment options set by the `env` config section instead of task.options: option -> its config key.
-FROM_ENV_SECTION = {"timeout_s": "env.tool_timeout_s"}
+FROM_ENV_SECTION = {"timeout_s": "env.tool_timeout_s", "max_calls_per_turn": "env.max_tool_calls_per_turn"}
 
 
 def reward_spec(env: Any) -> str | dict[str, Any]:
