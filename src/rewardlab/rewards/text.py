@@ -67,7 +67,7 @@ def normalize_numbers(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- exact_match
-@reward(name="exact_match")
+@reward(name="exact_match", fields=("references",))
 def exact_match(
     completion: str, answer: Any = None, case: bool = True, whitespace: bool = True, strip: bool = True,
     numbers: bool = False, references: Any = None,
@@ -104,7 +104,7 @@ def exact_match(
 
 
 # ---------------------------------------------------------------------------------------------- numeric
-@reward(name="numeric")
+@reward(name="numeric", fields=("references",))
 def numeric(
     completion: str, answer: Any = None, abs_tol: float = 1e-6, rel_tol: float = 1e-6,
     extract: Sequence[str] | str = ("last_number",), references: Any = None,
@@ -151,7 +151,7 @@ def _chrf_metric(char_order: int, word_order: int, beta: int):
     return CHRF(char_order=char_order, word_order=word_order, beta=beta)
 
 
-@reward(name="bleu")
+@reward(name="bleu", fields=("references",))
 def bleu(completion: str, answer: Any = None, lowercase: bool = False, tokenize: str | None = None,
          smooth_method: str = "exp", references: Any = None) -> float:
     """Sentence-level BLEU of the answer against the reference(s), scaled to [0, 1] (sacrebleu score / 100).
@@ -166,7 +166,7 @@ def bleu(completion: str, answer: Any = None, lowercase: bool = False, tokenize:
     return metric.sentence_score(extract_tagged_answer(completion), _references(answer, references)).score / 100.0
 
 
-@reward(name="chrf")
+@reward(name="chrf", fields=("references",))
 def chrf(completion: str, answer: Any = None, char_order: int = 6, word_order: int = 0, beta: int = 2,
          references: Any = None) -> float:
     """Sentence-level chrF of the answer against the reference(s), scaled to [0, 1] (sacrebleu score / 100).
@@ -208,7 +208,7 @@ def squad_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-@reward(name="token_f1")
+@reward(name="token_f1", fields=("references",))
 def token_f1(completion: str, answer: Any = None, references: Any = None) -> float:
     """SQuAD-style token F1 of the answer against the reference(s), the maximum over references; range [0, 1].
 
@@ -229,7 +229,7 @@ def _rouge_scorer(use_stemmer: bool):
     return RougeScorer(["rougeL"], use_stemmer=use_stemmer)
 
 
-@reward(name="rouge_l")
+@reward(name="rouge_l", fields=("references",))
 def rouge_l(completion: str, answer: Any = None, use_stemmer: bool = False, references: Any = None) -> dict:
     """ROUGE-L F-measure of the answer against the reference(s) via rouge-score; range [0, 1].
 
