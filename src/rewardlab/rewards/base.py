@@ -324,8 +324,9 @@ EXECUTION_OPTION_TYPES: dict[str, Any] = {
 def _factory_signature(fn: Callable[..., Any]) -> inspect.Signature:
     """The options a `@reward` factory takes, as a signature (what `REWARDS.check` and `REWARDS.validate` read):
     every parameter of the function, with its type annotation (any may be given as an option; those not given are
-    filled from each rollout or row, or keep their default: see `FunctionReward`), and the execution options it does not take itself, all optional keywords; plus
-    `**options` when the function has `**kwargs` (it then receives any option)."""
+    filled from each rollout or row, or keep their default: see `FunctionReward`), and the execution options it
+    does not take itself, all optional keywords; plus `**options` when the function has `**kwargs` (it then
+    receives any option)."""
     params = list(inspect.signature(fn).parameters.values())
     annotations = option_annotations(fn)
     named = [p.name for p in params if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]

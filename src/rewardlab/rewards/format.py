@@ -81,7 +81,8 @@ def answer(answer_tag: str = "answer", allow_empty: bool = False) -> Callable[[s
 @PATTERNS.register("boxed")
 def boxed(allow_empty: bool = False) -> Callable[[str], bool]:
     """Exactly one `\\boxed` in the text, its `{` closed by a matching `}` (nested braces balanced, escaped `\\{`
-    `\\}` not counted), and (unless `allow_empty`) a non-blank content (`is_blank`). `\\boxed{\\boxed{1}}` has two: 0."""
+    `\\}` not counted), and (unless `allow_empty`) a non-blank content (`is_blank`). `\\boxed{\\boxed{1}}` has
+    two: 0."""
 
     def check(text: str) -> bool:
         if len(re.findall(r"\\boxed(?![A-Za-z])", text)) != 1:
