@@ -108,3 +108,21 @@ def test_registered_and_built_from_config():
 def test_bad_options(spec, message):
     with pytest.raises(ValueError, match=rf"rewards\[0\] \(format\): {message}"):
         build_reward([{"name": "format", **spec}])
+
+
+# Invisible characters are not content (issue 31, item 2): zero width space, byte order mark, word joiner, other
+# format (Cf) characters, variation selectors, Hangul fillers, and whitespace.
+INVISIBLE = ["\u200b", "\ufeff", "\u2060", "\u200c\u200d", "\u00ad", "\u202e", "\U000e0041", "\ufe0f", "\u3164",
+             "\u2800", "\u034f", " \u200b\t\u3000\u00a0"]
+
+
+@pytest.mark.parametrize("blank", INVISIBLE)
+def test_invisible_characters_are_not_content(blank):
+    assert _scores(FormatReward(), ["<think>\u200b</think><answer>\ufeff</answer>",
+                                    f"<think>{blank}</think><answer>5</answer>",
+                                    f"<think>why</think><answer>{blank}</answer>"]) == [0.0, 0.0, 0.0]
+    assert _scores(FormatReward(pattern="answer"), [f"x <answer>{blank}</answer>"]) == [0.0]
+    assert _scores(FormatReward(pattern="boxed"), [f"\\boxed{{{blank}}}"]) == [0.0]
+    # visible content next to invisible characters still counts; allow_empty still accepts blank contents
+    assert _scores(FormatReward(), [f"<think>{blank}a</think><answer>5{blank}</answer>"]) == [1.0]
+    assert _scores(FormatReward(allow_empty=True), [f"<think>{blank}</think><answer>{blank}</answer>"]) == [1.0]

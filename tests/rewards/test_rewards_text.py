@@ -1,5 +1,7 @@
 """Text rewards: exact_match normalization, numeric tolerance, BLEU, chrF, SQuAD token F1 and ROUGE-L by hand."""
 
+from fractions import Fraction
+
 import pytest
 
 from conftest import make_rollout
@@ -45,11 +47,12 @@ def test_exact_match_missing_answer_is_an_error():
 
 
 # ---------------------------------------------------------------- numeric
-def test_parse_number():
-    assert parse_number("1,234.5") == 1234.5
-    assert parse_number("3/4") == 0.75
-    assert parse_number("-1e-3") == -0.001
+def test_parse_number():  # exact values
+    assert parse_number("1,234.5") == Fraction(2469, 2)
+    assert parse_number("3/4") == Fraction(3, 4)
+    assert parse_number("-1e-3") == Fraction(-1, 1000)
     assert parse_number("abc") is None and parse_number("1/0") is None
+    assert parse_number("nan") is None and parse_number("inf") is None and parse_number("1_000") is None
 
 
 def test_numeric_takes_the_last_number_by_default():
@@ -73,12 +76,12 @@ def test_numeric_extraction_options_and_components():
     assert _score("numeric", text, 12) == 0.0  # default: the last number, 4
     assert _score("numeric", text, 12, extract=["answer_tag", "last_number"]) == 1.0
     (out,) = REWARDS["numeric"]()([make_rollout("no digits here", {"answer": 5})])
-    assert out.error is None and out.components == {"correct": 0.0, "extracted": 0.0}
+    assert out.error is None and out.components == {"correct": 0.0, "extracted": 0.0, "out_of_range": 0.0}
 
 
 def test_numeric_reference_must_be_a_number():
     (out,) = REWARDS["numeric"]()([make_rollout("5", {"answer": "five"})])
-    assert out.score == 0.0 and out.error == "numeric: ValueError: reference answer 'five' is not a number"
+    assert out.score == 0.0 and out.error == "numeric: ValueError: row field 'answer': reference 'five' is not a number"
 
 
 # ---------------------------------------------------------------- BLEU and chrF
@@ -172,3 +175,74 @@ def test_one_answer_tag_extraction_shared_by_the_text_rewards():
     assert _score("exact_match", "<answer> 4</answer>", "4", strip=False) == 0.0
     assert _score("exact_match", "<answer>4</answer>", "4", strip=False) == 1.0
     assert _score("exact_match", "<answer> 4</answer>", "4") == 1.0
+
+
+# ---------------------------------------------------------------- hostile numerals (issue 31, item 2)
+FACT_200 = str(__import__("math").factorial(200))  # 375 digits, beyond float range
+
+
+def _timed(name, completion, answer, **options):
+    import time
+
+    start = time.perf_counter()
+    (out,) = REWARDS[name](**options)([make_rollout(completion, {"answer": answer})])
+    return out, time.perf_counter() - start
+
+
+def test_numeric_decides_the_bounds_before_big_number_arithmetic():
+    # 10**99999999 was built in full (> 5 minutes); the bound is read off the text
+    for text in ["1e99999999/3", "1e9999999/3", "3/1e99999999", "1e-99999999", "9" * 100_000,
+                 "1e" + "9" * 5000, "0." + "0" * 100_000 + "1"]:
+        out, seconds = _timed("numeric", text, 5)
+        assert out.error is None and seconds < 1.0, (text[:20], out.error, seconds)
+        assert (out.score, out.components) == (0.0, {"correct": 0.0, "extracted": 1.0, "out_of_range": 1.0})
+    out, _ = _timed("numeric", "0e99999999", 0)  # zero with any exponent is 0: in range
+    assert out.score == 1.0 and out.components["out_of_range"] == 0.0
+
+
+def test_numeric_compares_values_beyond_float_range_exactly():
+    # as floats, 1e309 and 200! are both inf and isclose(inf, inf) is true: they scored 1
+    assert _score("numeric", "1e309", FACT_200) == 0.0
+    assert _score("numeric", "9" * 400, FACT_200) == 0.0
+    assert _score("numeric", "1e400", "2e400") == 0.0
+    assert _score("numeric", FACT_200, FACT_200) == 1.0
+    assert _score("numeric", "2e400", "20e399") == 1.0
+    assert _score("numeric", "1e-400", "0") == 1.0  # within abs_tol
+    assert _score("numeric", "1e-400", "0", abs_tol=0) == 0.0  # not rounded to 0.0
+    assert _score("numeric", "1e4300", "1e4300") == 1.0  # the bound itself is in range
+    assert parse_number("3/4") == Fraction(3, 4) and parse_number("-1e-3") == Fraction(-1, 1000)
+
+
+def test_numeric_reference_that_is_not_a_finite_number_is_a_one_line_error_naming_the_field():
+    for ref, field, why in [(float("nan"), "answer", "is not a number"), ("inf", "answer", "is not a number"),
+                            ("-Infinity", "answer", "is not a number"), ("1e5000", "answer", "is out of range")]:
+        (out,) = REWARDS["numeric"]()([make_rollout("5", {"answer": ref})])
+        assert out.error is not None and "\n" not in out.error, ref
+        assert out.error.startswith(f"numeric: ValueError: row field '{field}': reference") and why in out.error
+    (out,) = REWARDS["numeric"]()([make_rollout("5", {"references": ["5", "nan"]})])
+    assert out.error == "numeric: ValueError: row field 'references': reference 'nan' is not a number"
+
+
+def test_numeric_tolerances_must_be_finite_and_non_negative():
+    for options in [{"abs_tol": -1.0}, {"rel_tol": float("inf")}, {"abs_tol": float("nan")}]:
+        (out,) = REWARDS["numeric"](**options)([make_rollout("5", {"answer": 5})])
+        assert out.error is not None and "expected a finite number >= 0" in out.error
+
+
+def test_exact_match_numbers_never_overflow_and_stay_small():
+    import tracemalloc
+
+    # decimal.Overflow was a reward error
+    assert _score("exact_match", "1e9999999", "10e9999998", numbers=True) == 1.0
+    assert _score("exact_match", "1e9999999", "1e9999998", numbers=True) == 0.0
+    assert normalize_numbers("1e9999999 -2.50e-200 1e99 1e-99 1e100") == (
+        "1e+9999999 -2.5e-200 1" + "0" * 99 + " 0." + "0" * 98 + "1 1e+100")
+    text = " ".join(["1e999999"] * 300)  # 2.7 KB; each was written out in full: 575 MB
+    tracemalloc.start()
+    try:
+        out, seconds = _timed("exact_match", text, "x", numbers=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out.error is None and out.score == 0.0 and seconds < 1.0
+    assert peak < 5_000_000, peak

@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import math
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, Protocol, TypeVar, runtime_checkable
 
@@ -62,6 +63,12 @@ ROLLOUT_FIELDS: dict[str, Callable[[Rollout], Any]] = {
 }
 
 
+class RowFieldIgnoredWarning(UserWarning):
+    """A task-row field has the name of an option of the reward scoring it; the row's value is ignored (options come
+    from the config, so a data row cannot loosen a verifier). Issued once per reward object and field name. Turn it
+    into an error with `warnings.simplefilter("error", RowFieldIgnoredWarning)`."""
+
+
 def _rollout_fields(r: Rollout) -> dict[str, Any]:
     fields = dict(r.row)
     fields.update((name, get(r)) for name, get in ROLLOUT_FIELDS.items())
@@ -108,10 +115,18 @@ def _error_text(name: str, exc: BaseException) -> str:
 class FunctionReward:
     """A per-sample function lifted to a batched `Reward`.
 
-    The function receives only the parameters it names, filled from each rollout: `prompt` (the task prompt),
-    `completion`, `answer`, `steps` (the step texts, `Rollout.step_text`), `row`, `rollout`, any task-row field, and
-    the options given at construction. It returns a float, a dict with `score` and components, or a RewardOutput.
-    An exception or a non-finite score becomes `RewardOutput.error` ("<name>: <cause>") with score 0.
+    The function receives only the parameters it names. Each parameter is one of:
+        a rollout field: `prompt` (the task prompt), `completion`, `answer` (the row's), `steps` (the step texts,
+            `Rollout.step_text`), `row` (the whole task row), `rollout`; filled from each rollout;
+        a row field: a parameter without a default, or one named in `fields`; filled from the task row's field of
+            that name (a missing one keeps the default, or is a TypeError naming it when there is none);
+        an option: every other parameter (it has a default). Its value comes from the config (`options`), else the
+            default - never from a task row. A row field with an option's name is ignored with a one-time
+            `RowFieldIgnoredWarning` naming the reward and the field, so a data row cannot loosen a verifier
+            (`{"answer": "5", "abs_tol": 1e9}` does not widen `numeric`'s tolerance).
+    Any parameter given in `options` takes that value for every rollout. A `**kwargs` function also receives every
+    other row field. It returns a float, a dict with `score` and components, or a RewardOutput. An exception or a
+    non-finite score becomes `RewardOutput.error` ("<name>: <cause>") with score 0.
 
     Execution options (taken out of `options` unless the function has a parameter of the same name, which then
     receives it instead):
@@ -125,11 +140,12 @@ class FunctionReward:
             as HTTP calls; CPU-bound Python gains nothing from threads). Default 1: in the calling thread.
 
     Raises:
-        ValueError: at construction, when an option is not a parameter of the function, or an execution option is
-            out of range or does not apply to this kind of function.
+        ValueError: at construction, when an option is not a parameter of the function, a name in `fields` is not
+            one, or an execution option is out of range or does not apply to this kind of function.
     """
 
-    def __init__(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None,
+                 fields: Sequence[str] = ()) -> None:
         self.fn = fn
         self.name = name
         self.options = dict(options or {})
@@ -140,7 +156,18 @@ class FunctionReward:
         unknown = set(self.options) - set(self._params)
         if unknown and not self._wants_all:
             raise ValueError(f"reward {name}: unknown option(s) {sorted(unknown)}; valid: {sorted(self._params)}")
-        self._getters = [(p, ROLLOUT_FIELDS.get(p)) for p in self._params if p not in self.options]
+        self.fields = tuple(fields)
+        bad = [f for f in self.fields if f not in self._params or f in ROLLOUT_FIELDS]
+        if bad:
+            raise ValueError(f"reward {name}: fields {bad} are not parameters of the function (or are rollout "
+                             f"fields, always filled); parameters: {sorted(self._params)}")
+        #: Parameters that are options (a default, not a declared row field): never read from a task row.
+        self.option_params = tuple(p for p in self._params if p not in ROLLOUT_FIELDS and p not in self.fields
+                                   and params[p].default is not inspect.Parameter.empty)
+        self._getters = [(p, ROLLOUT_FIELDS.get(p)) for p in self._params
+                         if p not in self.options and p not in self.option_params]
+        self._guarded = tuple(p for p in self.option_params if p not in self.options)
+        self._warned: set[str] = set()
         self.is_async = inspect.iscoroutinefunction(fn)
         self.max_concurrency = _positive_int(name, "max_concurrency", execution.get("max_concurrency"),
                                              DEFAULT_MAX_CONCURRENCY)
@@ -157,15 +184,27 @@ class FunctionReward:
                     raise ValueError(f"reward {name}: {key!r} applies to async def rewards only; a sync function "
                                      "uses 'workers' and must enforce its own time limit")
 
+    def _ignore_row_options(self, row: Mapping[str, Any]) -> None:
+        """Warn, once per field, about row fields named like an option this reward was not given in the config."""
+        for p in self._guarded:
+            if p in row and p not in self._warned:
+                self._warned.add(p)
+                warnings.warn(f"reward {self.name}: row field {p!r} ignored: {p!r} is an option of this reward, set "
+                              "in the config only (a task row cannot change it)", RowFieldIgnoredWarning, stacklevel=4)
+
     def _kwargs(self, rollout: Rollout) -> dict[str, Any]:
+        row = rollout.row
+        if self._guarded:
+            self._ignore_row_options(row)
         if self._wants_all:
             fields = _rollout_fields(rollout)
+            for p in self.option_params:
+                fields.pop(p, None)
             fields.update(self.options)
             return fields
         # Only the named parameters, read straight from the rollout (the per-item cost of every reward call):
         # an option, else a rollout field, else a row field; a parameter none of them has keeps its default.
         kwargs = dict(self.options)
-        row = rollout.row
         for p, get in self._getters:
             if get is not None:
                 kwargs[p] = get(rollout)
@@ -230,22 +269,32 @@ def reward(
     max_concurrency: int | None = None,
     workers: int | None = None,
     item_timeout: float | None = None,
+    fields: Sequence[str] = (),
 ):
     """Decorator: turn a per-sample function (plain or `async def`) into a `Reward` factory registered as `name`.
 
     The decorated object is the factory: calling it with options returns a `FunctionReward`. `weight` is the
     default weight used by `build_reward` (0 makes the reward a logged metric only). `max_concurrency`,
     `item_timeout` (async functions) and `workers` (sync functions) are default execution options, overridable per
-    config like any option; see `FunctionReward`.
+    config like any option; see `FunctionReward`. `fields`: parameters with a default that are read from the task
+    row (e.g. `references`); every other parameter with a default is an option, set in the config only.
+
+    Raises:
+        ValueError: a name in `fields` that is not a parameter of the function, or is a rollout field.
     """
     defaults = {k: v for k, v in (("max_concurrency", max_concurrency), ("workers", workers),
                                   ("item_timeout", item_timeout)) if v is not None}
 
     def wrap(fn: Callable[..., Any]):
         reward_name = name or fn.__name__
+        params = inspect.signature(fn).parameters
+        bad = [f for f in fields if f not in params or f in ROLLOUT_FIELDS]
+        if bad:
+            raise ValueError(f"reward {reward_name}: fields {bad} are not parameters of the function (or are "
+                             f"rollout fields, always filled); parameters: {sorted(params)}")
 
         def factory(**options: Any) -> FunctionReward:
-            return FunctionReward(fn, reward_name, {**defaults, **options})
+            return FunctionReward(fn, reward_name, {**defaults, **options}, fields=fields)
 
         factory.__doc__ = fn.__doc__
         factory.__name__ = fn.__name__
@@ -254,6 +303,7 @@ def reward(
         factory.__signature__ = _factory_signature(fn)  # type: ignore[attr-defined]
         factory.default_weight = weight  # type: ignore[attr-defined]
         factory.fn = fn  # type: ignore[attr-defined]
+        factory.fields = tuple(fields)  # type: ignore[attr-defined]
         factory.reward_name = reward_name  # type: ignore[attr-defined]
         if register:
             register_reward(reward_name)(factory)
@@ -274,8 +324,9 @@ EXECUTION_OPTION_TYPES: dict[str, Any] = {
 def _factory_signature(fn: Callable[..., Any]) -> inspect.Signature:
     """The options a `@reward` factory takes, as a signature (what `REWARDS.check` and `REWARDS.validate` read):
     every parameter of the function, with its type annotation (any may be given as an option; those not given are
-    filled from each rollout), and the execution options it does not take itself, all optional keywords; plus
-    `**options` when the function has `**kwargs` (it then receives any option)."""
+    filled from each rollout or row, or keep their default: see `FunctionReward`), and the execution options it
+    does not take itself, all optional keywords; plus `**options` when the function has `**kwargs` (it then
+    receives any option)."""
     params = list(inspect.signature(fn).parameters.values())
     annotations = option_annotations(fn)
     named = [p.name for p in params if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]

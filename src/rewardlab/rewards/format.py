@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 
 from rewardlab.registry import Registry
@@ -12,6 +13,30 @@ from rewardlab.types import Rollout, RewardOutput
 
 #: Named patterns: name -> factory(<its tag options>, allow_empty=) -> check(text) -> bool.
 PATTERNS: Registry[Callable[..., Callable[[str], bool]]] = Registry("format pattern")
+
+
+#: Default_Ignorable_Code_Point ranges (Unicode 15.1, DerivedCoreProperties.txt) outside category Cf: combining
+#: grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian variation selectors, variation selectors, and the
+#: unassigned ignorable blocks; plus U+2800 BRAILLE PATTERN BLANK, which renders as a blank.
+_INVISIBLE_RANGES = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2065, 0x2065),
+                     (0x2800, 0x2800), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8),
+                     (0xE0000, 0xE0FFF))
+
+
+def is_invisible(c: str) -> bool:
+    """True for a character that shows nothing: whitespace (`str.isspace`), a format character (category Cf:
+    U+200B zero width space, U+200C/U+200D joiners, U+2060 word joiner, U+FEFF byte order mark, U+00AD soft
+    hyphen, bidi controls, tags, ...) or another default-ignorable code point (variation selectors, Hangul
+    fillers, U+034F; see `_INVISIBLE_RANGES`)."""
+    if c.isspace() or unicodedata.category(c) == "Cf":
+        return True
+    o = ord(c)
+    return any(a <= o <= b for a, b in _INVISIBLE_RANGES)
+
+
+def is_blank(text: str) -> bool:
+    """True when `text` has no visible content: every character `is_invisible` (so "", "  ", "\\u200b\\ufeff")."""
+    return all(is_invisible(c) for c in text)
 
 
 def _no_tags(tags: Sequence[str]) -> str:
@@ -25,14 +50,15 @@ def think_answer(
     think_tag: str = "think", answer_tag: str = "answer", allow_empty: bool = False
 ) -> Callable[[str], bool]:
     """Exactly one `<think>...</think>` followed by exactly one `<answer>...</answer>`, only whitespace before,
-    between and after, no tag of either kind inside either block, and (unless `allow_empty`) non-blank contents."""
+    between and after, no tag of either kind inside either block, and (unless `allow_empty`) non-blank contents
+    (`is_blank`: zero-width and other invisible characters are not content)."""
     inner = _no_tags((think_tag, answer_tag))
     t, a = re.escape(think_tag), re.escape(answer_tag)
     regex = re.compile(rf"\s*<{t}>({inner})</{t}>\s*<{a}>({inner})</{a}>\s*", re.DOTALL)
 
     def check(text: str) -> bool:
         m = regex.fullmatch(text)
-        return m is not None and (allow_empty or (bool(m.group(1).strip()) and bool(m.group(2).strip())))
+        return m is not None and (allow_empty or (not is_blank(m.group(1)) and not is_blank(m.group(2))))
 
     return check
 
@@ -40,14 +66,14 @@ def think_answer(
 @PATTERNS.register("answer")
 def answer(answer_tag: str = "answer", allow_empty: bool = False) -> Callable[[str], bool]:
     """Exactly one `<answer>` and one `</answer>`, in that order (other text around is allowed), and (unless
-    `allow_empty`) a non-blank content."""
+    `allow_empty`) a non-blank content (`is_blank`)."""
     open_tag, close_tag = f"<{answer_tag}>", f"</{answer_tag}>"
 
     def check(text: str) -> bool:
         if text.count(open_tag) != 1 or text.count(close_tag) != 1:
             return False
         start, end = text.index(open_tag) + len(open_tag), text.index(close_tag)
-        return start <= end and (allow_empty or bool(text[start:end].strip()))
+        return start <= end and (allow_empty or not is_blank(text[start:end]))
 
     return check
 
@@ -55,7 +81,8 @@ def answer(answer_tag: str = "answer", allow_empty: bool = False) -> Callable[[s
 @PATTERNS.register("boxed")
 def boxed(allow_empty: bool = False) -> Callable[[str], bool]:
     """Exactly one `\\boxed` in the text, its `{` closed by a matching `}` (nested braces balanced, escaped `\\{`
-    `\\}` not counted), and (unless `allow_empty`) a non-blank content. `\\boxed{\\boxed{1}}` has two: 0."""
+    `\\}` not counted), and (unless `allow_empty`) a non-blank content (`is_blank`). `\\boxed{\\boxed{1}}` has
+    two: 0."""
 
     def check(text: str) -> bool:
         if len(re.findall(r"\\boxed(?![A-Za-z])", text)) != 1:
@@ -64,7 +91,7 @@ def boxed(allow_empty: bool = False) -> Callable[[str], bool]:
         if len(spans) != 1 or spans[0][3] < 0:
             return False
         _, a, b, _ = spans[0]
-        return allow_empty or bool(text[a:b].strip())
+        return allow_empty or not is_blank(text[a:b])
 
     return check
 
@@ -75,7 +102,10 @@ class FormatReward:
     Structures (`pattern`): "think_answer" (default; the DeepSeek-R1 format, Guo et al. 2025: exactly one
     `<think>...</think>` followed by exactly one `<answer>...</answer>`, only whitespace around and between, nothing
     after), "answer" (exactly one `<answer>...</answer>` anywhere), "boxed" (exactly one `\\boxed{...}` whose braces
-    balance). Malformed, unclosed, nested or repeated tags score 0; so do blank contents unless `allow_empty`.
+    balance). Malformed, unclosed, nested or repeated tags score 0; so do blank contents unless `allow_empty`: blank
+    means nothing visible, so whitespace and invisible characters (zero width space U+200B, byte order mark U+FEFF,
+    word joiner U+2060, every other format character, variation selectors, Hangul fillers; `is_blank`) are not
+    content, and `<think>\\u200b</think><answer>\\ufeff</answer>` scores 0.
     Or `regex`: your own Python regex, which must match the whole completion (`re.fullmatch`, `re.DOTALL`) after
     leading and trailing whitespace are removed.
 

@@ -8,8 +8,9 @@ directory; any name with a `/` or ending in `.py`). The attribute may be
   weight and options);
 - a class: a `Reward` factory, its `__init__` parameters its options;
 - any other callable: a per-sample reward function, as `@reward(name=ATTRIBUTE, register=False)` would make it:
-  it receives the rollout fields it names (`completion`, `answer`, `prompt`, `steps`, `row`, any task-row field)
-  and the options of its spec, and returns a float, a dict with `score`, or a `RewardOutput`.
+  it receives the rollout fields it names (`completion`, `answer`, `prompt`, `steps`, `row`), the task-row fields
+  it names as parameters without a default, and its options (parameters with a default) from its spec, never from
+  a row (see `FunctionReward`); it returns a float, a dict with `score`, or a `RewardOutput`.
 
 The imported factory is registered in `REWARDS` under the canonical name (`module:attr`, or `/abs/path.py:attr`), so
 its options are checked like any other reward's. A module or file is executed once per process.

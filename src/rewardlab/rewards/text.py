@@ -11,14 +11,17 @@ import collections
 import math
 import re
 import string
+import unicodedata
 from collections.abc import Sequence
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
 from rewardlab.rewards.base import reward
-from rewardlab.rewards.extract import NUMBER, check_methods, extract_answer, extract_tagged_answer, last_tag
+from rewardlab.rewards.extract import (
+    NUMBER, check_methods, extract_answer, extract_tagged_answer, last_number, last_tag,
+)
 
 
 def _references(answer: Any, references: Any = None) -> list[str]:
@@ -29,6 +32,11 @@ def _references(answer: Any, references: Any = None) -> list[str]:
     Raises:
         ValueError: no reference, or an empty list.
     """
+    return _named_references(answer, references)[1]
+
+
+def _named_references(answer: Any, references: Any = None) -> tuple[str, list[str]]:
+    """(the row field the references come from, "references" or "answer"; the references): see `_references`."""
     field = "references" if references is not None else "answer"
     value = references if references is not None else answer
     if value is None:
@@ -36,38 +44,142 @@ def _references(answer: Any, references: Any = None) -> list[str]:
     refs = [str(a) for a in value] if isinstance(value, (list, tuple)) else [str(value)]
     if not refs:
         raise ValueError(f"'{field}' is an empty list")
-    return refs
+    return field, refs
 
 
 # ---------------------------------------------------------------------------------------------- numbers
-def parse_number(text: str) -> float | None:
-    """A number written as in `extract.NUMBER` ("1,000", "-2.5", ".5", "1e-3", "3/4") as a float; None otherwise."""
-    text = text.strip().replace(",", "")
-    try:
-        if "/" in text:
-            num, den = text.split("/", 1)
-            return float(Fraction(Decimal(num)) / Fraction(Decimal(den)))
-        return float(Decimal(text))
-    except (InvalidOperation, ValueError, ZeroDivisionError):
+#: The bounds of an exactly read number, decided from its text before any big-number arithmetic: at most
+#: `MAX_DIGITS` significant digits (CPython's own default limit on int <-> str conversion, 4300, set for the same
+#: reason: the cost of big numbers grows faster than their length) and a magnitude from 10**-MAX_EXPONENT to
+#: 10**MAX_EXPONENT (zero included). Within them a comparison costs a few milliseconds at most; `numeric` scores a
+#: completion's number beyond them 0 ("out_of_range"), and a reference beyond them is an error.
+MAX_DIGITS = 4300
+MAX_EXPONENT = 4300
+#: `normalize_numbers` writes a number in fixed point when 10**-(FIXED_POINT_EXPONENT - 1) <= |value| <
+#: 10**FIXED_POINT_EXPONENT (or it is 0), else in scientific notation ("1e+999999"): the output of a numeral is at
+#: most FIXED_POINT_EXPONENT + 3 characters longer than the numeral itself.
+FIXED_POINT_EXPONENT = 100
+#: An exponent with more digits than this (leading zeros aside) is beyond any bound (no text is 10**18 long).
+_EXPONENT_DIGITS = 18
+
+_NUMERAL = re.compile(r"([-+]?)([0-9]*)(?:\.([0-9]*))?(?:[eE]([-+]?[0-9]+))?")
+
+
+class NumberOutOfRange(ValueError):
+    """A numeral beyond the bounds `MAX_DIGITS` / `MAX_EXPONENT` (or with an exponent of more than 18 digits)."""
+
+
+def _read_numeral(text: str) -> tuple[bool, str, int] | None:
+    """A decimal numeral ("-1000.50", ".5", "1e-3"; any Unicode decimal digits, no commas) as (negative, its
+    significant digits without leading or trailing zeros, the power of ten of the last one): "-1000.50" ->
+    (True, "10005", -1); zero -> (False, "", 0). None when `text` is not such a numeral (also "nan", "inf").
+    Linear in len(text): no arithmetic on the digits.
+
+    Raises:
+        NumberOutOfRange: a nonzero numeral whose exponent has more than 18 digits.
+    """
+    if not text.isascii():
+        text = "".join(str(unicodedata.decimal(c, c)) for c in text)  # "٣" -> "3"
+    m = _NUMERAL.fullmatch(text)
+    if m is None:
         return None
+    sign, whole, frac, exponent = m.groups()
+    frac = frac or ""
+    if not whole and not frac:
+        return None
+    digits = (whole + frac).lstrip("0")
+    if not digits:
+        return False, "", 0
+    significant = digits.rstrip("0")
+    low = len(digits) - len(significant) - len(frac)
+    if exponent is not None:
+        e_sign, e_digits = ("-", exponent[1:]) if exponent[0] == "-" else ("", exponent.lstrip("+"))
+        e_digits = e_digits.lstrip("0") or "0"
+        if len(e_digits) > _EXPONENT_DIGITS:
+            raise NumberOutOfRange(f"{text[:20]!r}...: its exponent has {len(e_digits)} digits")
+        low += int(e_sign + e_digits)
+    return sign == "-", significant, low
+
+
+def _exact(text: str) -> Fraction | None:
+    """The exact value of a decimal numeral (see `_read_numeral`); None when it is not one.
+
+    Raises:
+        NumberOutOfRange: more than MAX_DIGITS significant digits, or magnitude beyond 10**±MAX_EXPONENT.
+    """
+    read = _read_numeral(text)
+    if read is None:
+        return None
+    negative, digits, low = read
+    if not digits:
+        return Fraction(0)
+    magnitude = low + len(digits) - 1  # value in [10**magnitude, 10**(magnitude + 1))
+    if len(digits) > MAX_DIGITS or abs(magnitude) > MAX_EXPONENT:
+        what = f"{len(digits)} significant digits" if len(digits) > MAX_DIGITS else f"magnitude 10**{magnitude}"
+        raise NumberOutOfRange(f"{what} is beyond the bounds ({MAX_DIGITS} digits, 10**±{MAX_EXPONENT})")
+    n = int(Decimal(digits))  # not int(digits): that depends on sys.set_int_max_str_digits
+    value = Fraction(n * 10**low) if low >= 0 else Fraction(n, 10**-low)
+    return -value if negative else value
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The exact value of a number written as in `extract.NUMBER` ("1,000", "-2.5", ".5", "1e-3", "3/4"; any
+    Unicode decimal digits) as a Fraction; None when `text` is not such a number (also "nan", "inf", "1/0").
+
+    Bounded: the bounds are checked on the text (linear time) before any big-number arithmetic, so a parse costs
+    at most a few milliseconds however the numeral is written.
+
+    Raises:
+        NumberOutOfRange: the numeral (or a side of a fraction) has more than MAX_DIGITS (4300) significant digits
+            or a magnitude beyond 10**±MAX_EXPONENT (10**±4300).
+    """
+    text = text.strip().replace(",", "")
+    if "/" in text:
+        num, den = text.split("/", 1)
+        a, b = _exact(num.strip()), _exact(den.strip())
+        return None if a is None or b is None or b == 0 else a / b
+    return _exact(text)
 
 
 def _canonical_number(match: re.Match[str]) -> str:
-    """"1,000" / "1000.0" / "+1000" / "1e3" -> "1000"; "0.50" -> "0.5"; fractions are left as written."""
+    """"1,000" / "1000.0" / "+1000" / "1e3" -> "1000"; "0.50" -> "0.5"; "1e999999" -> "1e+999999" (beyond
+    10**±FIXED_POINT_EXPONENT: scientific notation, one digit before the point); fractions and numerals whose
+    exponent has more than 18 digits are left as written. Linear time: no arithmetic on the digits."""
     text = match.group(0)
     if "/" in text:
         return text
-    value = Decimal(text.replace(",", ""))
-    return "0" if value == 0 else format(value.normalize(), "f")
+    try:
+        read = _read_numeral(text.replace(",", ""))
+    except NumberOutOfRange:
+        return text
+    if read is None:  # not reached for NUMBER's matches
+        return text
+    negative, digits, low = read
+    if not digits:
+        return "0"
+    magnitude = low + len(digits) - 1
+    if abs(magnitude) >= FIXED_POINT_EXPONENT:
+        body = digits[0] + (f".{digits[1:]}" if len(digits) > 1 else "") + f"e{magnitude:+d}"
+    elif low >= 0:
+        body = digits + "0" * low
+    elif magnitude >= 0:
+        body = f"{digits[:magnitude + 1]}.{digits[magnitude + 1:]}"
+    else:
+        body = "0." + "0" * (-magnitude - 1) + digits
+    return "-" + body if negative else body
 
 
 def normalize_numbers(text: str) -> str:
-    """Rewrite every number in `text` in one canonical form (see `_canonical_number`): "x = 1,000.0" -> "x = 1000"."""
+    """Rewrite every number in `text` in one canonical form (see `_canonical_number`): "x = 1,000.0" -> "x = 1000".
+
+    Equal values get equal text. Linear in len(text); each number's canonical form is at most
+    FIXED_POINT_EXPONENT + 3 characters longer than as written, so the output is bounded too.
+    """
     return NUMBER.sub(_canonical_number, text)
 
 
 # ---------------------------------------------------------------------------------------------- exact_match
-@reward(name="exact_match")
+@reward(name="exact_match", fields=("references",))
 def exact_match(
     completion: str, answer: Any = None, case: bool = True, whitespace: bool = True, strip: bool = True,
     numbers: bool = False, references: Any = None,
@@ -79,7 +191,9 @@ def exact_match(
     applied to both sides:
     `strip` (default True) removes leading/trailing whitespace; `case=False` ignores letter case; `whitespace=False`
     ignores all whitespace; `numbers=True` writes every number canonically ("1,000", "1000.0", "+1000", "1e3" ->
-    "1000"; "0.50" -> "0.5"). Score range {0, 1}. Components: `correct` (same value).
+    "1000"; "0.50" -> "0.5"; beyond 10**±100 in scientific notation, "1e999999" -> "1e+999999"), in linear time
+    and bounded memory whatever the numerals (see `normalize_numbers`). Score range {0, 1}. Components: `correct`
+    (same value). The options come from the config only: a row field named like one (`case`) is ignored.
 
     Errors: a row without `answer` (RewardOutput.error "exact_match: ValueError: row has no 'answer'").
     """
@@ -104,7 +218,19 @@ def exact_match(
 
 
 # ---------------------------------------------------------------------------------------------- numeric
-@reward(name="numeric")
+def _tolerance(name: str, value: float) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
+    return Fraction(value)
+
+
+def is_close(a: Fraction, b: Fraction, rel_tol: Fraction, abs_tol: Fraction) -> bool:
+    """`math.isclose` in exact arithmetic: |a - b| <= max(rel_tol * max(|a|, |b|), abs_tol). No rounding and no
+    overflow: 1e309 and 10**400 are not close (as floats both are inf, and inf is close to inf)."""
+    return abs(a - b) <= max(rel_tol * max(abs(a), abs(b)), abs_tol)
+
+
+@reward(name="numeric", fields=("references",))
 def numeric(
     completion: str, answer: Any = None, abs_tol: float = 1e-6, rel_tol: float = 1e-6,
     extract: Sequence[str] | str = ("last_number",), references: Any = None,
@@ -113,27 +239,41 @@ def numeric(
 
     The completion's number: the first of the `extract` methods that finds an answer ("answer_tag", "boxed",
     "last_number"; default: the last number in the text), then the last number in that text ("1,000", "-2.5", ".5",
-    "1e-3", "3/4" are numbers). The reference: the row's `answer`, a number or a numeric string (or a list: any
-    matches). Equal when |got - ref| <= max(rel_tol * max(|got|, |ref|), abs_tol) (Python's `math.isclose`);
-    defaults abs_tol = rel_tol = 1e-6. Score range {0, 1}; 0.0 when the completion has no number.
-    Components: `correct` (same value), `extracted` (1.0 when a number was found).
+    "1e-3", "3/4" are numbers). The reference: the row's `references` or else its `answer`, a number or a numeric
+    string (or a list: any matches). Both are read exactly (`parse_number`) and compared exactly:
+    equal when |got - ref| <= max(rel_tol * max(|got|, |ref|), abs_tol) (`math.isclose`'s rule without rounding
+    or float overflow); defaults abs_tol = rel_tol = 1e-6 (each a finite number >= 0, set in the config only: a row
+    field named like an option is ignored). Score range {0, 1}; 0.0 when the completion has no number.
+    Bounded work: a completion's number with more than `MAX_DIGITS` (4300) significant digits or a magnitude beyond
+    10**±`MAX_EXPONENT` (10**±4300) scores 0 with `out_of_range` 1.0 (not an error), decided from its text in linear
+    time; every comparison within the bounds takes a few milliseconds at most.
+    Components: `correct` (same value), `extracted` (1.0 when a number was found), `out_of_range` (1.0 when that
+    number is beyond the bounds).
 
-    Errors: a row without `answer`, or a reference that is not a number ("numeric: ValueError: reference answer
-    'abc' is not a number").
+    Errors: a row without `answer`, a reference that is not a finite number ("numeric: ValueError: row field
+    'answer': reference 'nan' is not a number") or is beyond the bounds, a tolerance that is negative or not finite.
     """
+    rel, absolute = _tolerance("rel_tol", rel_tol), _tolerance("abs_tol", abs_tol)
+    field, texts = _named_references(answer, references)
     refs = []
-    for ref in _references(answer, references):
-        value = parse_number(ref)
+    for ref in texts:
+        try:
+            value = parse_number(ref)
+        except NumberOutOfRange as exc:
+            raise ValueError(f"row field {field!r}: reference {ref[:40]!r} is out of range: {exc}") from None
         if value is None:
-            raise ValueError(f"reference answer {ref!r} is not a number")
+            raise ValueError(f"row field {field!r}: reference {ref[:40]!r} is not a number")
         refs.append(value)
     found, _ = extract_answer(completion, check_methods(extract))
-    numbers = NUMBER.findall(found) if found is not None else []
-    got = parse_number(numbers[-1]) if numbers else None
+    written = last_number(found) if found is not None else None
+    try:
+        got = parse_number(written) if written is not None else None
+    except NumberOutOfRange:
+        return {"score": 0.0, "correct": 0.0, "extracted": 1.0, "out_of_range": 1.0}
     if got is None:
-        return {"score": 0.0, "correct": 0.0, "extracted": 0.0}
-    value = float(any(math.isclose(got, ref, rel_tol=rel_tol, abs_tol=abs_tol) for ref in refs))
-    return {"score": value, "correct": value, "extracted": 1.0}
+        return {"score": 0.0, "correct": 0.0, "extracted": 0.0, "out_of_range": 0.0}
+    value = float(any(is_close(got, ref, rel, absolute) for ref in refs))
+    return {"score": value, "correct": value, "extracted": 1.0, "out_of_range": 0.0}
 
 
 # ---------------------------------------------------------------------------------------------- BLEU, chrF
@@ -151,7 +291,7 @@ def _chrf_metric(char_order: int, word_order: int, beta: int):
     return CHRF(char_order=char_order, word_order=word_order, beta=beta)
 
 
-@reward(name="bleu")
+@reward(name="bleu", fields=("references",))
 def bleu(completion: str, answer: Any = None, lowercase: bool = False, tokenize: str | None = None,
          smooth_method: str = "exp", references: Any = None) -> float:
     """Sentence-level BLEU of the answer against the reference(s), scaled to [0, 1] (sacrebleu score / 100).
@@ -166,7 +306,7 @@ def bleu(completion: str, answer: Any = None, lowercase: bool = False, tokenize:
     return metric.sentence_score(extract_tagged_answer(completion), _references(answer, references)).score / 100.0
 
 
-@reward(name="chrf")
+@reward(name="chrf", fields=("references",))
 def chrf(completion: str, answer: Any = None, char_order: int = 6, word_order: int = 0, beta: int = 2,
          references: Any = None) -> float:
     """Sentence-level chrF of the answer against the reference(s), scaled to [0, 1] (sacrebleu score / 100).
@@ -208,7 +348,7 @@ def squad_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-@reward(name="token_f1")
+@reward(name="token_f1", fields=("references",))
 def token_f1(completion: str, answer: Any = None, references: Any = None) -> float:
     """SQuAD-style token F1 of the answer against the reference(s), the maximum over references; range [0, 1].
 
@@ -229,7 +369,7 @@ def _rouge_scorer(use_stemmer: bool):
     return RougeScorer(["rougeL"], use_stemmer=use_stemmer)
 
 
-@reward(name="rouge_l")
+@reward(name="rouge_l", fields=("references",))
 def rouge_l(completion: str, answer: Any = None, use_stemmer: bool = False, references: Any = None) -> dict:
     """ROUGE-L F-measure of the answer against the reference(s) via rouge-score; range [0, 1].
 
