@@ -14,6 +14,7 @@ from episode_fakes import RawRenderer, ScriptedSampler, assert_prefixes
 
 from rewardlab.envs import StepResult, ToolEnv, run_episodes
 from rewardlab.envs.episode import step_all
+from tool_fakes import add, boom, call, hang, shout
 
 #: How many calls `meet` waits for.
 MEET = 3
@@ -35,46 +36,14 @@ def meet(where: str) -> str:
     return "alone"
 
 
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first term
-        b: the second term
-    """
-    return a + b
 
 
-def shout(text: str) -> str:
-    """Upper-case a text.
-
-    Args:
-        text: the text
-    """
-    return text.upper()
 
 
-def boom(text: str) -> str:
-    """Always fails.
-
-    Args:
-        text: anything
-    """
-    raise KeyError(text)
 
 
-def hang(text: str) -> str:
-    """Never returns.
-
-    Args:
-        text: anything
-    """
-    time.sleep(120)
-    return text
 
 
-def call(name, **arguments):
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 ROWS = [{"prompt": f"Q{k}:", "answer": "5"} for k in range(8)]

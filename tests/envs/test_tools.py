@@ -1,51 +1,21 @@
 """ToolEnv: parsing (hermes, compact), argument checks, every bad-call status as its observation, the process pool
 with its per-call timeout, and the one-line construction errors."""
 
-import time
 
 import pytest
 from transformers.utils import get_json_schema
 
 from rewardlab.envs import CALL_STATUSES, TOOL_PARSERS, ToolEnv, check_arguments
+from tool_fakes import add, boom, call, hang, shout
 
 
 # Tools must be picklable module-level callables with type hints and an Args docstring.
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first term
-        b: the second term
-    """
-    return a + b
 
 
-def shout(text: str) -> str:
-    """Upper-case a text.
-
-    Args:
-        text: the text
-    """
-    return text.upper()
 
 
-def boom(text: str) -> str:
-    """Always fails.
-
-    Args:
-        text: anything
-    """
-    raise KeyError(text)
 
 
-def hang(text: str) -> str:
-    """Never returns.
-
-    Args:
-        text: anything
-    """
-    time.sleep(120)
-    return text
 
 
 def square(x: int) -> int:
@@ -70,10 +40,6 @@ def no_hints(x):
     return x
 
 
-def call(name, **arguments):
-    import json
-
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 @pytest.fixture(scope="module")

@@ -20,29 +20,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rewardlab.envs import CALL_STATUSES, TOOL_PARSERS, ToolEnv
+from tool_fakes import add, shout
 
 # FUZZ_EXAMPLES=5000 for a longer hunt; the suite's budget is 200.
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first term
-        b: the second term
-    """
-    return a + b
 
 
-def shout(text: str) -> str:
-    """Upper-case a text.
-
-    Args:
-        text: the text
-    """
-    return text.upper()
 
 
 def half(x: float) -> float:
