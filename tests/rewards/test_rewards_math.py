@@ -5,7 +5,7 @@ import pytest
 from conftest import make_rollout
 from rewardlab.rewards import REWARDS, build_reward
 from rewardlab.rewards.extract import extract_answer, last_boxed, last_number, last_tag
-from rewardlab.rewards.math import MathReward, python_powers
+from rewardlab.rewards.math import MathReward, MathTimeoutWarning, python_powers
 
 
 
@@ -81,13 +81,14 @@ def test_equivalences_and_non_equivalences_in_one_batch():
     outs = MathReward(timeout=30)([make_rollout(c, {"answer": a}) for c, a, _ in cases])
     wrong = [(c, a, want, o) for (c, a, want), o in zip(cases, outs) if o.score != want or o.error is not None]
     assert not wrong
-    assert all(o.components == {"correct": o.score, "extracted": 1.0} for o in outs)
+    assert all(o.components == {"correct": o.score, "extracted": 1.0, "timed_out": 0.0} for o in outs)
 
 
 def test_no_answer_found_is_a_zero_not_an_error():
     r = MathReward(extract=["boxed"])
     (out,) = r([make_rollout("the answer is 5", {"answer": "5"})])  # no \boxed{} and only boxes are looked for
-    assert out.score == 0.0 and out.error is None and out.components == {"correct": 0.0, "extracted": 0.0}
+    assert out.score == 0.0 and out.error is None
+    assert out.components == {"correct": 0.0, "extracted": 0.0, "timed_out": 0.0}
 
 
 def test_missing_or_empty_reference_is_an_error():
@@ -96,19 +97,53 @@ def test_missing_or_empty_reference_is_an_error():
     assert empty.error == "math: row has an empty 'answer'"
 
 
-def test_hung_item_is_a_timeout_error_and_the_batch_still_scores():
-    # sympy evaluates 10^(10^10) eagerly; with math-verify's own alarm timeouts off it never returns, so only the
-    # pool's hard timeout ends it - by killing the worker.
+def test_a_hung_answer_scores_0_timed_out_not_an_error_and_the_batch_still_scores():
+    # sympy evaluates 9^(9^9) eagerly; with math-verify's own alarm timeouts off it never returns, so only the
+    # pool's hard timeout ends it - by killing the worker. The reference alone checks in time: the answer was the
+    # slow part, so it is a 0 (component timed_out), not a reward error a policy could stop its own run with.
     reward = MathReward(timeout=2.0)
-    cases = [(r"\boxed{\frac{1}{2}}", "0.5"), (r"\boxed{10^{10^{10}}}", "5"), (r"\boxed{4}", "3"),
+    cases = [(r"\boxed{\frac{1}{2}}", "0.5"), (r"\boxed{9^{9^{9}}}", "5"), (r"\boxed{4}", "3"),
              (r"\boxed{1,000}", "1000")]
-    outs = reward([make_rollout(c, {"answer": a}) for c, a in cases])
+    with pytest.warns(MathTimeoutWarning, match="timed_out"):
+        outs = reward([make_rollout(c, {"answer": a}) for c, a in cases])
     assert [o.score for o in outs] == [1.0, 0.0, 0.0, 1.0]
-    assert outs[1].error == "math: timed out after 2 s (worker killed and replaced)"
-    assert outs[1].components == {"correct": 0.0, "extracted": 1.0}
-    assert [o.error for o in (outs[0], outs[2], outs[3])] == [None, None, None]
+    assert [o.error for o in outs] == [None] * 4
+    assert outs[1].components == {"correct": 0.0, "extracted": 1.0, "timed_out": 1.0}
+    assert [o.components["timed_out"] for o in (outs[0], outs[2], outs[3])] == [0.0] * 3
     # the replaced worker scores the next batch
     assert reward([make_rollout(r"\boxed{6}", {"answer": "6"})])[0].score == 1.0
+
+
+def test_a_reference_that_cannot_be_checked_in_time_is_the_error():
+    # 10^(10^10) as the row's answer: compared with any answer, sympy evaluates it; the check of the reference alone
+    # (against "0") times out too, so the data is at fault and the item is a reward error.
+    reward = MathReward(timeout=1.0)
+    out, fine = reward([make_rollout(r"\boxed{1}", {"answer": "10^{10^{10}}"}),
+                        make_rollout(r"\boxed{2}", {"answer": "2"})])
+    assert out.error == "math: reference answer '10^{10^{10}}' timed out after 1 s" and out.score == 0.0
+    assert out.components["timed_out"] == 0.0
+    assert fine.score == 1.0 and fine.error is None
+
+
+@pytest.mark.parametrize("reference", ["nan", "NaN", "-inf", "Infinity", "$nan$", r"\boxed{nan}"])
+def test_nan_and_inf_references_are_errors(reference):
+    # math-verify reads "nan" as the product n*a*n: the completion "nan" would score 1 against it
+    (out,) = MathReward()([make_rollout(r"\boxed{nan}", {"answer": reference})])
+    assert out.score == 0.0 and out.error.startswith("math: reference answer ") and "is not a value" in out.error
+    (inf,) = MathReward()([make_rollout(r"\boxed{\infty}", {"answer": r"\infty"})])
+    assert inf.score == 1.0 and inf.error is None
+
+
+@pytest.mark.parametrize("answer, reference, want", [
+    ("1e20", "100000000000000000000", 1.0),  # math-verify alone: 1*e*20 (Euler's e), 0
+    ("2e400", "20e399", 1.0),                 # math-verify alone: rounded apart, 0
+    ("-2.50", "-5/2", 1.0),
+    ("1e20", "1e21", 0.0),
+    ("1,2", "12", 0.0),                       # a pair is not twelve: commas stay with math-verify
+])
+def test_equal_plain_numerals_are_equal_answers(answer, reference, want):
+    (out,) = MathReward()([make_rollout(rf"\boxed{{{answer}}}", {"answer": reference})])
+    assert out.score == want and out.error is None
 
 
 def test_registered_and_composed_with_format():

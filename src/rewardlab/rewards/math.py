@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from rewardlab.rewards.base import register_reward
-from rewardlab.rewards.executor import TaskError, shared_executor
+from rewardlab.rewards.executor import TIMEOUT, TaskError, shared_executor
 from rewardlab.rewards.extract import check_methods, extract_answer, last_boxed
+from rewardlab.rewards.text import NumberOutOfRange, parse_number
 from rewardlab.types import Rollout, RewardOutput
 
 #: The default extraction order: an explicit answer tag (it may hold a \boxed{}), then the last \boxed{}, then the
@@ -89,6 +91,47 @@ def verify_answer(item: tuple[str, str, dict[str, Any]]) -> bool:
     return bool(pred) and bool(verify(gold, pred, timeout_seconds=None, **options))
 
 
+def check_reference(item: tuple[str, dict[str, Any]]) -> bool:
+    """Worker side: parse a reference alone and compare it with the answer "0" (to tell whose fault a timed-out
+    comparison was: a reference that sympy cannot evaluate in time, such as 10^{10^{10}}, times out here too).
+
+    `item` = (reference, verify options).
+
+    Raises:
+        ValueError: the reference cannot be parsed.
+    """
+    from math_verify import parse, verify
+
+    reference, options = item
+    gold = parse(_as_latex(reference), parsing_timeout=None)
+    if not gold:
+        raise ValueError(f"reference answer {reference!r} could not be parsed")
+    verify(gold, parse(_as_latex("0"), parsing_timeout=None), timeout_seconds=None, **options)
+    return True
+
+
+#: References that are no value math-verify reads as meant (it reads "nan" as the product n*a*n, "inf" as i*n*f).
+_NOT_A_VALUE = re.compile(r"[-+]?\s*(nan|inf|infinity)", re.IGNORECASE)
+
+
+def _same_numeral(found: str, reference: str) -> bool:
+    """True when both texts are plain numerals (`text.parse_number`: "1e20", "2,000", "3/4") of exactly the same
+    value. math-verify reads "1e20" as 1*e*20 (Euler's e) and rounds huge values apart ("2e400" != "20e399"); equal
+    exact values are equal answers under any of its rules. Bounded (a few ms); False when either is no numeral or
+    holds a comma (parse_number drops commas, which would read the pair "1,2" as 12)."""
+    if "," in found or "," in reference:
+        return False
+    try:
+        a, b = parse_number(found), parse_number(reference)
+    except NumberOutOfRange:
+        return False
+    return a is not None and a == b
+
+
+class MathTimeoutWarning(RuntimeWarning):
+    """A completion's answer took longer than the `math` reward's timeout to check and scored 0 (`timed_out`)."""
+
+
 class MathReward:
     """Final-answer correctness by math-verify (Hugging Face, 2025): symbolic and numeric equivalence.
 
@@ -103,12 +146,24 @@ class MathReward:
     The math-verify calls of a whole batch go to the process pool in one submission (`Executor.map`); each item has
     a hard wall timeout of `timeout` seconds, after which its worker is killed and replaced.
 
-    Score: 1.0 when the answer is equivalent to the reference, else 0.0 (also 0.0 when no answer was found).
-    Components: `correct` (= score), `extracted` (1.0 when an extraction method found an answer).
+    Before math-verify, an answer and a reference that are both plain numerals ("1e20", "100000000000000000000",
+    "3/4"; no commas; read exactly within 4,300 digits and 10**±4300 by `text.parse_number`) and of the same value
+    score 1.0: math-verify reads "1e20" as 1*e*20 (Euler's number) and compares huge values after rounding ("2e400"
+    vs "20e399" would be 0). Other pairs, different numerals included, go to math-verify.
 
-    Errors (RewardOutput.error, score 0): "math: timed out after T s (worker killed and replaced)", "math: row has
-    no 'answer'" (or an empty one), "math: ValueError: reference answer '...' could not be parsed", "math: worker
-    process died (killed by SIGKILL)" (or "(exit code N)"; only the item the worker was checking).
+    Score: 1.0 when the answer is equivalent to the reference, else 0.0 (also 0.0 when no answer was found).
+    Components: `correct` (= score), `extracted` (1.0 when an extraction method found an answer), `timed_out` (1.0
+    when checking the completion's answer ran past `timeout`, e.g. `\\boxed{9^{9^{9}}}`, which sympy evaluates
+    eagerly: the worker is killed and the answer scores 0 - not an error, so a policy's output cannot stop its own
+    run through `rl.max_reward_error_frac`; the reference alone is parsed again and compared with "0" within
+    `timeout` to be sure the fault was the answer's; a `MathTimeoutWarning` is issued once per process, and the
+    component's mean is logged each step as `reward/timed_out/mean` (`reward/math/timed_out/mean` when composed)).
+
+    Errors (RewardOutput.error, score 0): "math: row has no 'answer'" (or an empty one), "math: reference answer
+    'nan' is not a value (write \\infty for infinity)" (also "inf", "infinity"), "math: ValueError: reference answer
+    '...' could not be parsed", "math: reference answer '...' timed out after T s" (the reference alone could not be
+    parsed and compared with "0" within `timeout`), "math: worker process died (killed by SIGKILL)" (or "(exit code
+    N)"; only the item the worker was checking).
 
     Args:
         extract: extraction methods in order; default ("answer_tag", "boxed", "last_number").
@@ -160,25 +215,58 @@ class MathReward:
             reference = r.row.get("answer")
             if reference is None or not str(reference).strip():
                 why = "has no 'answer'" if reference is None else "has an empty 'answer'"
-                outputs[i] = RewardOutput(0.0, {"correct": 0.0, "extracted": 0.0}, error=f"math: row {why}")
-                continue
-            found, _ = extract_answer(r.completion, self.extract)
-            if found is None:
-                outputs[i] = RewardOutput(0.0, {"correct": 0.0, "extracted": 0.0})
+                outputs[i] = _output(0.0, 0.0, error=f"math: row {why}")
                 continue
             reference = str(reference)
             reference = last_boxed(reference) or reference
-            todo.append(i)
-            items.append((reference, found, self.verify_options))
-        results = shared_executor(self.workers).map(verify_answer, items, timeout=self.timeout,
-                                                    chunk_size=self.chunk_size)
-        for i, result in zip(todo, results):
-            if isinstance(result, TaskError):
-                outputs[i] = RewardOutput(0.0, {"correct": 0.0, "extracted": 1.0}, error=f"math: {result}")
+            if _NOT_A_VALUE.fullmatch(reference.strip().strip("$").strip()):
+                outputs[i] = _output(0.0, 0.0, error=f"math: reference answer {reference!r} is not a value (write "
+                                                      "\\infty for infinity)")
+                continue
+            found, _ = extract_answer(r.completion, self.extract)
+            if found is None:
+                outputs[i] = _output(0.0, 0.0)
+            elif _same_numeral(found, reference):
+                outputs[i] = _output(1.0, 1.0)
             else:
-                value = float(bool(result))
-                outputs[i] = RewardOutput(value, {"correct": value, "extracted": 1.0})
+                todo.append(i)
+                items.append((reference, found, self.verify_options))
+        executor = shared_executor(self.workers)
+        results = executor.map(verify_answer, items, timeout=self.timeout, chunk_size=self.chunk_size)
+        # Whose fault was a timeout? Check each such reference alone (against the answer "0"), within the same limit.
+        late = sorted({items[k][0] for k, res in enumerate(results) if isinstance(res, TaskError)
+                       and res.kind == TIMEOUT})
+        checks = executor.map(check_reference, [(ref, self.verify_options) for ref in late], timeout=self.timeout)
+        reference_ok = dict(zip(late, checks))
+        for (i, result), (reference, _, _) in zip(zip(todo, results), items):
+            if not isinstance(result, TaskError):
+                outputs[i] = _output(float(bool(result)), 1.0)
+            elif result.kind != TIMEOUT:
+                outputs[i] = _output(0.0, 1.0, error=f"math: {result}")
+            elif isinstance(checked := reference_ok[reference], TaskError):
+                why = (f"reference answer {reference!r} timed out after {self.timeout:g} s" if checked.kind == TIMEOUT
+                       else str(checked))
+                outputs[i] = _output(0.0, 1.0, error=f"math: {why}")
+            else:
+                _warn_timeout(self.timeout)
+                outputs[i] = _output(0.0, 1.0, timed_out=1.0)
         return outputs  # type: ignore[return-value]
+
+
+def _output(score: float, extracted: float, *, timed_out: float = 0.0, error: str | None = None) -> RewardOutput:
+    return RewardOutput(score, {"correct": score, "extracted": extracted, "timed_out": timed_out}, error=error)
+
+
+_WARNED_TIMEOUT = False
+
+
+def _warn_timeout(timeout: float) -> None:
+    global _WARNED_TIMEOUT
+    if not _WARNED_TIMEOUT:
+        _WARNED_TIMEOUT = True
+        warnings.warn(f"math: a completion's answer took longer than timeout={timeout:g} s to check; it scores 0 "
+                      "(component timed_out, logged as reward/timed_out/mean; raise `timeout` if honest answers "
+                      "are slow on this machine)", MathTimeoutWarning, stacklevel=3)
 
 
 register_reward("math")(MathReward)
