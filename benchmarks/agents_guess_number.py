@@ -50,7 +50,8 @@ def main() -> None:
     out = Path(a.out)
     figures: dict = {"settings": vars(a)}
     sft = out / "sft"
-    figures["sft_s"] = run(["sft", "--model", "tiny", *TASK, "--out", str(sft), f"sft.steps={a.sft_steps}",
+    # the episode budgets apply to sft's traces too; these keep every binary search whole (at most 7 guesses)
+    figures["sft_s"] = run(["sft", "--model", "tiny", *TASK, "--out", str(sft), f"sft.steps={a.sft_steps}", *ENV,
                             "threads=2"])
     start = str(sft / "checkpoints" / f"step-{a.sft_steps}")
     figures["sft"] = evaluate(start, out / "eval_sft")

@@ -21,12 +21,13 @@ from typing import Any
 import torch
 
 from rewardlab.config import SFTConfig, dump_config
+from rewardlab.envs.episode import EpisodeLimits
 from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
 from rewardlab.interrupt import Interrupted, StopRequest
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy
 from rewardlab.progress import stage
-from rewardlab.runs import RunDir
+from rewardlab.runs import RunDir, warn
 from rewardlab.tasks import Task, check_target_lengths, check_task_for_policy
 from rewardlab.tasks.sampler import RowSampler
 from rewardlab.threads import apply_threads
@@ -100,7 +101,8 @@ def sft_gradient(policy: Policy, rows: list[tuple[list[int], list[int], list[int
     return value, total
 
 
-def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_frac: float | None = None
+def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_frac: float | None = None,
+                limits: EpisodeLimits | None = None, notes: list[str] | None = None
                 ) -> list[tuple[list[int], list[int], list[int] | None]]:
     """The training rows of `task` as (prompt ids, target ids, loss mask or None).
 
@@ -112,6 +114,12 @@ def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_
       (`env.traces(rows, seed=seed, tool_frac=tool_frac)`, e.g. calculator: a tool-call trace or a direct answer;
       guess_number: binary search).
     - Any other row: prompt -> row[`target`] + EOS, every target token trained (mask None).
+
+    With `limits` (an environment task's budgets: env.max_turns, env.max_episode_tokens, env.max_tool_tokens,
+    env.tool_keep and the model's context window), each trace holds what an episode under those budgets holds
+    (`trace_rollouts(limits=...)`): tool outputs clipped, cut where the episode would end (after turn max_turns,
+    at the episode token budget, at the context window). One line counting the cut traces and naming the first is
+    appended to `notes` (for the caller to print).
 
     Raises:
         ValueError: `tool_frac` given for a task whose rows get no generated traces, or for an environment that
@@ -151,15 +159,24 @@ def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_
     from rewardlab.envs.trace import trace_rollouts
 
     out = []
+    cut: list[tuple[int, str]] = []  # (training row, termination) of the traces the budgets cut
     for i, r in enumerate(task.train):
         trace = r.get("trace", traces.get(i))
         if trace is None:
             out.append((policy.encode_prompt(policy.format_prompt(r["prompt"], r.get("messages"))),
                         policy.encode_target(str(r[target])), None))
             continue
-        out += [(ro.prompt_ids, ro.completion_ids, ro.loss_mask)
-                for ro in trace_rollouts(renderer, trace, eos_id=policy.tokenizer.eos_token_id, stop=stop,
-                                         where=f"sft: training row {i}")]
+        rows = trace_rollouts(renderer, trace, eos_id=policy.tokenizer.eos_token_id, stop=stop,
+                              where=f"sft: training row {i}", limits=limits)
+        if rows[-1].termination not in ("stop", "env_done"):
+            cut.append((i, str(rows[-1].termination)))
+        out += [(ro.prompt_ids, ro.completion_ids, ro.loss_mask) for ro in rows]
+    if cut and notes is not None and limits is not None:
+        n_traces = sum(1 for i, r in enumerate(task.train) if "trace" in r or i in traces)
+        notes.append(f"env: {len(cut)} of {n_traces} training traces of task {task.name} do not fit the episode "
+                     f"budgets (env.max_turns={limits.max_turns}, env.max_episode_tokens={limits.max_episode_tokens}, "
+                     f"context window {limits.context_window}); each is cut where its episode would end (first: "
+                     f"training row {cut[0][0]}, {cut[0][1]})")
     return out
 
 
@@ -218,7 +235,14 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
         run.write_config(dump_config(cfg))
     if checkpoint is not None:
         load_weights(policy.model, checkpoint)
-    encoded = encode_rows(task, policy, p.target, seed=cfg.seed, tool_frac=p.tool_frac)
+    limits = None if task.env is None else EpisodeLimits(
+        max_turns=cfg.env.max_turns, max_new_tokens=cfg.env.max_episode_tokens,
+        max_episode_tokens=cfg.env.max_episode_tokens, context_window=policy.context_window,
+        max_tool_tokens=cfg.env.max_tool_tokens, tool_keep=cfg.env.tool_keep)
+    notes: list[str] = []
+    encoded = encode_rows(task, policy, p.target, seed=cfg.seed, tool_frac=p.tool_frac, limits=limits, notes=notes)
+    for note in notes:
+        warn(note)
     sampler = RowSampler(list(range(len(encoded))), seed=cfg.seed)  # type: ignore[arg-type]
     optimizer = make_optimizer(policy.model, p.lr, p.weight_decay)
     scheduler = make_scheduler(optimizer, warmup_steps=p.warmup_steps, total_steps=p.steps, kind="cosine")

@@ -50,3 +50,14 @@ def test_verbs_that_sample_single_completions_refuse_environment_tasks(verb):
     with pytest.raises(ConfigError, match=rf"task.spec: {verb} samples single completions and does not run "
                                           r"environment tasks \('env:calculator'\)"):
         load_config(COMMANDS[verb].config, None, ["task.spec=env:calculator"])
+
+
+@pytest.mark.parametrize("override, key", [("env.max_turns=true", "env.max_turns"), ("rl.lr=false", "rl.lr"),
+                                           ("rl.max_prompt_length=true", "rl.max_prompt_length"),
+                                           ("env.tool_timeout_s=true", "env.tool_timeout_s")])
+def test_a_boolean_where_a_number_is_due_is_one_line_naming_the_key(override, key):
+    # pydantic reads true as 1: env.max_turns=true ran episodes of one turn
+    with pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, None, ["task.spec=env:calculator", override])
+    assert key in str(err.value) and "expected a number, got" in str(err.value) and "\n" not in str(err.value)
+    assert load_config(TrainConfig, None, ["rl.mask_truncated=true"]).rl.mask_truncated is True  # bool keys take one

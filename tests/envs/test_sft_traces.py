@@ -240,3 +240,53 @@ def test_encode_rows_generates_the_environment_traces_with_the_tool_mix():
     with pytest.raises(ValueError, match="sft.tool_frac: environment 'guess_number' has no tool choice"):
         encode_rows(gtask, policy, "answer", tool_frac=0.5)
     assert all(m.count(1) >= 6 for _, _, m in encode_rows(gtask, policy, "answer"))  # "<g>K</g>" per guess
+
+
+@pytest.mark.parametrize("budgets", [
+    {"max_turns": 3, "max_episode_tokens": 400},   # cut after the third guess (termination max_turns)
+    {"max_turns": 8, "max_episode_tokens": 30},    # cut inside a turn (max_episode_tokens, truncated)
+    {"max_turns": 8, "max_episode_tokens": 18},    # an observation that does not fit is dropped
+    {"max_turns": 8, "max_episode_tokens": 400},   # nothing binds: the whole trace
+])
+def test_a_trace_under_budgets_holds_what_the_episode_under_them_holds(budgets):
+    """`trace_rollouts(limits=...)` (what `sft` does with env.max_turns and env.max_episode_tokens): the trace's
+    rows are those of the episode a sampler of the same turns runs under the same budgets - cut at the same place,
+    with the same termination."""
+    from rewardlab.envs.episode import EpisodeLimits
+
+    tok = build_tokenizer()
+    env = make_env("guess_number", n=64)
+    row = {"prompt": env.prompt(), "answer": "10", "n": 64}  # 32, 16, 8, 12, 10: five guesses
+    trace = env.trace(row)
+    renderer = make_renderer(tok, "raw", raw_text=env.raw_text)
+    sampler = ScriptedSampler({0: _script(trace)})
+    sampler.tokenizer, sampler.prompt_format = tok, "raw"
+    (episode,) = run_episodes(sampler, env, [row], n=1, max_new_tokens=budgets["max_episode_tokens"],
+                              renderer=renderer, **budgets)
+    limits = EpisodeLimits(max_new_tokens=budgets["max_episode_tokens"], **budgets)
+    (ro,) = trace_rollouts(renderer, trace, eos_id=EOS, stop=env.stop, limits=limits)
+    assert (ro.prompt_ids, ro.completion_ids, ro.loss_mask, ro.turns, ro.termination) == (
+        episode.prompt_ids, episode.completion_ids, episode.loss_mask, episode.turns, episode.termination)
+    whole = budgets == {"max_turns": 8, "max_episode_tokens": 400}
+    assert (ro.termination == "env_done") == whole
+    (unbounded,) = trace_rollouts(renderer, trace, eos_id=EOS, stop=env.stop)
+    assert (unbounded.completion_ids == ro.completion_ids) == whole
+
+
+def test_sft_applies_the_env_budgets_to_traces(tmp_path, capsys):
+    """`sft` on an environment task reads env.max_turns and env.max_episode_tokens (they were accepted and ignored:
+    the same final loss): a budget that cuts the traces changes what is trained and says how many were cut."""
+    from rewardlab.commands import sft as sft_command
+    from rewardlab.config import SFTConfig
+
+    def run(name, env):
+        cfg = SFTConfig(model={"path": "tiny", "tiny": TINY_ARCH}, out=str(tmp_path / name), seed=0,
+                        task={"spec": "env:guess_number", "options": {"n": 64, "size": 8, "test_size": 2}},
+                        sft={"steps": 2, "batch_size": 4}, env=env)
+        return sft_command.run(cfg, show_progress=False)
+
+    whole = run("whole", {"max_turns": 8})
+    assert "do not fit the episode budgets" not in capsys.readouterr().err
+    cut = run("cut", {"max_turns": 2})
+    assert "env: 8 of 8 training traces of task" in capsys.readouterr().err  # these 8 secrets each take 3+ guesses
+    assert cut["final_loss"] != whole["final_loss"]

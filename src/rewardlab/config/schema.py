@@ -7,9 +7,10 @@ overrides, one-line errors) lives in `rewardlab.config.loader`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from types import UnionType
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rewardlab.types import TERMINATIONS, TRUNCATIONS
 
@@ -26,8 +27,28 @@ TOP_P = ("nucleus sampling: draw from the smallest set of tokens whose probabili
 WEIGHT_DECAY = "AdamW decoupled weight decay (Loshchilov & Hutter 2019); 0: off"
 
 
+def _number_types(annotation: Any) -> set[type]:
+    """The plain types an annotation admits (int | None -> {int, NoneType}; Literal/containers: none)."""
+    if annotation in (int, float, bool):
+        return {annotation}
+    if get_origin(annotation) in (Union, UnionType):
+        return set().union(*(_number_types(a) for a in get_args(annotation)))
+    return set()
+
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """`true`/`false` where a number is due is an error (pydantic reads them as 1 and 0: env.max_turns=true
+        was one turn)."""
+        if isinstance(value, bool) and info.field_name is not None:
+            types = _number_types(cls.model_fields[info.field_name].annotation)
+            if types & {int, float} and bool not in types:
+                raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
 
 class TinyArch(_Base):
@@ -151,15 +172,17 @@ class SFTParams(_Base):
 
 class EnvConfig(_Base):
     """Episode budgets of an environment task (`task.spec: env:NAME`, rewardlab.envs): one contract, read by `train`,
-    `sft` and `evaluate` alike. The per-turn limit is the verb's max_new_tokens; the model's context window is the
-    hard limit. On a task that is not an environment, a key set to other than its default is refused, naming it."""
+    `sft` and `evaluate` alike (`sft` cuts each trace where an episode under these budgets would end, and clips its
+    tool outputs). The per-turn limit is the verb's max_new_tokens; the model's context window is the hard limit. On
+    a task that is not an environment, a key set to other than its default is refused, naming it."""
 
     max_turns: int = Field(4, gt=0, description="model turns per episode at most; an episode that reaches it ends "
-                           "(termination max_turns)")
+                           "(termination max_turns). sft: a trace is cut after this many assistant turns")
     max_episode_tokens: int = Field(
         256, gt=0, description="tokens of an episode after its prompt at most: model, tool and chat-template tokens "
         "of all its rows; an observation that would overflow it is not appended and the episode ends (termination "
-        "max_episode_tokens, truncated). Must be >= the per-turn max_new_tokens")
+        "max_episode_tokens, truncated). Must be >= the per-turn max_new_tokens. sft: a trace is cut where its "
+        "episode would reach it (a warning counts the cut traces)")
     max_tool_tokens: int = Field(64, gt=0, description="a tool's output is cut to this many tokens (counted with "
                                  "the model's tokenizer, never in characters), the truncation marker included")
     tool_keep: Literal["start", "end"] = Field("start", description="which part of an overlong tool output is kept")

@@ -17,15 +17,22 @@ supervised training and RL see the same ids (token-exact):
   episode loop does, so a trace gives one row per row its episode would have.
 The loss mask is 1 exactly on the assistant turns' ids (their EOS included) and 0 on everything the environment
 or the template added.
+
+The rows are built by the episode state machine itself (`rewardlab.envs.episode.Episode`), fed the trace's turns as
+samples and its observations as the environment's answers, so they cannot drift from what the episode loop builds.
+With budgets (`limits`: max_turns, max_episode_tokens, the context window, max_tool_tokens) the trace holds what an
+episode under them holds: tool outputs clipped, cut where the episode would end, with that termination.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from rewardlab.envs.episode import prompt_text
-from rewardlab.types import Rollout
+from rewardlab.envs.base import StepResult
+from rewardlab.envs.episode import Episode, EpisodeLimits
+from rewardlab.types import Rollout, Sampled
 
 __all__ = ["OBSERVATION_ROLES", "trace_rollouts"]
 
@@ -38,7 +45,8 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id: int,
-                   stop: Sequence[str] | None = None, where: str = "trace") -> list[Rollout]:
+                   stop: Sequence[str] | None = None, where: str = "trace",
+                   limits: EpisodeLimits | None = None) -> list[Rollout]:
     """The rows of a trace (see the module docstring): the ids an episode holds after a model sampled its
     assistant turns, with a loss mask on exactly those turns; one row, or more where the chat template rewrites
     earlier turns.
@@ -51,19 +59,25 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
         eos_id: the end-of-sequence id appended to a turn that does not end at a stop string.
         stop: the strings that end a model turn besides EOS (the environment's `stop`, e.g. ("</c>",)).
         where: how errors name the trace (e.g. "sft: training row 3").
+        limits: the episode budgets (`EpisodeLimits`; its max_new_tokens is not read: a turn may take what is left of
+            the episode) or None (default): none, the whole trace. Under budgets a trace is cut where its episode
+            would end: after turn max_turns (termination "max_turns", the observation after it dropped), inside a
+            turn at the episode or context budget ("max_episode_tokens", "context"; that turn keeps the ids that
+            fit, no EOS), or before an observation that does not fit; tool outputs are clipped to max_tool_tokens.
     Returns:
         The rows in order, each a `Rollout`: `prompt_ids` [P] and `prompt` (its text), `completion_ids` [T]
         (assistant and observation ids interleaved), `loss_mask` [T] (1 on assistant ids and their EOS, 0
         elsewhere), `logprobs` [T] all 0.0 (no behaviour policy), `turns` (the span of each of the row's assistant
         turns), `first_turn` (the trace-wide index of its first turn), `completion` (the text of its last assistant
         turn), `messages` (the trace up to the row's end), `episode_id` 0; `termination` on the last row only:
-        "stop" when the final turn ends with EOS, else "env_done" (None on earlier rows, as in an episode).
+        "stop" when the final turn ends with EOS, "env_done" when it ends at a stop string, or the budget that cut
+        the trace (None on earlier rows, as in an episode).
     Raises:
         ValueError: one line naming `where` and the message index: a message that is not a dict with a role and a
             str content; no prompt message before the first assistant turn, or no assistant turn; a trace that does
             not end with an assistant turn; an observation whose role is not "tool" or "user"; two assistant turns
             in a row; an assistant turn with a stop string before its end (the sampler would have stopped there)
-            or an empty one.
+            or an empty one; a prompt that leaves no room in `limits.context_window`.
     """
     msgs = [dict(m) for m in messages]
     for i, m in enumerate(msgs):
@@ -79,21 +93,8 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
                          "the model's final assistant turn")
     stops = [s for s in (stop or ()) if s]
     tokenizer = renderer.tokenizer
-    history = msgs[:first]
-    rows: list[Rollout] = []
-    prompt_ids = list(renderer.start(history))
-    completion: list[int] = []
-    mask: list[int] = []
-    turns: list[tuple[int, int]] = []
-    first_turn = n_turns = 0
-    final_text, final_stop = "", False
-
-    def close_row(termination: str | None, upto: int) -> None:
-        rows.append(Rollout(prompt=prompt_text(renderer, prompt_ids), prompt_ids=prompt_ids, completion=final_text,
-                            completion_ids=completion, logprobs=[0.0] * len(completion), loss_mask=mask,
-                            turns=turns, first_turn=first_turn, episode_id=0, termination=termination,
-                            messages=msgs[:upto]))
-
+    turns: list[tuple[list[int], bool]] = []  # per assistant turn: its ids (EOS included) and whether at a stop
+    steps: list[list[dict[str, Any]]] = []  # per assistant turn: the observation messages after it
     i = first
     while i < len(msgs):
         m = msgs[i]
@@ -108,13 +109,7 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
             if at != -1 and at + len(s) < len(text):
                 raise ValueError(f"{where}: message {i} goes on after the stop string {s!r}; the model's turn ends "
                                  "there")
-        ids = _encode(tokenizer, text) + ([] if ends_at_stop else [eos_id])
-        turns.append((len(completion), len(completion) + len(ids)))
-        completion += ids
-        mask += [1] * len(ids)
-        n_turns += 1
-        history.append({"role": "assistant", "content": text})
-        final_text, final_stop = text, ends_at_stop
+        turns.append((_encode(tokenizer, text) + ([] if ends_at_stop else [eos_id]), ends_at_stop))
         i += 1
         new = []
         while i < len(msgs) and msgs[i]["role"] != "assistant":
@@ -126,16 +121,43 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
         if i < len(msgs) and not new:
             raise ValueError(f"{where}: message {i} is an assistant turn right after another (no observation "
                              "between them)")
-        if not new:
-            continue
-        obs = renderer.extend(prompt_ids + completion, history, new)
-        if obs is not None:
-            completion += list(obs)
-            mask += [0] * len(obs)
-            history += new
-            continue
-        close_row(None, i - len(new))  # the template rewrote an earlier turn: the trace goes on in a new row
-        history += new
-        prompt_ids, completion, mask, turns, first_turn = list(renderer.start(history)), [], [], [], n_turns
-    close_row("env_done" if final_stop else "stop", len(msgs))
+        steps.append(new)
+    if limits is None:  # no budget binds: the whole trace
+        longest = max(len(ids) for ids, _ in turns)
+        limits = EpisodeLimits(max_turns=len(turns), max_new_tokens=longest, max_episode_tokens=10**12)
+    else:  # every turn may take what is left of the episode, as much as a sampler could give it
+        limits = replace(limits, max_new_tokens=limits.max_episode_tokens)
+    try:
+        episode = Episode(_TraceEnv(steps, turns[-1][1]), {"messages": msgs[:first]}, renderer, limits)
+    except ValueError as exc:  # "episode 0: the prompt has N tokens and ..."
+        raise ValueError(f"{where}: {str(exc).removeprefix('episode 0: ')}") from None
+    while (request := episode.next_request()) is not None:
+        ids, at_stop = turns[episode.turn]
+        finish = "length" if len(ids) > request.max_new_tokens else "stop" if at_stop else "eos"
+        ids = ids[:request.max_new_tokens]
+        episode.feed(Sampled(ids, [0.0] * len(ids), finish))
+    rows = episode.rollouts()
+    if episode.termination in ("stop", "env_done"):  # the whole trace: its own text, not the decoded turns
+        for ro in rows:
+            ro.messages = msgs[:len(ro.messages)]
+        rows[-1].completion = msgs[-1]["content"]
     return rows
+
+
+class _TraceEnv:
+    """The environment of a trace: step k answers with the observation messages after assistant turn k, and the
+    step of the last turn ends the episode ("env_done" when that turn ended at a stop string, else "stop")."""
+
+    def __init__(self, steps: list[list[dict[str, Any]]], last_at_stop: bool) -> None:
+        self.steps, self.last_at_stop = steps, last_at_stop
+
+    def reset(self, row: dict[str, Any]) -> list[int]:
+        return [0]
+
+    def step(self, state: list[int], action: str) -> StepResult:
+        k = state[0]
+        state[0] += 1
+        if k == len(self.steps) - 1:
+            return StepResult(observation=None, reward=None, done=True,
+                              info={"termination": "env_done" if self.last_at_stop else "stop"})
+        return StepResult(observation=[dict(m) for m in self.steps[k]], reward=None, done=False)
