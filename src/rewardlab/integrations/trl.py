@@ -500,6 +500,13 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
     functions as the column `rewardlab_rollout` (`ROLLOUT_COLUMN`): `as_trl_reward_funcs` then scores that
     `Rollout` (its final model turn, its turns and turn rewards), not a re-tokenized text.
 
+    Truncation. TRL counts a completion as truncated when its last id is not an EOS or pad token
+    (`completions/clipped_ratio`; `GRPOConfig(mask_truncated_completions=True)` leaves it out of the loss). An
+    episode that ended on its own (`termination` stop, env_done or max_turns) whose last id is not one gets the
+    tokenizer's EOS appended in what TRL is given, with env_mask 0 and log-prob 0.0 (never trained); a truncated
+    episode (`Rollout.truncated`: max_new_tokens, max_episode_tokens, context) ends as sampled, so TRL counts it
+    truncated. The `rewardlab_rollout` episodes are unchanged.
+
     Args:
         env: a rewardlab environment (`rewardlab.envs.make_env(name)`).
         rows: the rows the dataset was made from by `env_dataset` (the prompts carry their index into `rows`).
@@ -510,7 +517,8 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
         "rewardlab_rollout"}, lists of one entry per prompt.
     Raises (at a call):
         ValueError: a prompt without its `<rewardlab-row I>` tag or with an index outside `rows`; an episode that
-            the chat template split into several rows (TRL takes one sequence per completion); one line each.
+            the chat template split into several rows (TRL takes one sequence per completion); a tokenizer without
+            an EOS id (TRL could not tell a finished episode from a truncated one); one line each.
     """
     from rewardlab.envs import run_episodes
     from rewardlab.policy.hf import Policy
@@ -551,13 +559,32 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
                 episodes += got
                 start += size
         calls[0] += 1
-        return {"prompt_ids": [list(r.prompt_ids) for r in episodes],
-                "completion_ids": [list(r.completion_ids) for r in episodes],
-                "logprobs": [list(r.logprobs) for r in episodes],
-                "env_mask": [list(r.loss_mask) for r in episodes],
-                ROLLOUT_COLUMN: episodes}
+        out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+        eos, ends = _end_tokens(trainer)
+        for r in episodes:
+            ids, logps, mask = list(r.completion_ids), list(r.logprobs), list(r.loss_mask)
+            if not r.truncated and (not ids or ids[-1] not in ends):
+                ids, logps, mask = ids + [eos], logps + [0.0], mask + [0]  # ended on its own: not truncated to TRL
+            out["prompt_ids"].append(list(r.prompt_ids))
+            out["completion_ids"].append(ids)
+            out["logprobs"].append(logps)
+            out["env_mask"].append(mask)
+        out[ROLLOUT_COLUMN] = episodes
+        return out
 
     return rollout_func
+
+
+def _end_tokens(trainer: Any) -> tuple[int, set[int]]:
+    """The EOS id appended to an episode that ended on its own, and the ids after which TRL does not count a
+    completion as truncated: GRPOTrainer's `eos_token_ids` (the generation config's and the tokenizer's EOS) and the
+    pad id; TRL's test is `completion_ids[-1] not in eos_and_pad`."""
+    tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    eos_ids = [int(t) for t in (getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id]) if t is not None]
+    if not eos_ids:
+        raise ValueError("as_trl_rollout_func: the tokenizer has no eos_token_id, which TRL needs to tell a finished "
+                         "episode from a truncated one")
+    return eos_ids[0], {*eos_ids, *([tok.pad_token_id] if tok.pad_token_id is not None else [])}
 
 
 def _no_grad():
