@@ -274,6 +274,13 @@ def pairs_to_trl(pairs: Any, *, conversational: bool = False, implicit_prompt: b
     concatenated); conversational rows hold message lists: prompt [{"role": "user", ...}], responses
     [{"role": "assistant", ...}] (implicit: user turn + assistant turn).
 
+    An implicit prompt is only as good as TRL's split: `extract_prompt` takes the longest common prefix of `chosen`
+    and `rejected` (for strings: characters, less a trailing space). Conversational pairs always split at the
+    assistant turn. String pairs split at the prompt only when the two responses differ in their first character,
+    neither is empty and the prompt does not end in a space; `rm pairs` files often hold answers that share a first
+    character ("14" / "15"), for which TRL would recover a longer prompt ("4+4+6=1"). So every implicit row is split
+    here with TRL's own `extract_prompt`, and a pair it would not give back exactly is refused.
+
     Args:
         pairs: a JSONL path of pair rows, or a sequence of `Pair`.
         conversational: message lists instead of strings.
@@ -281,7 +288,8 @@ def pairs_to_trl(pairs: Any, *, conversational: bool = False, implicit_prompt: b
     Returns:
         a `datasets.Dataset`, one row per pair, in order.
     Raises:
-        ValueError: `PATH:LINE: ...` for a bad row of a file (`rm.data.load_pairs`).
+        ValueError: `PATH:LINE: ...` for a bad row of a file (`rm.data.load_pairs`); with `implicit_prompt=True`, one
+            line naming the first pair whose prompt TRL's `extract_prompt` would not recover exactly.
     """
     from datasets import Dataset
 
@@ -300,6 +308,15 @@ def pairs_to_trl(pairs: Any, *, conversational: bool = False, implicit_prompt: b
         cols["chosen"].append(chosen)
         cols["rejected"].append(rejected)
     if implicit_prompt:
+        from trl.data_utils import extract_prompt
+
+        for i, (prompt, chosen, rejected) in enumerate(zip(*cols.values())):
+            got = extract_prompt({"chosen": chosen, "rejected": rejected})["prompt"]
+            if got != prompt:
+                raise ValueError(f"pairs_to_trl: pair {i}: implicit_prompt=True would lose its prompt: TRL's "
+                                 f"extract_prompt (the common prefix of chosen and rejected) gives {got!r}, not "
+                                 f"{prompt!r}; keep the prompt explicit (implicit_prompt=False) or use "
+                                 "conversational=True")
         del cols["prompt"]
     if any(p.margin for p in items):
         cols["margin"] = [float(p.margin) for p in items]
