@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rewardlab.integrations.common import as_reward, component_keys, needed_fields
+from rewardlab.integrations.common import as_reward, component_keys, needed_fields, row_field_names
 from rewardlab.rewards.base import Reward, RewardError
 from rewardlab.rewards.compose import error_sources
 from rewardlab.types import Rollout, RewardOutput
@@ -61,7 +61,7 @@ class _Scorer:
 
     def __init__(self, reward: Reward, on_error: str, name: str) -> None:
         self.reward, self.on_error, self.name = reward, on_error, name
-        self.needed = needed_fields(reward)
+        self.needed = [row_field_names(f) for f in needed_fields(reward)]  # each: its alternatives
         self.checked = False
         self.failed = 0  # rows whose reward failed, over this scorer's life
         self.batches = 0  # batches scored so far (a composed function counts a batch's failures once)
@@ -91,11 +91,12 @@ class _Scorer:
                 raise ValueError(f"{self.name}: column {ROLLOUT_COLUMN!r} must hold one rewardlab Rollout per "
                                  "completion (as as_trl_rollout_func returns)")
         if not self.checked:
-            have = set(episodes[0].row) if episodes else set(columns)
-            missing = [f for f in self.needed if f != "prompt" and f not in have]
+            have = (set(episodes[0].row) if episodes else set(columns)) | {"prompt"}  # TRL's prompts: the row's
+            missing = [f for f in self.needed if not any(a in have for a in f)]
             if missing:
-                raise ValueError(f"{self.name}: the reward needs dataset column {missing[0]!r}, which this dataset "
-                                 f"lacks (columns: {', '.join(sorted(columns)) or 'none'})")
+                listed = ", ".join(sorted(have - {"prompt"})) or "none"
+                raise ValueError(f"{self.name}: the reward needs dataset column {' or '.join(map(repr, missing[0]))}"
+                                 f", which this dataset lacks (columns: {listed})")
             self.checked = True
         outputs: list[RewardOutput | None] = [None] * n
         todo, rollouts = [], []
@@ -104,7 +105,7 @@ class _Scorer:
             if prompts[i] != previous:
                 group, previous = group + 1, prompts[i]
             row = episodes[i].row if episodes else {k: v[i] for k, v in columns.items()}
-            if any(row.get(f) is None for f in self.needed if f != "prompt"):
+            if any(all(row.get(a) is None for a in f) for f in self.needed):
                 continue  # a None in a field the reward needs: not applicable to this row
             todo.append(i)
             if episodes:
