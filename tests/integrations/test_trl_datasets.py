@@ -72,6 +72,51 @@ def test_pairs_from_an_rm_pairs_file(tmp_path):
         pairs_to_trl(str(path))
 
 
+def test_implicit_prompt_is_exact_for_every_pair_of_an_rm_pairs_file_or_refused(tmp_path):
+    """A real `rm pairs` file (tiny model, low temperature so that answers often share a first character): TRL's
+    own extract_prompt applied to the implicit rows gives back each pair's prompt exactly; a string pair whose
+    prompt TRL would not recover (a shared first character, an empty response) is refused, naming it."""
+    import string
+
+    from conftest import TINY_OVERRIDES, read_jsonl, write_jsonl
+    from rewardlab.cli import main
+    from rewardlab.rm.data import load_pairs
+
+    # correct (exact_match against the references): an answer ending in every other printable character
+    chars = string.digits + string.ascii_letters + string.punctuation
+    good = chars[::2]
+    refs = [a + b for a in chars for b in good] + list(good)
+    task = write_jsonl(tmp_path / "task.jsonl", [{"prompt": f"{i}=", "answer": good[0], "references": refs}
+                                                 for i in range(14)])
+    assert main(["rm", "pairs", "--no-progress", "--model", "tiny", "--task", f"jsonl:{task}",
+                 "--out", str(tmp_path / "pairs"), "task.options={test_size: 2}", "pairs.n=16",
+                 "pairs.max_new_tokens=2", "pairs.temperature=0.1", "pairs.pairs_per_question=4",
+                 *TINY_OVERRIDES]) == 0
+    path = tmp_path / "pairs" / "pairs.jsonl"
+    pairs = load_pairs(path)
+    assert len(pairs) == len(read_jsonl(path)) > 20
+
+    chat = pairs_to_trl(path, conversational=True, implicit_prompt=True)
+    for p, row in zip(pairs, chat):  # a conversational pair always splits at the assistant turn
+        assert extract_prompt(row)["prompt"] == [{"role": "user", "content": p.prompt}]
+    refused = []
+    for i, p in enumerate(pairs):
+        try:
+            (row,) = pairs_to_trl([p], implicit_prompt=True)
+        except ValueError as exc:
+            assert str(exc).startswith("pairs_to_trl: pair 0: implicit_prompt=True would lose its prompt: TRL's "
+                                       "extract_prompt")
+            refused.append(i)
+            continue
+        assert extract_prompt(row) == {"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}
+    # never refused: responses that differ in their first character (the prompt ends in "=", not a space)
+    assert not [i for i in refused if pairs[i].chosen[:1] != pairs[i].rejected[:1] and pairs[i].chosen
+                and pairs[i].rejected]
+    assert 0 < len(refused) < len(pairs)  # the file has both kinds; the refused ones share a first character
+    with pytest.raises(ValueError, match=rf"^pairs_to_trl: pair {refused[0]}: implicit_prompt=True would lose"):
+        pairs_to_trl(path, implicit_prompt=True)
+
+
 def test_dpo_trainer_prepares_the_exported_pairs(tmp_path):
     """DPOTrainer's own dataset preparation reads the columns and tokenizes prompt and responses as given."""
     from trl import DPOConfig, DPOTrainer

@@ -189,3 +189,84 @@ def test_failures_are_counted_once_per_batch_whichever_function_runs_first(flaky
     funcs[0](*batch, **peers)  # the same batch again: not counted twice
     assert logged == [("rewardlab/errors", 2.0), ("rewardlab/errors/flaky", 2.0)]
     assert funcs[0].failed == 2
+
+
+def test_an_environment_reward_names_the_column_a_prompt_answer_dataset_lacks():
+    """calculator's reward (reasoning_gym) reads the row's dataset, question and metadata: on prompt/answer columns
+    it used to fail on every row (KeyError 'dataset', seen only with on_error="raise"); the first call names it."""
+    from rewardlab.envs import make_env
+
+    env = make_env("calculator")
+    rows = env.rows("train", 2)
+    funcs, _ = as_trl_reward_funcs(env.reward)
+    with pytest.raises(ValueError, match=r"^rewardlab: the reward needs dataset column 'dataset', which this "
+                                         r"dataset lacks \(columns: answer\)$"):
+        funcs[0]([r["prompt"] for r in rows], ["1", "2"], [[1], [2]], answer=[r["answer"] for r in rows], **PEERS)
+    # the rows' own columns, and only the declared ones, are enough: it scores
+    funcs, _ = as_trl_reward_funcs(env.reward, on_error="raise")
+    cols = {k: [r[k] for r in rows] for k in ("dataset", "question", "answer", "metadata")}
+    got = funcs[0]([r["prompt"] for r in rows], [f"<answer>{rows[0]['answer']}</answer>", "no"], [[1], [2]],
+                   **cols, **PEERS)
+    assert got == [1.0, 0.0]
+
+
+def test_a_composed_reward_needs_the_union_and_alternatives_are_named_together():
+    from rewardlab.integrations.common import needed_fields
+
+    composed = build_reward([{"name": "reasoning_gym"},
+                             {"compose": "gated", "gate": "exact_match", "reward": "arithmetic_steps"}])
+    assert needed_fields(composed) == ["answer", "dataset", ("expression", "metadata"), "metadata", "question"]
+    f = as_trl_reward_func("arithmetic_steps")
+    with pytest.raises(ValueError, match=r"needs dataset column 'expression' or 'metadata', which this dataset "
+                                         r"lacks \(columns: answer\)$"):
+        f(["1+2="], ["1+2=3"], [[1]], answer=["3"], **PEERS)
+    f = as_trl_reward_func("arithmetic_steps")  # either alternative is enough
+    assert f(["1+2="], ["1+2=3"], [[1]], answer=["3"], metadata=[{"expression": "1 + 2"}], **PEERS) == [1.0]
+
+
+def test_every_registered_reward_declares_the_row_fields_it_needs():
+    """Walks rewardlab's own rewards: each declares `row_fields` (a function's are its signature's plus what it
+    declares; one that reads the whole `row` or `**kwargs` must declare them), and every environment's rows hold
+    the fields its reward needs (so `as_trl_rollout_func` episodes always carry them)."""
+    import inspect
+
+    import rewardlab.envs  # noqa: F401 - registers guess_found
+    from rewardlab.envs import ENVIRONMENTS, make_env
+    from rewardlab.integrations.common import needed_fields, row_field_names
+    from rewardlab.rewards import REWARDS
+    from rewardlab.rewards.base import check_row_fields
+
+    declared = {}
+    for name in sorted(REWARDS):
+        factory = REWARDS[name]
+        if not factory.__module__.startswith("rewardlab."):
+            continue  # registered by another test of the session (the registry is process-wide)
+        assert hasattr(factory, "row_fields"), name
+        if hasattr(factory, "fn"):
+            params = inspect.signature(factory.fn).parameters
+            if "row" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                assert factory.declared_row_fields is not None, f"{name} reads the row but declares no row_fields"
+            declared[name] = factory.row_fields
+            assert factory().row_fields == factory.row_fields, name
+    assert declared == {
+        "arithmetic_steps": ("answer", ("expression", "metadata")), "bleu": ("answer",), "chrf": ("answer",),
+        "exact_match": ("answer",), "guess_found": ("answer",), "numeric": ("answer",),
+        "reasoning_gym": ("dataset", "question", "answer", "metadata"), "rouge_l": ("answer",),
+        "token_f1": ("answer",), "worked_answer": (("final", "answer"),),
+    }
+    from rewardlab.rewards.judge import Judge
+
+    built = {"math": REWARDS["math"](), "code": REWARDS["code"](), "sql": REWARDS["sql"](),
+             "sql_db": REWARDS["sql"](db_path="x.db"), "format": REWARDS["format"](),
+             "judge": Judge(base_url="http://127.0.0.1:9", model="m", template="score_reference"),
+             "pairwise": Judge(base_url="http://127.0.0.1:9", model="m", mode="pairwise", reference_field="ref")}
+    assert {k: check_row_fields(k, v.row_fields) for k, v in built.items()} == {
+        "math": ("answer",), "code": (("tests", "test"),), "sql": ("answer", "db_path"), "sql_db": ("answer",),
+        "format": (), "judge": ("answer",), "pairwise": ("ref",)}
+    for cls in ("reward_model", "process_reward_model"):
+        assert REWARDS[cls].row_fields == ()
+    for name in sorted(ENVIRONMENTS):
+        env = make_env(name)
+        row = env.rows("train", 1)[0]
+        needed = needed_fields(build_reward({"name": env.reward, **env.reward_options}))
+        assert needed and all(any(a in row for a in row_field_names(f)) for f in needed), (name, needed)

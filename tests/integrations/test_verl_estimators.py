@@ -3,6 +3,7 @@ calls a registered estimator (no verl needed); the others run verl's own `comput
 verl's built-in estimators where the formulas coincide (they skip where verl is not installed: `make test-verl`)."""
 
 import importlib.util
+import sys
 
 import numpy as np
 import pytest
@@ -209,3 +210,16 @@ def test_verls_batch_reward_manager_calls_compute_score_batch(tmp_path):
     assert rewards.sum().item() == 2.0  # nothing anywhere else
     info = out["reward_extra_info"]
     assert info["error"] == [0.0, 0.0, 0.0] and info["score"] == [1.0, 0.0, 1.0]
+
+
+def test_register_without_verl_names_the_extra_to_install(monkeypatch):
+    from rewardlab.integrations.verl import register_verl_estimators
+
+    for name in ("verl", "verl.trainer", "verl.trainer.ppo", "verl.trainer.ppo.core_algos"):
+        monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules: the import fails as if not installed
+    with pytest.raises(ModuleNotFoundError) as caught:
+        register_verl_estimators()
+    text = str(caught.value)
+    assert "\n" not in text
+    assert text.startswith("register_verl_estimators: verl is not installed; install rewardlab's verl extra: "
+                           "pip install 'rewardlab[verl]'")

@@ -11,17 +11,11 @@ with `components=` where an adapter takes it.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rewardlab.rewards import base
-from rewardlab.rewards.base import ON_ERROR, FunctionReward, Reward
+from rewardlab.rewards.base import ON_ERROR, Reward, RowField, check_row_fields
 from rewardlab.rewards.compose import GatedReward, PenaltyReward, TieredReward, WeightedSum, build_reward
-
-#: The fields every rollout carries (`rewards.base.ROLLOUT_FIELDS` but `answer`, which is the row's): a reward
-#: asking for these needs no column.
-ROLLOUT_FIELDS = tuple(name for name in base.ROLLOUT_FIELDS if name != "answer")
 
 #: Shaping kind -> the component its term is logged under (`rewards.shaping`); clip and delta add none.
 SHAPING_KEYS = {"length": ("length_penalty",), "overlong": ("overlong_penalty",), "par": ("par_ref",)}
@@ -92,27 +86,32 @@ def _node_keys(node: Any) -> list[str]:
     return keys + own
 
 
-def needed_fields(reward: Reward) -> list[str]:
-    """The row fields `reward` cannot score without, sorted: for a `@reward` function, its parameters that are not
-    rollout fields (`prompt`, `completion`, `steps`, `row`, `rollout`) and not set as options, of which `answer`
-    always (a verifier compares against it) and the others when they have no default; for any other reward, the
-    names in its `row_fields` attribute (e.g. `math`: answer); a PAR shaping's `ref_field` /
-    `ref_completion_field`. Composite nodes contribute their children's."""
-    out: set[str] = set()
+def needed_fields(reward: Reward) -> list[RowField]:
+    """The row fields `reward` cannot score without: the union of the `row_fields` of every reward in it (a
+    `@reward` function's: `answer` if it takes it, its parameters without a default that are not rollout fields or
+    options, and the fields it declares with `row_fields=`, e.g. `reasoning_gym`: dataset, question, answer,
+    metadata; a class reward's attribute, e.g. `math`: answer), plus a PAR shaping's `ref_field` /
+    `ref_completion_field`. Composite nodes (sums, gated, tiered, penalty, shaping) contribute their children's.
+
+    Returns:
+        the fields, sorted by name, each a field name or a tuple of alternative names (any one suffices, e.g.
+        `arithmetic_steps`: ("expression", "metadata")).
+    Raises:
+        ValueError: a reward whose `row_fields` is malformed (see `rewards.base.check_row_fields`).
+    """
+    out: list[RowField] = []
     for node in _walk(reward):
-        if isinstance(node, FunctionReward):
-            params = inspect.signature(node.fn).parameters
-            for name, p in params.items():
-                if name in ROLLOUT_FIELDS or name in node.options or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
-                    continue
-                if name == "answer" or p.default is inspect.Parameter.empty:
-                    out.add(name)
-        out.update(getattr(node, "row_fields", ()) or ())
+        out += check_row_fields(getattr(node, "name", type(node).__name__), getattr(node, "row_fields", ()) or ())
         for attr in ("ref_field", "ref_completion_field"):
             value = getattr(node, attr, None)
             if isinstance(value, str):
-                out.add(value)
-    return sorted(out)
+                out.append(value)
+    return sorted(dict.fromkeys(out), key=lambda f: (f,) if isinstance(f, str) else f)
+
+
+def row_field_names(field: RowField) -> tuple[str, ...]:
+    """An entry of `needed_fields` as its alternatives: ("answer",) for "answer"."""
+    return (field,) if isinstance(field, str) else tuple(field)
 
 
 def _walk(node: Any) -> list[Any]:

@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rewardlab.integrations.common import as_reward, component_keys, needed_fields
+from rewardlab.integrations.common import as_reward, component_keys, needed_fields, row_field_names
 from rewardlab.rewards.base import Reward, RewardError
 from rewardlab.rewards.compose import error_sources
 from rewardlab.types import Rollout, RewardOutput
@@ -61,7 +61,7 @@ class _Scorer:
 
     def __init__(self, reward: Reward, on_error: str, name: str) -> None:
         self.reward, self.on_error, self.name = reward, on_error, name
-        self.needed = needed_fields(reward)
+        self.needed = [row_field_names(f) for f in needed_fields(reward)]  # each: its alternatives
         self.checked = False
         self.failed = 0  # rows whose reward failed, over this scorer's life
         self.batches = 0  # batches scored so far (a composed function counts a batch's failures once)
@@ -91,11 +91,12 @@ class _Scorer:
                 raise ValueError(f"{self.name}: column {ROLLOUT_COLUMN!r} must hold one rewardlab Rollout per "
                                  "completion (as as_trl_rollout_func returns)")
         if not self.checked:
-            have = set(episodes[0].row) if episodes else set(columns)
-            missing = [f for f in self.needed if f != "prompt" and f not in have]
+            have = (set(episodes[0].row) if episodes else set(columns)) | {"prompt"}  # TRL's prompts: the row's
+            missing = [f for f in self.needed if not any(a in have for a in f)]
             if missing:
-                raise ValueError(f"{self.name}: the reward needs dataset column {missing[0]!r}, which this dataset "
-                                 f"lacks (columns: {', '.join(sorted(columns)) or 'none'})")
+                listed = ", ".join(sorted(have - {"prompt"})) or "none"
+                raise ValueError(f"{self.name}: the reward needs dataset column {' or '.join(map(repr, missing[0]))}"
+                                 f", which this dataset lacks (columns: {listed})")
             self.checked = True
         outputs: list[RewardOutput | None] = [None] * n
         todo, rollouts = [], []
@@ -104,7 +105,7 @@ class _Scorer:
             if prompts[i] != previous:
                 group, previous = group + 1, prompts[i]
             row = episodes[i].row if episodes else {k: v[i] for k, v in columns.items()}
-            if any(row.get(f) is None for f in self.needed if f != "prompt"):
+            if any(all(row.get(a) is None for a in f) for f in self.needed):
                 continue  # a None in a field the reward needs: not applicable to this row
             todo.append(i)
             if episodes:
@@ -274,6 +275,13 @@ def pairs_to_trl(pairs: Any, *, conversational: bool = False, implicit_prompt: b
     concatenated); conversational rows hold message lists: prompt [{"role": "user", ...}], responses
     [{"role": "assistant", ...}] (implicit: user turn + assistant turn).
 
+    An implicit prompt is only as good as TRL's split: `extract_prompt` takes the longest common prefix of `chosen`
+    and `rejected` (for strings: characters, less a trailing space). Conversational pairs always split at the
+    assistant turn. String pairs split at the prompt only when the two responses differ in their first character,
+    neither is empty and the prompt does not end in a space; `rm pairs` files often hold answers that share a first
+    character ("14" / "15"), for which TRL would recover a longer prompt ("4+4+6=1"). So every implicit row is split
+    here with TRL's own `extract_prompt`, and a pair it would not give back exactly is refused.
+
     Args:
         pairs: a JSONL path of pair rows, or a sequence of `Pair`.
         conversational: message lists instead of strings.
@@ -281,7 +289,8 @@ def pairs_to_trl(pairs: Any, *, conversational: bool = False, implicit_prompt: b
     Returns:
         a `datasets.Dataset`, one row per pair, in order.
     Raises:
-        ValueError: `PATH:LINE: ...` for a bad row of a file (`rm.data.load_pairs`).
+        ValueError: `PATH:LINE: ...` for a bad row of a file (`rm.data.load_pairs`); with `implicit_prompt=True`, one
+            line naming the first pair whose prompt TRL's `extract_prompt` would not recover exactly.
     """
     from datasets import Dataset
 
@@ -300,6 +309,15 @@ def pairs_to_trl(pairs: Any, *, conversational: bool = False, implicit_prompt: b
         cols["chosen"].append(chosen)
         cols["rejected"].append(rejected)
     if implicit_prompt:
+        from trl.data_utils import extract_prompt
+
+        for i, (prompt, chosen, rejected) in enumerate(zip(*cols.values())):
+            got = extract_prompt({"chosen": chosen, "rejected": rejected})["prompt"]
+            if got != prompt:
+                raise ValueError(f"pairs_to_trl: pair {i}: implicit_prompt=True would lose its prompt: TRL's "
+                                 f"extract_prompt (the common prefix of chosen and rejected) gives {got!r}, not "
+                                 f"{prompt!r}; keep the prompt explicit (implicit_prompt=False) or use "
+                                 "conversational=True")
         del cols["prompt"]
     if any(p.margin for p in items):
         cols["margin"] = [float(p.margin) for p in items]
@@ -500,6 +518,13 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
     functions as the column `rewardlab_rollout` (`ROLLOUT_COLUMN`): `as_trl_reward_funcs` then scores that
     `Rollout` (its final model turn, its turns and turn rewards), not a re-tokenized text.
 
+    Truncation. TRL counts a completion as truncated when its last id is not an EOS or pad token
+    (`completions/clipped_ratio`; `GRPOConfig(mask_truncated_completions=True)` leaves it out of the loss). An
+    episode that ended on its own (`termination` stop, env_done or max_turns) whose last id is not one gets the
+    tokenizer's EOS appended in what TRL is given, with env_mask 0 and log-prob 0.0 (never trained); a truncated
+    episode (`Rollout.truncated`: max_new_tokens, max_episode_tokens, context) ends as sampled, so TRL counts it
+    truncated. The `rewardlab_rollout` episodes are unchanged.
+
     Args:
         env: a rewardlab environment (`rewardlab.envs.make_env(name)`).
         rows: the rows the dataset was made from by `env_dataset` (the prompts carry their index into `rows`).
@@ -510,7 +535,8 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
         "rewardlab_rollout"}, lists of one entry per prompt.
     Raises (at a call):
         ValueError: a prompt without its `<rewardlab-row I>` tag or with an index outside `rows`; an episode that
-            the chat template split into several rows (TRL takes one sequence per completion); one line each.
+            the chat template split into several rows (TRL takes one sequence per completion); a tokenizer without
+            an EOS id (TRL could not tell a finished episode from a truncated one); one line each.
     """
     from rewardlab.envs import run_episodes
     from rewardlab.policy.hf import Policy
@@ -551,13 +577,32 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
                 episodes += got
                 start += size
         calls[0] += 1
-        return {"prompt_ids": [list(r.prompt_ids) for r in episodes],
-                "completion_ids": [list(r.completion_ids) for r in episodes],
-                "logprobs": [list(r.logprobs) for r in episodes],
-                "env_mask": [list(r.loss_mask) for r in episodes],
-                ROLLOUT_COLUMN: episodes}
+        out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+        eos, ends = _end_tokens(trainer)
+        for r in episodes:
+            ids, logps, mask = list(r.completion_ids), list(r.logprobs), list(r.loss_mask)
+            if not r.truncated and (not ids or ids[-1] not in ends):
+                ids, logps, mask = ids + [eos], logps + [0.0], mask + [0]  # ended on its own: not truncated to TRL
+            out["prompt_ids"].append(list(r.prompt_ids))
+            out["completion_ids"].append(ids)
+            out["logprobs"].append(logps)
+            out["env_mask"].append(mask)
+        out[ROLLOUT_COLUMN] = episodes
+        return out
 
     return rollout_func
+
+
+def _end_tokens(trainer: Any) -> tuple[int, set[int]]:
+    """The EOS id appended to an episode that ended on its own, and the ids after which TRL does not count a
+    completion as truncated: GRPOTrainer's `eos_token_ids` (the generation config's and the tokenizer's EOS) and the
+    pad id; TRL's test is `completion_ids[-1] not in eos_and_pad`."""
+    tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    eos_ids = [int(t) for t in (getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id]) if t is not None]
+    if not eos_ids:
+        raise ValueError("as_trl_rollout_func: the tokenizer has no eos_token_id, which TRL needs to tell a finished "
+                         "episode from a truncated one")
+    return eos_ids[0], {*eos_ids, *([tok.pad_token_id] if tok.pad_token_id is not None else [])}
 
 
 def _no_grad():

@@ -292,9 +292,16 @@ def register_verl_estimators() -> list[str]:
     `UNSUPPORTED`, a function that raises why). Registering twice is a no-op. Returns the registered names.
 
     Raises:
-        ImportError: verl is not installed.
+        ModuleNotFoundError: verl (or a module verl imports) is not installed; one line naming the extra to install,
+            `pip install 'rewardlab[verl]'`.
     """
-    from verl.trainer.ppo import core_algos
+    try:
+        from verl.trainer.ppo import core_algos
+    except ModuleNotFoundError as exc:
+        what = "verl is" if (exc.name or "verl").split(".")[0] == "verl" else f"{exc.name!r} (which verl imports) is"
+        raise ModuleNotFoundError(f"register_verl_estimators: {what} not installed; install rewardlab's verl extra: "
+                                  "pip install 'rewardlab[verl]' (verl pins transformers<5.11: give it its own "
+                                  "environment, as `make test-verl` does)", name=exc.name) from None
 
     names = []
     for name in [*VERL_ESTIMATORS, *UNSUPPORTED]:

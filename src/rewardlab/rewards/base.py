@@ -75,6 +75,40 @@ def _rollout_fields(r: Rollout) -> dict[str, Any]:
     return fields
 
 
+#: A reward's `row_fields` entry: a task-row field it cannot score without, or a tuple of alternatives (any one).
+RowField = str | tuple[str, ...]
+
+
+def check_row_fields(name: str, row_fields: Any) -> tuple[RowField, ...]:
+    """`row_fields` as declared (a sequence of field names or tuples of alternative names) in canonical form.
+
+    Raises:
+        ValueError: a str instead of a sequence, or an entry that is not a name or a non-empty tuple of names.
+    """
+    if isinstance(row_fields, str) or not isinstance(row_fields, Sequence):
+        raise ValueError(f"reward {name}: row_fields must be a list of field names (or of tuples of alternative "
+                         f"names), got {row_fields!r}")
+    out: list[RowField] = []
+    for entry in row_fields:
+        if isinstance(entry, str) and entry:
+            out.append(entry)
+        elif isinstance(entry, Sequence) and not isinstance(entry, str) and entry and \
+                all(isinstance(a, str) and a for a in entry):
+            out.append(tuple(entry) if len(entry) > 1 else entry[0])
+        else:
+            raise ValueError(f"reward {name}: row_fields entry {entry!r} is not a field name or a non-empty tuple "
+                             "of alternative names")
+    return tuple(dict.fromkeys(out))
+
+
+def _inferred_row_fields(fn: Callable[..., Any], options: Mapping[str, Any] = {}) -> list[str]:  # noqa: B006
+    """The row fields a function cannot score without, from its signature: `answer` when it is a parameter, and the
+    parameters without a default that are neither rollout fields nor given as options."""
+    params = inspect.signature(fn).parameters
+    return [p for p, v in params.items() if p not in options and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL)
+            and (p == "answer" or (p not in ROLLOUT_FIELDS and v.default is inspect.Parameter.empty))]
+
+
 #: Return types read as a plain score without the (slower) ABC check for a mapping.
 _SCALARS = (float, int, bool)
 
@@ -139,16 +173,23 @@ class FunctionReward:
         workers: sync functions only; threads that score the items of a batch in parallel (for I/O-bound work such
             as HTTP calls; CPU-bound Python gains nothing from threads). Default 1: in the calling thread.
 
+    `row_fields`: the task-row fields it cannot score without (what the TRL adapter checks a dataset's columns
+    against): `answer` when the function takes it, its parameters without a default that are not rollout fields
+    (less those given as options), and the fields declared with `@reward(row_fields=...)` for what it reads through
+    `row` or `**kwargs` (an entry may be a tuple of alternatives, any one of which suffices).
+
     Raises:
         ValueError: at construction, when an option is not a parameter of the function, a name in `fields` is not
-            one, or an execution option is out of range or does not apply to this kind of function.
+            one, `row_fields` is malformed, or an execution option is out of range or does not apply to this kind of
+            function.
     """
 
     def __init__(self, fn: Callable[..., Any], name: str, options: Mapping[str, Any] | None = None,
-                 fields: Sequence[str] = ()) -> None:
+                 fields: Sequence[str] = (), row_fields: Sequence[RowField] = ()) -> None:
         self.fn = fn
         self.name = name
         self.options = dict(options or {})
+        self.row_fields = check_row_fields(name, [*_inferred_row_fields(fn, self.options), *row_fields])
         params = inspect.signature(fn).parameters
         self._wants_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         self._params = [p for p in params if params[p].kind is not inspect.Parameter.VAR_KEYWORD]
@@ -270,6 +311,7 @@ def reward(
     workers: int | None = None,
     item_timeout: float | None = None,
     fields: Sequence[str] = (),
+    row_fields: Sequence[RowField] | None = None,
 ):
     """Decorator: turn a per-sample function (plain or `async def`) into a `Reward` factory registered as `name`.
 
@@ -278,9 +320,14 @@ def reward(
     `item_timeout` (async functions) and `workers` (sync functions) are default execution options, overridable per
     config like any option; see `FunctionReward`. `fields`: parameters with a default that are read from the task
     row (e.g. `references`); every other parameter with a default is an option, set in the config only.
+    `row_fields`: the row fields the function reads through `row` or `**kwargs` and cannot score without (a name,
+    or a tuple of alternatives of which one suffices); with the ones its signature shows (see `FunctionReward`) they
+    are the reward's `row_fields`, also on the factory. A function that takes `row` should declare them (`()` when
+    it needs none).
 
     Raises:
-        ValueError: a name in `fields` that is not a parameter of the function, or is a rollout field.
+        ValueError: a name in `fields` that is not a parameter of the function, or is a rollout field; a malformed
+            `row_fields` (a str, an empty entry).
     """
     defaults = {k: v for k, v in (("max_concurrency", max_concurrency), ("workers", workers),
                                   ("item_timeout", item_timeout)) if v is not None}
@@ -293,8 +340,10 @@ def reward(
             raise ValueError(f"reward {reward_name}: fields {bad} are not parameters of the function (or are "
                              f"rollout fields, always filled); parameters: {sorted(params)}")
 
+        declared = None if row_fields is None else check_row_fields(reward_name, row_fields)
+
         def factory(**options: Any) -> FunctionReward:
-            return FunctionReward(fn, reward_name, {**defaults, **options}, fields=fields)
+            return FunctionReward(fn, reward_name, {**defaults, **options}, fields=fields, row_fields=declared or ())
 
         factory.__doc__ = fn.__doc__
         factory.__name__ = fn.__name__
@@ -304,6 +353,10 @@ def reward(
         factory.default_weight = weight  # type: ignore[attr-defined]
         factory.fn = fn  # type: ignore[attr-defined]
         factory.fields = tuple(fields)  # type: ignore[attr-defined]
+        #: what `row_fields=` declared (None: nothing declared) and the row fields with no option given
+        factory.declared_row_fields = declared  # type: ignore[attr-defined]
+        factory.row_fields = check_row_fields(  # type: ignore[attr-defined]
+            reward_name, [*_inferred_row_fields(fn), *(declared or ())])
         factory.reward_name = reward_name  # type: ignore[attr-defined]
         if register:
             register_reward(reward_name)(factory)

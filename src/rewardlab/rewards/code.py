@@ -243,6 +243,12 @@ class CodeReward:
     name = "code"
     default_weight = 1.0
 
+    @property
+    def row_fields(self) -> tuple[tuple[str, ...], ...]:
+        """The row fields it cannot score without (read by the TRL adapter's column check): the asserts form's
+        `tests_field` or the HumanEval form's `test` (with `entry_point`), one of the two."""
+        return ((self.tests_field, "test"),)
+
     def __init__(
         self,
         *,

@@ -124,6 +124,8 @@ class FormatReward:
     """
 
     name = "format"
+    #: The row fields it cannot score without (read by the TRL adapter's column check): none.
+    row_fields: tuple = ()
 
     def __init__(self, pattern: str | None = None, regex: str | None = None, think_tag: str | None = None,
                  answer_tag: str | None = None, allow_empty: bool = False) -> None:

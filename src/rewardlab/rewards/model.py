@@ -175,6 +175,9 @@ class RewardModel:
             `path` option; nothing is downloaded), or the model has more than one label.
     """
 
+    #: The row fields it cannot score without (read by the TRL adapter's column check): none.
+    row_fields: tuple = ()
+
     def __init__(self, path: str, batch_size: int = 32, max_length: int = 512, device: str = "cpu",
                  name: str = "reward_model") -> None:
         self.name = name
@@ -220,6 +223,9 @@ class ProcessRewardModel:
         ValueError: no model at `path`, not one label, an unknown aggregate, or no step tag (neither in the
             config nor given).
     """
+
+    #: The row fields it cannot score without (read by the TRL adapter's column check): none.
+    row_fields: tuple = ()
 
     def __init__(self, path: str, aggregate: str = "min", separator: str | None = None, step_tag: str | None = None,
                  batch_size: int = 32, max_length: int = 512, device: str = "cpu",

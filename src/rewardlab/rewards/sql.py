@@ -144,6 +144,12 @@ class SQLReward:
 
     name = "sql"
 
+    @property
+    def row_fields(self) -> tuple[str, ...]:
+        """The row fields it cannot score without (read by the TRL adapter's column check): `answer` (the reference
+        query), and `db_path` unless the `db_path` option is given."""
+        return ("answer",) if self.db_path else ("answer", "db_path")
+
     def __init__(self, db_path: str | None = None, db_dir: str | None = None, timeout: float = 5.0,
                  max_rows: int = 100_000) -> None:
         if not timeout > 0:

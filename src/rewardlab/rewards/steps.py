@@ -173,7 +173,7 @@ def first_error(step_scores: Sequence[float], correct: bool) -> int:
     return wrong if wrong >= 0 or correct else len(step_scores) - 1
 
 
-@reward(name="arithmetic_steps")
+@reward(name="arithmetic_steps", row_fields=(("expression", "metadata"),))
 def arithmetic_steps(
     completion: str, answer: Any, row: dict, steps: list[str], cumulative: bool = True, separator: str = "\n"
 ) -> RewardOutput:
@@ -199,7 +199,7 @@ def arithmetic_steps(
     return RewardOutput(score=correct, components=components, step_scores=step_scores)
 
 
-@reward(name="worked_answer")
+@reward(name="worked_answer", row_fields=(("final", "answer"),))
 def worked_answer(completion: str, row: dict) -> dict:
     """The outcome half of `arithmetic_steps`: 1.0 when the completion's final answer equals the row's final answer
     (`row_final`: `final`, else `answer`) as an integer (`answer_correct`), else 0.0; no step scores.

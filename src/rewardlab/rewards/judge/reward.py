@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import os
+import re
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -119,6 +120,17 @@ class Judge:
             self.local = LocalJudgeModel(model, **dict(model_options or {}))
         else:
             raise ValueError("judge: give base_url (an OpenAI-compatible server) or model (a local model path)")
+
+    @property
+    def row_fields(self) -> tuple[str, ...]:
+        """The row fields it cannot score without (read by the TRL adapter's column check): the template's fields
+        other than the prompt, the completion(s) and the scale, and in pairwise mode `reference_field`."""
+        own = {"prompt", "completion", "completion_a", "completion_b", "scale_min", "scale_max"}
+        names = [re.split(r"[.\[]", f, maxsplit=1)[0] for _, f, _, _ in string.Formatter().parse(self.template) if f]
+        fields = [n for n in names if n and not n.isdigit() and n not in own]
+        if self.mode == "pairwise":
+            fields.append(self.reference_field)
+        return tuple(dict.fromkeys(fields))
 
     def __repr__(self) -> str:
         backend = repr(self.client) if self.client is not None else f"local {self.model!r}"
