@@ -18,9 +18,9 @@ from rewardlab.cli import main
 from rewardlab.envs import ENVIRONMENTS, make_env
 from rewardlab.tasks import load
 
-#: A user's environment: the prompt is a sum of two digits; the model answers, hears "again: " once, answers again;
-#: the outcome is exact_match of the final answer (the Task's reward: no `reward` attribute); sft trains on its
-#: `traces`.
+#: A user's environment: the prompt is a sum of two digits, the answer its units digit; the model answers, hears
+#: "again: " once, answers again; the outcome is exact_match of the final answer (the Task's reward: no `reward`
+#: attribute); sft trains on its `traces`.
 UNIT_GAME = '''
 from rewardlab.envs import MultiTurnEnv
 from rewardlab.tasks import Task
@@ -34,7 +34,7 @@ class UnitGame(MultiTurnEnv):
         self.size, self.test_size = size, test_size
 
     def task(self, seed: int = 0) -> Task:
-        rows = [{"prompt": f"{i % 10}+{i // 10 % 10}=", "answer": str(i % 10 + i // 10 % 10)}
+        rows = [{"prompt": f"{i % 10}+{i // 10 % 10}=", "answer": str((i % 10 + i // 10 % 10) % 10)}
                 for i in range(seed, seed + self.size + self.test_size)]
         return Task(name="unit_game", train=rows[:self.size], test=rows[self.size:], reward="exact_match")
 
