@@ -158,3 +158,16 @@ def test_bad_task_leaves_no_run_directory_for_sft_and_evaluate(tmp_path, capsys,
     assert main([verb, "--out", str(out), "--task", "reasoning_gym:no_such_dataset"]) == 2
     assert "no_such_dataset" in _stderr_line(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("verb", ["sft", "train", "evaluate", "search"])
+def test_task_help_names_the_environment_forms(verb, capsys):
+    with pytest.raises(SystemExit):
+        main([verb, "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    assert "env:NAME" in help_text
+    if verb == "search":  # search samples single completions: it says where environment tasks run
+        assert "env:NAME, runs in train, sft and evaluate" in help_text
+    else:
+        assert "calculator, guess_number, python" in help_text
+        assert "env:MODULE:CLASS" in help_text and "env:PATH.py:CLASS" in help_text

@@ -1,6 +1,7 @@
 """A run directory is data, never code: `evaluate` and `search` adopt a checkpoint's task from its run's config.yaml
-only when that imports nothing the user did not name (a registered reward is a name; MODULE:FUNCTION is code), and a
-malformed config.yaml beside a checkpoint is a one-line error, or ignored when the task is given."""
+only when that imports nothing the user did not name (a registered reward is a name; MODULE:FUNCTION is code; so is
+an environment class, env:MODULE:CLASS), and a malformed config.yaml beside a checkpoint is a one-line error, or
+ignored when the task is given."""
 
 import pytest
 import yaml
@@ -63,6 +64,22 @@ def test_a_run_directory_naming_module_function_is_not_imported(tmp_path, script
     assert f"task.options.reward {str(code) + ':score'!r}" in err and "MODULE:FUNCTION" in err
     assert f"--task jsonl:{data}" in err  # how to proceed: name it on the command line
     assert not (tmp_path / "out").exists()  # nothing was created
+
+
+@pytest.mark.parametrize("verb", ["evaluate", "search"])
+@pytest.mark.parametrize("form", ["file", "module"])
+def test_a_run_directory_naming_an_environment_class_is_not_imported(tmp_path, scripted, capsys, monkeypatch, verb,
+                                                                     form):
+    marker = tmp_path / "pwned"
+    (tmp_path / "evil_env_x.py").write_text(f"open({str(marker)!r}, 'w').close()\n\nclass Game:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    spec = f"env:{tmp_path / 'evil_env_x.py'}:Game" if form == "file" else "env:evil_env_x:Game"
+    model = _checkpoint(tmp_path, yaml.safe_dump({"task": {"spec": spec, "options": {}}}))
+    assert main(_verb_args(verb, model, tmp_path / "out")) == 2
+    err = _error(capsys)
+    assert not marker.exists()  # the class named by the run directory was never imported
+    assert f"task.spec {spec!r}" in err and "MODULE:CLASS" in err and f"--task {spec}" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_os_system_in_a_run_directory_is_never_called(tmp_path, scripted, capsys, monkeypatch):

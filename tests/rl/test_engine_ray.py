@@ -1,7 +1,8 @@
 """Engine ray on one local Ray cluster (the session's `ray_cluster`): for a seed and rl.rollout_chunk, 1 and 2 rollout
 and reward workers log the rollouts, rewards and metrics.jsonl values (timings and ray/* aside) of engine local, bit
 for bit, on a single-turn task and on env:guess_number, and with model.lora (only the adapter published); published
-weights are counted; a reward's errors come back as errors."""
+weights are counted; a reward's errors come back as errors; a user's environment named by its file runs on the
+workers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 
 import pytest
 from conftest import TINY_ARCH, TINY_OVERRIDES
+from user_env_source import UNIT_GAME
 
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.policy import load_policy
@@ -90,6 +92,23 @@ def test_ray_workers_log_what_local_logs_on_guess_number_episodes(tmp_path, ray_
         ray_metrics, ray_samples = runs[name]
         assert _semantic(ray_metrics) == _semantic(metrics), name
         assert ray_samples == samples, name  # token ids, loss masks, log-probs, messages, turns, rewards
+
+
+@pytest.mark.slow  # trains twice, once on Ray (in `make test`'s Ray budget)
+def test_ray_workers_import_a_users_environment_by_its_relative_file_and_log_what_local_logs(tmp_path, ray_cluster,
+                                                                                            monkeypatch):
+    """`env:./unit_game_ray.py:UnitGame` from a directory that is not the workers' (the cluster started elsewhere):
+    each worker imports the class by the spec it is given and samples the episodes engine local samples."""
+    (tmp_path / "unit_game_ray.py").write_text(UNIT_GAME)
+    monkeypatch.chdir(tmp_path)
+    task = [*TINY_OVERRIDES, "task.spec=env:./unit_game_ray.py:UnitGame", "task.options={size: 8, test_size: 2}",
+            "env.max_turns=2", "env.max_episode_tokens=32", "rl.prompts_per_step=2", "rl.group_size=2",
+            "rl.max_new_tokens=3"]
+    metrics, samples = _run(tmp_path, "local", *task)
+    ray_metrics, ray_samples = _run(tmp_path, "ray-1", *task, *WORKERS["ray-1"])
+    assert len(samples) == 8 and {s["n_turns"] for s in samples} == {1, 2}
+    assert _semantic(ray_metrics) == _semantic(metrics)
+    assert ray_samples == samples
 
 
 @pytest.mark.slow  # trains twice, once on Ray (in `make test`'s Ray budget)

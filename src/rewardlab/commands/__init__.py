@@ -62,7 +62,9 @@ class Command:
 
 
 _MODEL = Flag("model", "model.path", '"tiny" or a local HF model directory')
-_TASK = Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval" or "jsonl:PATH"')
+_TASK = Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval", "jsonl:PATH" or "env:NAME" '
+             "(an environment's episodes: calculator, guess_number, python, or your own class as env:MODULE:CLASS or "
+             "env:PATH.py:CLASS)")
 _BACKBONE = Flag("model", "model.path", 'backbone or scorer: "minilm", "tiny" or a model directory')
 _DATA = Flag("data", "data", "JSONL data file")
 _CHECKPOINT = "continue from the run directory's last valid checkpoint"
@@ -96,7 +98,9 @@ COMMANDS: dict[str, Command] = {
         SearchConfig, "rewardlab.commands.search:run",
         "reward-guided search (best-of-N, majority votes, beam search, DVTS): accuracy against N",
         "continue the run in --out after its last finished unit (greedy, sample pool, method x N)",
-        (_MODEL, _TASK,
+        (_MODEL,
+         Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval" or "jsonl:PATH" (single '
+              "completions: an environment task, env:NAME, runs in train, sft and evaluate)"),
          Flag("scorer", "scorer", "reward that ranks candidates, e.g. arithmetic_steps"),
          Flag("n", "search.n", "budgets N, comma-separated, e.g. 1,2,4,8", listed=True)), prints_summary=False),
     "rm train": Command(RmTrainConfig, "rewardlab.commands.rm:train",

@@ -133,15 +133,17 @@ def with_trained_task(cfg: Any) -> tuple[Any, dict[str, Any]]:
     "config" | "model's run"}), for the verb's summary.
 
     A run directory is data, never code: a task is adopted only when building it imports nothing, i.e. its reward
-    options (`REWARD_OPTIONS`) name registered rewards, not MODULE:FUNCTION (`rewards.importing.import_names`). A
-    malformed config.yaml is ignored, with a warning, when the config sets the task.
+    options (`REWARD_OPTIONS`) name registered rewards, not MODULE:FUNCTION (`rewards.importing.import_names`), and
+    its spec names no environment class of the user's (env:MODULE:CLASS, env:PATH.py:CLASS). A malformed
+    config.yaml is ignored, with a warning, when the config sets the task.
 
     Raises:
         ConfigError: (one line, naming RUN/config.yaml and saying to pass --task) the config sets no task and the
-            run's config.yaml is malformed (`trained_task`), or its task's reward is MODULE:FUNCTION code.
+            run's config.yaml is malformed (`trained_task`), its task's reward is MODULE:FUNCTION code, or its spec
+            is env:MODULE:CLASS code.
     """
     from rewardlab.config import ConfigError
-    from rewardlab.rewards.importing import import_names
+    from rewardlab.rewards.importing import import_names, is_import_name
 
     given = "task" in cfg.model_fields_set
     info: dict[str, Any] = {"trained_on": None, "task_differs": False, "task_from": "config"}
@@ -158,6 +160,12 @@ def with_trained_task(cfg: Any) -> tuple[Any, dict[str, Any]]:
     config, task = found
     info["trained_on"] = task
     if not given:
+        kind, _, argument = task["spec"].partition(":")
+        if kind == "env" and is_import_name(argument):
+            raise ConfigError(
+                f"config file {config}: task.spec {task['spec']!r} names an environment class by MODULE:CLASS, i.e. "
+                f"code, and a run directory is never trusted to run code; to run it, name the task on the command "
+                f"line (--task {task['spec']}), or pass --task to choose another")
         for key in REWARD_OPTIONS:
             code = import_names(task["options"].get(key))
             if code:

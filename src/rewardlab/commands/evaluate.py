@@ -37,7 +37,8 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     termination fractions, tool_call_rate, tool_errors_mean; `evaluate_policy`). With `resume`, the batches logged by an interrupted run with the same settings
     are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). When `cfg.model` is
     a checkpoint of a rewardlab run and no task is given, the task (and its options) is the run's, unless its
-    reward is MODULE:FUNCTION code, which a run directory is never trusted to run (refused); a task that
+    reward is MODULE:FUNCTION code or its spec an environment class env:MODULE:CLASS, which a run directory is
+    never trusted to run (refused); a task that
     differs from it is warned about; summary.json records `trained_on`, `task_differs` and `task_from`
     (`with_trained_task`). With `announce`, one
     line on stderr says how many rows of which split were evaluated.

@@ -42,7 +42,8 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
 
     Correctness is always judged by the task's own verifier (`task.reward`); the scorer (`cfg.scorer`, default the
     task's verifier, i.e. an oracle) only ranks candidates. As with `evaluate`, a checkpoint of a rewardlab run
-    defaults the task to the run's (`with_trained_task`: never a MODULE:FUNCTION reward from a run directory).
+    defaults the task to the run's (`with_trained_task`: never a MODULE:FUNCTION reward or an env:MODULE:CLASS
+    environment from a run directory).
 
     Raises:
         ValueError: an unknown method or equivalence, bad budgets, a prompt that does not fit the model's context

@@ -131,8 +131,9 @@ class TaskConfig(_Base):
 
     spec: str = Field("reasoning_gym:chain_sum", description='"reasoning_gym:NAME", "worked:NAME" (reasoning_gym:NAME '
                       "with template: compact, target: steps, whose rows train on the worked solution), "
-                      '"humaneval[:FILE]" (HumanEval, scored by the code reward), "jsonl:PATH" or "env:NAME" (a built-in '
-                      "environment's rows, run as multi-turn episodes: calculator, guess_number, python; its "
+                      '"humaneval[:FILE]" (HumanEval, scored by the code reward), "jsonl:PATH" or "env:NAME" (an '
+                      "environment's rows, run as multi-turn episodes: calculator, guess_number, python, or your own "
+                      "class as env:MODULE:CLASS or env:PATH.py:CLASS, which runs its code (docs/agents.md); its "
                       "options are seed and the environment's own, its budgets the env section)")
     options: dict[str, Any] = Field(
         default_factory=dict,

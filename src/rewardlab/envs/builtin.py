@@ -25,6 +25,7 @@ episode's final model turn (`Rollout.completion`), like any task's reward.
 from __future__ import annotations
 
 import ast
+import inspect
 import math
 import operator
 import random
@@ -36,24 +37,69 @@ from rewardlab.envs.multiturn import MultiTurnEnv
 from rewardlab.envs.tools import ToolEnv
 from rewardlab.registry import Registry
 from rewardlab.rewards.base import reward
+from rewardlab.rewards.importing import canonical_name, import_attribute, is_import_name
 from rewardlab.tasks.base import Row, Task, row_key
 
 __all__ = ["CALC_MAX_ABS", "CALC_MAX_CHARS", "CALC_MAX_EXPONENT", "CalculatorEnv", "ENVIRONMENTS",
            "GuessNumberEnv", "PythonEnv", "calc", "evaluate_arithmetic", "guess_found", "make_env", "parse_guess",
-           "run_python"]
+           "resolve_env", "run_python"]
 
 #: name -> environment class; its options are its `__init__`'s keyword parameters (`make_env` checks them).
 ENVIRONMENTS: Registry[Any] = Registry("environment")
 
 
-def make_env(name: str, **options: Any) -> Any:
-    """The environment registered as `name`, built with `options`.
+#: What an environment name `MODULE:CLASS` imports, for messages (`rewardlab.rewards.importing.import_attribute`).
+_IMPORTED = ("environment", "CLASS", "my_envs:UnitGame", "./my_envs.py:UnitGame")
+#: The methods a class must have to be an environment task: rows (`task(seed) -> Task`) and episodes (reset, step).
+TASK_METHODS = ("task", "reset", "step")
+
+
+def resolve_env(name: str) -> str:
+    """The `ENVIRONMENTS` name of environment `name`: a registered name as it is; `MODULE:CLASS` or `PATH.py:CLASS`
+    (a class of the user's, see docs/agents.md "Your own environment") imported by the code that imports rewards by
+    path (`rewardlab.rewards.importing.import_attribute`: a module with the current directory on the search path, a
+    file relative to it; once per process) and registered under its canonical name (`module:Class`, or
+    `/abs/path.py:Class`), unless it is registered already; returns that name. Its options are its `__init__`'s
+    keyword parameters, checked like a built-in's.
 
     Raises:
-        ValueError: an unknown name (the message lists the valid ones), an option the environment does not declare
-            ("env calculator: unknown option 'x' for environment 'calculator'; valid: ..."), a value of the wrong
-            type, or what the environment itself raises for a bad value.
+        ValueError: one line: an unknown registered name (listing the valid ones and the MODULE:CLASS form); what
+            `import_attribute` raises ("cannot import environment './my_envs.py:X': ..."); an attribute that is not a
+            class, or a class without one of `TASK_METHODS`.
     """
+    if not is_import_name(name):
+        if name not in ENVIRONMENTS:
+            named = sorted(n for n in ENVIRONMENTS if not is_import_name(n))  # imported classes aside
+            raise ValueError(f"unknown environment {name!r}; valid: {', '.join(named)}, or a class of your own as "
+                             "MODULE:CLASS or PATH.py:CLASS")
+        return name
+    key = canonical_name(name)
+    if key in ENVIRONMENTS:
+        return key
+    cls = import_attribute(name, _IMPORTED)
+    attr = name.rpartition(":")[2]
+    if not inspect.isclass(cls):
+        raise ValueError(f"cannot import environment {name!r}: {attr} is not a class (its type is "
+                         f"{type(cls).__name__}); name the environment's class")
+    missing = [m for m in TASK_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"cannot import environment {name!r}: class {attr} has no {', '.join(missing)} method; an "
+                         "environment task's class defines task(seed) -> Task, reset(row) and step(state, action) "
+                         "(subclass rewardlab.envs.MultiTurnEnv for the last two; see docs/agents.md)")
+    ENVIRONMENTS.register(key)(cls)
+    return key
+
+
+def make_env(name: str, **options: Any) -> Any:
+    """The environment `name` (a registered name, or a class of the user's as MODULE:CLASS or PATH.py:CLASS,
+    `resolve_env`), built with `options`.
+
+    Raises:
+        ValueError: what `resolve_env` raises (an unknown name: the message lists the valid ones), an option the
+            environment does not declare ("env calculator: unknown option 'x' for environment 'calculator'; valid:
+            ..."), a value of the wrong type, or what the environment itself raises for a bad value.
+    """
+    name = resolve_env(name)
     options = ENVIRONMENTS.validate(name, options, field=f"env {name}")
     return ENVIRONMENTS.get(name)(**options)
 

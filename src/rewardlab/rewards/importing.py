@@ -14,6 +14,9 @@ directory; any name with a `/` or ending in `.py`). The attribute may be
 
 The imported factory is registered in `REWARDS` under the canonical name (`module:attr`, or `/abs/path.py:attr`), so
 its options are checked like any other reward's. A module or file is executed once per process.
+
+The importing itself (`import_attribute`) serves environments too: a task `env:MODULE:CLASS` or `env:PATH.py:CLASS`
+(`rewardlab.envs.resolve_env`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 from rewardlab.rewards.base import REWARDS, Reward, reward
 
-__all__ = ["canonical_name", "import_names", "is_import_name", "resolve_reward"]
+__all__ = ["canonical_name", "import_attribute", "import_names", "is_import_name", "resolve_reward"]
 
 #: Parameter names of TRL's batched reward functions, which score a whole batch: `f(prompts, completions, **kw)`.
 _BATCHED = ("completions", "prompts", "completion_ids")
@@ -71,17 +74,21 @@ def canonical_name(name: str) -> str:
     return f"{Path(module).expanduser().resolve()}:{attr}" if is_file else f"{module}:{attr}"
 
 
-def _error(name: str, cause: str) -> ValueError:
-    return ValueError(f"cannot import reward {name!r}: {cause}".splitlines()[0])
+#: What a reward name imports, for messages: (kind, the attribute's placeholder, a module example, a file example).
+_REWARD = ("reward", "FUNCTION", "my_pkg.rewards:units_match", "./my_rewards.py:units_match")
+
+
+def _error(name: str, cause: str, kind: str = "reward") -> ValueError:
+    return ValueError(f"cannot import {kind} {name!r}: {cause}".splitlines()[0])
 
 
 def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def _load_file(name: str, file: Path) -> ModuleType:
+def _load_file(name: str, file: Path, kind: str) -> ModuleType:
     if not file.is_file():
-        raise _error(name, f"no file {file} (a relative path is read from the current directory, {Path.cwd()})")
+        raise _error(name, f"no file {file} (a relative path is read from the current directory, {Path.cwd()})", kind)
     for module in list(sys.modules.values()):  # already imported (e.g. by the user's script): the same objects
         found = getattr(module, "__file__", None)
         if found and Path(found).resolve() == file:
@@ -90,7 +97,7 @@ def _load_file(name: str, file: Path) -> ModuleType:
     module_name = f"rewardlab_user_{stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
-        raise _error(name, f"{file} is not a Python file")
+        raise _error(name, f"{file} is not a Python file", kind)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # before executing it, as `import` does (dataclasses and pickling need it)
     try:
@@ -99,11 +106,12 @@ def _load_file(name: str, file: Path) -> ModuleType:
         del sys.modules[module_name]
         if not isinstance(exc, Exception):
             raise
-        raise _error(name, f"running {file} raised {_cause(exc)}") from None
+        raise _error(name, f"running {file} raised {_cause(exc)}", kind) from None
     return module
 
 
-def _load_module(name: str, module_name: str) -> ModuleType:
+def _load_module(name: str, module_name: str, what: tuple[str, str, str, str]) -> ModuleType:
+    kind, placeholder, _, file_example = what
     added = os.getcwd() not in sys.path
     if added:
         sys.path.insert(0, os.getcwd())
@@ -111,11 +119,12 @@ def _load_module(name: str, module_name: str) -> ModuleType:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise _error(name, f"no module named {exc.name!r} (searched the module path and the current "
-                         f"directory, {Path.cwd()}; for a file give its path, e.g. ./my_rewards.py:FUNCTION)") from None
-        raise _error(name, f"importing {module_name} raised {_cause(exc)}") from None
+            raise _error(name, f"no module named {exc.name!r} (searched the module path and the current directory, "
+                         f"{Path.cwd()}; for a file give its path, e.g. {file_example.rpartition(':')[0]}:"
+                         f"{placeholder})", kind) from None
+        raise _error(name, f"importing {module_name} raised {_cause(exc)}", kind) from None
     except Exception as exc:  # noqa: BLE001 - whatever the module's own code raises
-        raise _error(name, f"importing {module_name} raised {_cause(exc)}") from None
+        raise _error(name, f"importing {module_name} raised {_cause(exc)}", kind) from None
     finally:
         if added:
             sys.path.remove(os.getcwd())
@@ -139,26 +148,47 @@ def _as_factory(name: str, attr: str, obj: Any) -> Callable[..., Reward]:
     return reward(name=attr, register=False)(obj)
 
 
+def import_attribute(name: str, what: tuple[str, str, str, str] = _REWARD) -> Any:
+    """The object `MODULE:ATTRIBUTE` names (see the module docstring for MODULE), importing its module or file (once
+    per process).
+
+    Args:
+        name: `MODULE:ATTRIBUTE` or `PATH.py:ATTRIBUTE`.
+        what: for messages, (kind, the attribute's placeholder, a module example, a file example), e.g. ("environment",
+            "CLASS", "my_envs:UnitGame", "./my_envs.py:UnitGame"); default: a reward's.
+    Raises:
+        ValueError: one line, "cannot import KIND 'NAME': CAUSE": a malformed name, no such module or file, the
+            module raised while importing (its exception's type and first line), no such attribute (the message
+            lists the module's public callables).
+    """
+    kind, placeholder, module_example, file_example = what
+    module_part, attr, is_file = _split(name)
+    if not module_part or not attr or not attr.isidentifier():
+        raise _error(name, f"expected MODULE:{placeholder} or PATH.py:{placeholder}, e.g. {module_example} or "
+                     f"{file_example}", kind)
+    if is_file:
+        module = _load_file(name, Path(canonical_name(name).rpartition(":")[0]), kind)
+    else:
+        module = _load_module(name, module_part, what)
+    if not hasattr(module, attr):
+        public = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v)
+                        and getattr(v, "__module__", module.__name__) == module.__name__)
+        raise _error(name, f"{module_part} has no attribute {attr!r}; it defines: {', '.join(public) or '(none)'}",
+                     kind)
+    return getattr(module, attr)
+
+
 def resolve_reward(name: str) -> str:
     """Import the reward `MODULE:ATTRIBUTE` (see the module docstring) and register it in `REWARDS` under
     `canonical_name(name)` unless it is there already; return that name.
 
     Raises:
-        ValueError: one line naming `name` and the cause: no such module or file, the module raised while
-            importing (its exception's type and first line), no such attribute (the message lists the module's
-            public callables), an attribute that is not callable, or a function with TRL's batched signature.
+        ValueError: one line naming `name` and the cause: what `import_attribute` raises, an attribute that is not
+            callable, or a function with TRL's batched signature.
     """
     key = canonical_name(name)
     if key in REWARDS:
         return key
-    module_part, attr, is_file = _split(name)
-    if not module_part or not attr or not attr.isidentifier():
-        raise _error(name, "expected MODULE:FUNCTION or PATH.py:FUNCTION, e.g. my_pkg.rewards:units_match or "
-                     "./my_rewards.py:units_match")
-    module = (_load_file(name, Path(key.rpartition(":")[0])) if is_file else _load_module(name, module_part))
-    if not hasattr(module, attr):
-        public = sorted(k for k, v in vars(module).items() if not k.startswith("_") and callable(v)
-                        and getattr(v, "__module__", module.__name__) == module.__name__)
-        raise _error(name, f"{module_part} has no attribute {attr!r}; it defines: {', '.join(public) or '(none)'}")
-    REWARDS.register(key)(_as_factory(name, attr, getattr(module, attr)))
+    attr = _split(name)[1]
+    REWARDS.register(key)(_as_factory(name, attr, import_attribute(name)))
     return key

@@ -2,8 +2,9 @@
 
 - `RolloutWorker` (rl.rollout_workers actors, rl.rollout_worker_cpus / _gpus each): a policy replica built from the
   run's config, and its own environment (`load_episodes`: an environment's tool pools live in the worker's process).
-  Workers build the task, the model and the reward from the config as the driver does: `rewardlab` (and any
-  reward or environment a config imports by path) must be importable on every node, and model.path readable there.
+  Workers build the task, the model and the reward from the config as the driver does (`worker_config`: an
+  environment's file, env:PATH.py:CLASS, travels as its absolute path): `rewardlab` (and any reward or environment a
+  config imports by path) must be importable on every node, and model.path readable there.
   It loads each published state dict and samples the chunks it is given (`sample_chunk`, the call engine local
   makes).
 - `RewardWorker` (rl.reward_workers actors, rl.reward_worker_cpus / _gpus each): the run's reward, built from its
@@ -55,6 +56,20 @@ def import_ray() -> Any:
     except ImportError:
         raise ValueError(f"rl.engine: ray needs the ray package, which is not installed; {INSTALL_HINT}") from None
     return ray
+
+
+def worker_config(cfg: Any) -> Any:
+    """The config the workers are built from: `cfg`, with an environment class named by its file (`task.spec`
+    env:PATH.py:CLASS) named by its absolute path (`rewardlab.rewards.importing.canonical_name`), so that a worker
+    imports the driver's file whatever its current directory. A module (env:MODULE:CLASS) is imported as the driver
+    imports it, with the worker's current directory on the module path (on a local cluster, the driver's)."""
+    from rewardlab.rewards.importing import canonical_name, is_import_name
+
+    kind, _, argument = cfg.task.spec.partition(":")
+    if kind != "env" or not is_import_name(argument) or canonical_name(argument) == argument:
+        return cfg
+    task = cfg.task.model_copy(update={"spec": f"env:{canonical_name(argument)}"})
+    return cfg.model_copy(update={"task": task})
 
 
 class RolloutWorker:
@@ -212,6 +227,7 @@ class RayEngine:
 
     def __init__(self, cfg: Any, settings: SamplingSettings, *, threads: int) -> None:
         ray = import_ray()
+        cfg = worker_config(cfg)
         rl = cfg.rl
         self.settings = settings
         self.version = 0
