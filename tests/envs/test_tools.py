@@ -1,6 +1,7 @@
 """ToolEnv: parsing (hermes, compact), argument checks, every bad-call status as its observation, the process pool
 with its per-call timeout, and the one-line construction errors."""
 
+import re
 
 import pytest
 from transformers.utils import get_json_schema
@@ -61,6 +62,53 @@ def test_schemas_come_from_get_json_schema_and_stop_is_the_parsers_closing_strin
 def test_a_tool_without_docstring_or_hints_is_a_one_line_error_naming_it(tool, match):
     with pytest.raises(ValueError, match=match) as info:
         ToolEnv([tool])
+    assert "\n" not in str(info.value)
+
+
+def total(*xs: int) -> int:
+    """Sum integers.
+
+    Args:
+        xs: the integers
+    """
+    return sum(xs)
+
+
+def options(**kw: int) -> int:
+    """Count options.
+
+    Args:
+        kw: the options
+    """
+    return len(kw)
+
+
+def ident(x: int, /) -> int:
+    """The integer itself.
+
+    Args:
+        x: the integer
+    """
+    return x
+
+
+def scaled(x: int, *rest: int) -> int:
+    """An integer and more.
+
+    Args:
+        x: the integer
+        rest: more integers
+    """
+    return x + sum(rest)
+
+
+@pytest.mark.parametrize("tool,what", [(total, "*xs (*args)"), (options, "**kw (**kwargs)"),
+                                       (ident, "x (positional-only)"), (scaled, "*rest (*args)")])
+def test_a_tool_whose_parameters_a_call_by_name_cannot_fill_is_refused_naming_it(tool, what):
+    # get_json_schema gives such a tool a schema, and every call then failed with TypeError (issue 32, item 10)
+    with pytest.raises(ValueError, match=rf"^tool '{tool.__name__}': parameter {re.escape(what)} cannot be given by "
+                                         "name") as info:
+        ToolEnv([add, tool])
     assert "\n" not in str(info.value)
 
 

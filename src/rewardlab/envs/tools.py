@@ -36,6 +36,7 @@ one malformed call), and every call's record is plain JSON that UTF-8 can encode
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import pickle
@@ -332,19 +333,40 @@ def _tool_name(tool: Any) -> str:
     return getattr(tool, "__name__", None) or type(tool).__name__
 
 
+#: Parameter kinds a call by keyword (`tool(**arguments)`) cannot fill, as a tool's error names them.
+_NOT_BY_KEYWORD = {inspect.Parameter.VAR_POSITIONAL: "*{} (*args)", inspect.Parameter.VAR_KEYWORD: "**{} (**kwargs)",
+                   inspect.Parameter.POSITIONAL_ONLY: "{} (positional-only)"}
+
+
+def _check_keyword_parameters(tool: Callable[..., Any], name: str) -> None:
+    """Raise ValueError naming the tool and its first parameter that a call by keyword cannot fill."""
+    try:
+        parameters = inspect.signature(tool).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): get_json_schema says what is wrong
+        return
+    for p in parameters:
+        if p.kind in _NOT_BY_KEYWORD:
+            raise ValueError(f"tool {name!r}: parameter {_NOT_BY_KEYWORD[p.kind].format(p.name)} cannot be given by "
+                             "name, and a tool call passes its arguments by name (tool(**arguments)); give the tool "
+                             "named parameters")
+
+
 def tool_schema(tool: Callable[..., Any]) -> dict[str, Any]:
     """The JSON schema of a tool, by `transformers.utils.get_json_schema` (from its type hints and its Google-style
     docstring, whose Args section describes every parameter).
 
     Raises:
-        ValueError: one line naming the tool when it is not callable or its hints or docstring do not give a schema,
-            e.g. "tool 'calc': Cannot generate JSON schema for calc because it has no docstring!".
+        ValueError: one line naming the tool when it is not callable, has a parameter a call by keyword cannot fill
+            (`*args`, `**kwargs` or positional-only: a call passes its JSON arguments by name, `tool(**arguments)`,
+            so each would fail with TypeError), or its hints or docstring do not give a schema, e.g. "tool 'calc':
+            Cannot generate JSON schema for calc because it has no docstring!".
     """
     from transformers.utils import get_json_schema
 
     name = _tool_name(tool)
     if not callable(tool):
         raise ValueError(f"tool {name!r}: expected a callable, got {type(tool).__name__}")
+    _check_keyword_parameters(tool, name)
     try:
         return get_json_schema(tool)
     except Exception as exc:  # noqa: BLE001 - transformers' TypeHintParsingException / DocstringParsingException
@@ -401,8 +423,9 @@ class ToolEnv(MultiTurnEnv):
         tools: [K] JSON schemas (for `apply_chat_template(..., tools=...)`); stop: the parser's closing strings;
         parser_name: the parser's name.
     Raises:
-        ValueError: one line: no tools, a tool that is not callable, has no schema (missing hints or docstring), is
-            not picklable, or shares a name; an unknown parser; a parser that cannot serve the tools ("compact" with
+        ValueError: one line: no tools, a tool that is not callable, has no schema (missing hints or docstring), has
+            a `*args`, `**kwargs` or positional-only parameter (a call passes its arguments by name), is not
+            picklable, or shares a name; an unknown parser; a parser that cannot serve the tools ("compact" with
             several tools); timeout_s, max_calls_per_turn or workers out of range.
     """
 
