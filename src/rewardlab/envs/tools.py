@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rewardlab.envs.base import State, StepResult
+from rewardlab.envs.base import State, StepResult, stop_strings
 from rewardlab.envs.multiturn import MultiTurnEnv
 from rewardlab.registry import Registry
 
@@ -463,7 +463,7 @@ class ToolEnv(MultiTurnEnv):
         self.parser.check(schemas)
         self.parser_name = parser
         self.tools = schemas
-        self.stop = tuple(self.parser.stop)
+        self.stop = stop_strings(self.parser.stop, f"ToolEnv.parser: parser {parser!r}'s stop")
         self.timeout_s = float(timeout_s)
         self.max_calls_per_turn = max_calls_per_turn
         self._functions = functions

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rewardlab.envs.base import stop_strings
 from rewardlab.envs.episode import prompt_text
 from rewardlab.types import Rollout
 
@@ -49,7 +50,8 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
         messages: the trace: one or more prompt messages (system/user), then assistant and observation ("tool" or
             "user") messages, ending with an assistant message; each a dict with "role" and a str "content".
         eos_id: the end-of-sequence id appended to a turn that does not end at a stop string.
-        stop: the strings that end a model turn besides EOS (the environment's `stop`, e.g. ("</c>",)).
+        stop: the strings that end a model turn besides EOS (the environment's `stop`, e.g. ("</c>",)); a str is
+            refused (`rewardlab.envs.base.stop_strings`).
         where: how errors name the trace (e.g. "sft: training row 3").
     Returns:
         The rows in order, each a `Rollout`: `prompt_ids` [P] and `prompt` (its text), `completion_ids` [T]
@@ -63,7 +65,7 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
             str content; no prompt message before the first assistant turn, or no assistant turn; a trace that does
             not end with an assistant turn; an observation whose role is not "tool" or "user"; two assistant turns
             in a row; an assistant turn with a stop string before its end (the sampler would have stopped there)
-            or an empty one.
+            or an empty one; a `stop` that is a str or holds an empty or non-string item.
     """
     msgs = [dict(m) for m in messages]
     for i, m in enumerate(msgs):
@@ -77,7 +79,7 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
     if msgs[-1]["role"] != "assistant":
         raise ValueError(f"{where}: message {len(msgs) - 1} ({msgs[-1]['role']}) ends the trace; a trace ends with "
                          "the model's final assistant turn")
-    stops = [s for s in (stop or ()) if s]
+    stops = list(stop_strings(stop, f"{where}: stop"))
     tokenizer = renderer.tokenizer
     history = msgs[:first]
     rows: list[Rollout] = []
