@@ -176,6 +176,10 @@ class Episode:
             stream + (turn,).
         episode_id: stored as `Rollout.episode_id` on every row (always set, also for an episode of one row).
         group: stored as `Rollout.group` (the row's group).
+    A dict state (what `MultiTurnEnv.reset` returns) gets `state["max_turns"] = limits.max_turns` after reset (unless
+    the environment set that key itself), so the environment can tell the episode's last turn: a `ToolEnv` does not
+    run the calls of that turn (status "skipped_last_turn"), since the episode ends after it.
+
     Raises:
         ValueError: the row's first prompt leaves no room in the context window (names the lengths); the errors of
             `rewardlab.envs.multiturn.initial_messages`.
@@ -192,6 +196,8 @@ class Episode:
         self.group = group
         self.messages = initial_messages(self.row, f"episode {episode_id}: row")
         self.state = env.reset(self.row)
+        if isinstance(self.state, dict):  # the loop's turn limit, so an environment can tell the last turn
+            self.state.setdefault("max_turns", limits.max_turns)
         prompt = list(renderer.start(self.messages))
         ctx = limits.context_window
         if ctx is not None and len(prompt) >= ctx:

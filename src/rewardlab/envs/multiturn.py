@@ -60,7 +60,9 @@ class MultiTurnEnv:
     State (what `reset` returns, updated in place by `step`): a dict with
         row: the task row (as given); turn: model turns taken so far (0 at reset);
         messages: the transcript, starting with `initial_messages(row)`; `step` appends the model's turn as
-            {"role": "assistant", "content": action} and, when the episode goes on, the observation's messages.
+            {"role": "assistant", "content": action} and, when the episode goes on, the observation's messages;
+        max_turns: the episode loop's turn limit, added by the loop (`rewardlab.envs.Episode`) after reset; absent
+            when the environment is stepped by hand.
     A subclass may add its own keys in `reset` (call `super().reset(row)` first) or in `env_response`.
 
     `step(state, action)`, in order:
