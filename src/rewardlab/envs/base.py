@@ -87,6 +87,9 @@ class Environment(Protocol):
         tools: list of JSON schemas of the environment's tools, given to the chat template; default None.
         raw_text(message) -> str: how an observation message is appended to a raw (non-chat) prompt; default its
             content.
+        min_turn_tokens(tokenizer) -> int: the per-turn token budget the environment's own format needs with this
+            tokenizer (the built-in environments declare it); `train` and `evaluate` warn at start when their
+            max_new_tokens is below it (`rewardlab.envs.sampling.turn_budget_warning`). Default: no check.
         step_batch(states, actions) -> list[StepResult]: the steps of several episodes' turns at once (the episode
             loop calls it once per round with every episode that took a turn); it must return exactly what
             `[step(s, a) for s, a in zip(states, actions)]` would, in order. Default: those serial steps. `ToolEnv`

@@ -107,6 +107,33 @@ def check_episode_keys(settings: EpisodeSettings | None, policy: Any, *, changed
                          f"a cut tool output; set it to at least {renderer.marker_tokens}")
 
 
+def turn_budget_warning(settings: EpisodeSettings | None, policy: Any, max_new_tokens: int, *,
+                        key: str = "max_new_tokens") -> str | None:
+    """A one-line warning when the per-turn token budget `max_new_tokens` (the verb's `key`, e.g.
+    "rl.max_new_tokens") is below what a model turn of the environment's own format needs with the policy's tokenizer
+    (`env.min_turn_tokens(tokenizer)`, which each built-in environment declares), else None: a turn cut there ends
+    its episode `max_new_tokens` before the environment sees it. None too for a single-turn task, an environment
+    that declares no `min_turn_tokens`, or a policy without a tokenizer.
+
+    Example: "rl.max_new_tokens=8 is below the 9 tokens a model turn of environment 'guess_number' needs for its
+    own format with this model's tokenizer (min_turn_tokens): such turns are cut and end their episode
+    max_new_tokens; set rl.max_new_tokens to at least 9".
+    """
+    if settings is None:
+        return None
+    need_of = getattr(settings.env, "min_turn_tokens", None)
+    tokenizer = getattr(policy, "tokenizer", None)
+    if not callable(need_of) or tokenizer is None:
+        return None
+    need = int(need_of(tokenizer))
+    if max_new_tokens >= need:
+        return None
+    name = settings.name or type(settings.env).__name__
+    return (f"{key}={max_new_tokens} is below the {need} tokens a model turn of environment {name!r} needs for its "
+            f"own format with this model's tokenizer (min_turn_tokens): such turns are cut and end their episode "
+            f"max_new_tokens; set {key} to at least {need}")
+
+
 def load_episodes(task: Any, section: Any, policy: Any) -> EpisodeSettings | None:
     """The episodes of an environment task (`task.env`; None for a single-turn task): its environment and the budgets
     of the `env` config section (`episode_settings`), the section's keys checked against the environment and the
