@@ -361,8 +361,8 @@ def _unbounded(renderer):
 
 
 @settings(max_examples=80, deadline=None)
-@given(text=st.text(alphabet=st.sampled_from(list("the tool 408 café 日本語 –éï\n*")), min_size=1, max_size=200),
-       budget=st.integers(1, 12), keep=st.sampled_from(["start", "end"]))
+@given(text=st.text(alphabet=st.sampled_from(list("the tool 408 café 日本語 –éï\n*")), min_size=1,
+                   max_size=200), budget=st.integers(1, 12), keep=st.sampled_from(["start", "end"]))
 def test_clip_cut_in_characters_first_is_the_clip_of_the_whole_output(text, budget, keep):
     # byte-level BPE (several characters a token, several tokens a character) and a one-token marker, so small
     # budgets make outputs longer than clip_chars(budget) and the character cut happens

@@ -120,10 +120,11 @@ class _Base:
         never characters. Text that fits (`<= max_tokens` tokens, an exact fit included) is returned unchanged, the
         empty text too. Only the first (keep="start") or last (keep="end") `clip_chars(max_tokens)` characters are
         tokenized (a bound in characters that holds more than max_tokens tokens; see `clip_chars`), so the time
-        and memory of a clip do not grow with the output: a 10 MB output costs what a few hundred characters do. Otherwise the result is a prefix of `text` followed by the marker (keep="start") or the
-        marker followed by a suffix of `text` (keep="end"), with as many whole tokens of `text` as fit: the cut falls
-        on a token boundary (a character boundary when a token holds part of a character), and the result, encoded
-        alone, takes at most `max_tokens` tokens. (Inside a chat template the same text may take a token more or
+        and memory of a clip do not grow with the output: a 10 MB output costs what a few hundred characters do.
+        Otherwise the result is a prefix of `text` followed by the marker (keep="start") or the marker followed by
+        a suffix of `text` (keep="end"), with as many whole tokens of `text` as fit: the cut falls on a token
+        boundary (a character boundary when a token holds part of a character), and the result, encoded alone,
+        takes at most `max_tokens` tokens. (Inside a chat template the same text may take a token more or
         less, since tokenization at its edges depends on the neighbouring text.)
 
         Args:

@@ -304,8 +304,9 @@ def count_metrics(counts: Sequence[dict[str, Any]]) -> dict[str, float]:
         `rewardlab.types.TERMINATIONS` (all of them, 0.0 included). tool/calls_mean: tool calls per episode.
         tool/errors_mean: calls per episode whose status is an error (not ok or skipped_last_turn);
         tool/errors/<status>: the same, for each status that occurred. tool/skipped_last_turn_mean: calls per
-        episode not run because they came on the episode's last turn. tool/call_rate: the fraction of model turns with at least one call (a falling call
-        rate is how tool-use collapse shows; 0.0 without turns). {} for no episodes.
+        episode not run because they came on the episode's last turn. tool/call_rate: the fraction of model turns
+        with at least one call (a falling call rate is how tool-use collapse shows; 0.0 without turns). {} for no
+        episodes.
     """
     from rewardlab.types import TERMINATIONS
 
