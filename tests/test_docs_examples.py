@@ -115,3 +115,30 @@ def test_the_examples_are_found():
     assert any(w.startswith("README.md") for w, _ in YAML_BLOCKS)
     assert any(w.startswith("README.md") for w, _, _ in PYTHON_BLOCKS)
     assert TrainConfig is COMMANDS["train"].config
+
+
+ENV_COMMANDS = [(w, l) for w, l in COMMAND_LINES if "--task env:" in l or "task.spec=env:" in l]
+
+
+@pytest.mark.parametrize("where,line", ENV_COMMANDS, ids=[f"{w} {l[:40]}" for w, l in ENV_COMMANDS])
+def test_a_documented_environment_command_gives_a_turn_the_tokens_its_format_needs(where, line):
+    # rl.max_new_tokens=8 cut every `<g>32</g>` (9 tokens of the tiny model), 16 every three-term calculator call
+    # (up to 21) (issue 32, item 1)
+    from rewardlab.envs import make_env
+    from rewardlab.policy.tiny import build_tokenizer
+    from rewardlab.tasks import load as load_task
+
+    verb, _, overrides = parse(shlex.split(line)[1:])
+    cfg = load_config(COMMANDS[verb].config, None, overrides)
+    if cfg.model.path != "tiny":
+        pytest.skip(f"{where}: a model other than the tiny one ({cfg.model.path})")
+    budget = cfg.rl.max_new_tokens if verb == "train" else cfg.eval.max_new_tokens if verb == "evaluate" else None
+    if budget is None:
+        pytest.skip(f"{where}: {verb} has no per-turn budget")
+    task = load_task(cfg.task.spec, **cfg.task.options)
+    env = make_env(task.env["name"], **task.env["options"])
+    assert budget >= env.min_turn_tokens(build_tokenizer()), where
+
+
+def test_the_environment_commands_are_found():
+    assert {line.split("env:")[1].split()[0] for _, line in ENV_COMMANDS} >= {"calculator", "guess_number"}

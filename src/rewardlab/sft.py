@@ -130,12 +130,13 @@ def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_
     needs_traces = task.env is not None and any("trace" not in r for r in task.train)
     if task.env is not None or any("trace" in r for r in task.train):
         from rewardlab.envs import make_env, make_renderer
+        from rewardlab.envs.base import env_stop
 
         if task.env is not None:
             env = make_env(task.env["name"], **dict(task.env.get("options") or {}))
         renderer = make_renderer(policy.tokenizer, policy.prompt_format, tools=getattr(env, "tools", None),
                                  raw_text=getattr(env, "raw_text", None))
-        stop = list(getattr(env, "stop", None) or ())
+        stop = list(env_stop(env))
     if tool_frac is not None and not needs_traces:
         raise ValueError(f"sft.tool_frac: applies to environment tasks whose rows get generated traces; task "
                          f"{task.name} has none")

@@ -121,3 +121,59 @@ def test_sft_trains_on_an_environment_task_from_its_generated_traces(tmp_path):
                  *TINY_OVERRIDES]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps_done"] == 2 and summary["train_rows"] == 4
+
+
+# ------------------------------------------------------------------------------------------------ turn budget
+def test_each_built_in_environment_declares_the_turn_budget_its_own_format_needs():
+    # measured on the rows' own transcripts with the tiny model's tokenizer (one token a character): the longest
+    # model turn of every trace, plus EOS for a turn that ends at it (issue 32, item 1)
+    tok = build_tokenizer()
+    count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    for name, options in (("calculator", {"size": 300, "test_size": 30}),
+                          ("calculator", {"size": 300, "test_size": 30, "dataset": "products"}),
+                          ("calculator", {"size": 300, "test_size": 30, "max_terms": 2}),
+                          ("guess_number", {"size": 100, "test_size": 0}), ("guess_number", {"n": 1000})):
+        env = make_env(name, **options)
+        turns = [(m["content"], i == len(t) - 1 and name == "calculator")
+                 for t in env.traces(env.rows("all")) for i, m in enumerate(t) if m["role"] == "assistant"]
+        longest = max(count(text) + ends_at_eos for text, ends_at_eos in turns)
+        assert env.min_turn_tokens(tok) == longest, (name, options)
+    assert make_env("calculator").min_turn_tokens(tok) == 21  # <c>9999-9999-9999</c>
+    assert make_env("guess_number").min_turn_tokens(tok) == 9  # <g>64</g>
+    with make_env("python") as python:  # a floor: the shortest complete run_python call
+        call = '<tool_call>\n{"name": "run_python", "arguments": {"code": ""}}\n</tool_call>'
+        assert python.min_turn_tokens(tok) == count(call) == 74
+
+
+def test_a_turn_budget_below_the_format_is_warned_and_one_that_fits_is_not():
+    from rewardlab.envs.sampling import turn_budget_warning
+
+    guess = EpisodeSettings(make_env("guess_number"), 8, 256, name="guess_number")
+    assert turn_budget_warning(guess, _Policy(), 8, key="rl.max_new_tokens") == (
+        "rl.max_new_tokens=8 is below the 9 tokens a model turn of environment 'guess_number' needs for its own "
+        "format with this model's tokenizer (min_turn_tokens): such turns are cut and end their episode "
+        "max_new_tokens; set rl.max_new_tokens to at least 9")
+    assert turn_budget_warning(guess, _Policy(), 9) is None and turn_budget_warning(guess, _Policy(), 64) is None
+    assert turn_budget_warning(None, _Policy(), 1) is None  # a single-turn task
+    assert turn_budget_warning(guess, object(), 1) is None  # no tokenizer to count with
+
+
+@pytest.mark.parametrize("budget,warned", [(7, True), (8, False)])
+def test_evaluate_warns_at_start_when_a_turn_cannot_hold_the_environments_format(tmp_path, capsys, budget, warned):
+    # n = 8: the longest guess is <g>8</g>, 8 tokens
+    assert main(["evaluate", *GUESS, "model.path=tiny", *TINY_OVERRIDES, f"eval.max_new_tokens={budget}",
+                 "env.max_turns=2", f"out={tmp_path / 'run'}", "--no-progress"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "min_turn_tokens" in line]
+    assert lines == ([f"rewardlab: warning: eval.max_new_tokens={budget} is below the 8 tokens a model turn of "
+                      "environment 'guess_number' needs for its own format with this model's tokenizer "
+                      "(min_turn_tokens): such turns are cut and end their episode max_new_tokens; set "
+                      "eval.max_new_tokens to at least 8"] if warned else [])
+
+
+@pytest.mark.parametrize("budget,warned", [(7, True), (8, False)])
+def test_train_warns_at_start_when_a_turn_cannot_hold_the_environments_format(tmp_path, capsys, budget, warned):
+    assert main(["train", *GUESS, "model.path=tiny", *TINY_OVERRIDES, f"rl.max_new_tokens={budget}", "rl.steps=1",
+                 "rl.prompts_per_step=2", "rl.group_size=2", "env.max_turns=2", f"out={tmp_path / 'run'}",
+                 "--no-progress"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "min_turn_tokens" in line]
+    assert len(lines) == warned and (not warned or "rl.max_new_tokens=7 is below the 8 tokens" in lines[0])

@@ -81,3 +81,49 @@ def test_initial_messages_and_bad_rows():
         initial_messages({"answer": "1"})
     with pytest.raises(ValueError, match="Plain.max_turns"):
         Plain("x", max_turns=0)
+
+
+# ------------------------------------------------------------------------------------------------ stop strings
+def test_a_str_stop_is_refused_where_it_is_given_not_split_into_one_character_stops():
+    # `stop = "</answer>"` used to end a turn at each of its characters (issue 32, item 5)
+    with pytest.raises(ValueError, match=r"^Answers.stop: expected a tuple of strings, got the str '</answer>', whose "
+                                         r"characters would each end a turn; write \('</answer>',\)$"):
+        class Answers(MultiTurnEnv):
+            stop = "</answer>"
+
+    class Late(Countdown):
+        def __init__(self):
+            super().__init__()
+            self.stop = "</answer>"  # set on the instance: refused where the loop reads it
+
+    from rewardlab.envs import run_episodes, trace_rollouts
+    from rewardlab.envs.render import RawRenderer
+    from rewardlab.policy import load_policy
+    from rewardlab.policy.tiny import build_tokenizer
+
+    policy = load_policy("tiny", seed=0)
+    with pytest.raises(ValueError, match=r"^Late.stop: expected a tuple of strings, got the str '</answer>'"):
+        run_episodes(policy, Late(), [{"prompt": "go"}], n=1, max_turns=2, max_new_tokens=4, max_episode_tokens=32)
+    with pytest.raises(ValueError, match=r"^sample_ids.stop: expected a list of strings, got the str '</answer>'"):
+        policy.sample_ids([[1, 5]], max_new_tokens=2, stop="</answer>")
+    trace = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a</answer>"}]
+    with pytest.raises(ValueError, match=r"^trace: stop: expected a tuple of strings, got the str '</answer>'"):
+        trace_rollouts(RawRenderer(build_tokenizer()), trace, eos_id=2, stop="</answer>")
+    for bad, match in ((["</a>", ""], "expected non-empty strings, got ''"), (("</a>", 3), "got 3"),
+                       ({"</a>": 1}, "got dict")):
+        with pytest.raises(ValueError, match=match):
+            class Bad(MultiTurnEnv):
+                stop = bad
+    class Fine(MultiTurnEnv):  # a tuple or list of strings is what stop is
+        stop = ["</answer>", "</g>"]
+    assert [len(r.turns) for r in trace_rollouts(RawRenderer(build_tokenizer()), trace, eos_id=2,
+                                                  stop=("</answer>",))] == [1]
+
+
+def test_a_tool_call_parser_with_a_str_stop_is_refused_when_the_tool_env_is_built(monkeypatch):
+    from rewardlab.envs import TOOL_PARSERS, ToolEnv
+    from tool_fakes import shout
+
+    monkeypatch.setattr(TOOL_PARSERS.get("hermes"), "stop", "</tool_call>")
+    with pytest.raises(ValueError, match=r"^ToolEnv.parser: parser 'hermes''s stop: expected a tuple of strings"):
+        ToolEnv([shout])

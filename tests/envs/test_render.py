@@ -337,3 +337,51 @@ def test_clip_with_a_slow_tokenizer():
     # a kept piece that does not decode to the text's own characters is given up, never shown as U+FFFD
     r = RawRenderer(_PairTokenizer(broken={"ef"}), marker="~")
     assert r.clip("abcdefghi", 4) == "abcd~"
+
+
+# ---------------------------------------------------------------------------------------------------- large outputs
+def test_a_10_mb_tool_output_is_cut_in_characters_before_it_is_tokenized():
+    # tokenizing a 10 MB output whole took 32 s and 4.5 GB (issue 32, item 7); only clip_chars(budget) are read now
+    import time
+
+    r = make_renderer(build_tokenizer(), "raw")
+    assert r.token_chars == 5  # "<pad>", its longest vocabulary entry; its text tokens are one character each
+    big = "0123456789" * 1_000_000
+    start = time.perf_counter()
+    head, tail = r.clip(big, 64), r.clip(big, 64, keep="end")
+    assert time.perf_counter() - start < 0.5
+    keep = 64 - r.marker_tokens
+    assert head == big[:keep] + DEFAULT_MARKER and tail == DEFAULT_MARKER + big[-keep:]
+    assert r.clip(big[:64], 64) == big[:64]  # an output that fits is kept whole, as before
+
+
+def _unbounded(renderer):
+    renderer.clip_chars = lambda max_tokens: None  # tokenize the whole output, as clip did before the bound
+    return renderer
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("the tool 408 café 日本語 –éï\n*")), min_size=1,
+                   max_size=200), budget=st.integers(1, 12), keep=st.sampled_from(["start", "end"]))
+def test_clip_cut_in_characters_first_is_the_clip_of_the_whole_output(text, budget, keep):
+    # byte-level BPE (several characters a token, several tokens a character) and a one-token marker, so small
+    # budgets make outputs longer than clip_chars(budget) and the character cut happens
+    for tok in (BPE, build_tokenizer()):
+        fast, whole = make_renderer(tok, "raw", marker="~"), _unbounded(make_renderer(tok, "raw", marker="~"))
+        assert fast.clip(text, budget, keep=keep) == whole.clip(text, budget, keep=keep)
+
+
+def test_an_episode_with_a_10_mb_tool_output_takes_well_under_a_second():
+    import time
+
+    from episode_fakes import CalcEnv, ScriptedSampler
+
+    from rewardlab.envs import run_episodes
+
+    renderer = make_renderer(build_tokenizer(), "raw")
+    env = CalcEnv(results=[[{"role": "tool", "name": "calc", "content": "7" * 10_000_000}]])
+    start = time.perf_counter()
+    (r,) = run_episodes(ScriptedSampler({0: ["<c>1+1</c>", "2$"]}), env, [{"prompt": "q"}], n=1, max_turns=2,
+                        max_new_tokens=16, max_episode_tokens=200, max_tool_tokens=20, renderer=renderer)
+    assert time.perf_counter() - start < 0.5
+    assert r.termination == "stop" and "7" * 6 + DEFAULT_MARKER in renderer.tokenizer.decode(r.completion_ids)

@@ -99,10 +99,11 @@ def test_concurrent_episodes_are_exactly_the_serial_ones(monkeypatch):
     assert batches == [8, 7, 3]  # each round's live episodes, stepped at once
     assert concurrent == one_by_one
     statuses = {c["status"] for r in concurrent for turn in r.tool_calls for c in turn}
-    assert statuses == {"ok", "unknown_tool", "bad_arguments", "error", "timeout", "over_limit", "malformed"}
+    assert statuses == {"ok", "unknown_tool", "bad_arguments", "error", "timeout", "over_limit", "malformed",
+                        "skipped_last_turn"}
     assert [r.termination for r in concurrent] == ["stop"] * 5 + ["max_turns"] + ["stop"] * 2
-    assert concurrent[5].tool_calls[2] == [{"name": "add", "arguments": {"a": 4, "b": 4}, "status": "ok",
-                                            "seconds": None}]  # recorded, not run (seconds 0.0 before the reset)
+    assert concurrent[5].tool_calls[2] == [{"name": "add", "arguments": {"a": 4, "b": 4},
+                                            "status": "skipped_last_turn", "seconds": None}]  # recorded, not run
 
 
 def test_the_calls_of_a_round_run_concurrently_across_episodes(tmp_path):

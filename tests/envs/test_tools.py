@@ -1,6 +1,8 @@
 """ToolEnv: parsing (hermes, compact), argument checks, every bad-call status as its observation, the process pool
 with its per-call timeout, and the one-line construction errors."""
 
+import re
+import time
 
 import pytest
 from transformers.utils import get_json_schema
@@ -54,13 +56,61 @@ def test_schemas_come_from_get_json_schema_and_stop_is_the_parsers_closing_strin
     assert env.stop == ("</tool_call>",)
     assert ToolEnv([square], parser="compact").stop == ("</c>",)
     assert set(TOOL_PARSERS) == {"hermes", "compact"}
-    assert CALL_STATUSES == ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout", "over_limit")
+    assert CALL_STATUSES == ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout", "over_limit",
+                             "skipped_last_turn")
 
 
 @pytest.mark.parametrize("tool,match", [(no_doc, "tool 'no_doc': .*docstring"), (no_hints, "tool 'no_hints': ")])
 def test_a_tool_without_docstring_or_hints_is_a_one_line_error_naming_it(tool, match):
     with pytest.raises(ValueError, match=match) as info:
         ToolEnv([tool])
+    assert "\n" not in str(info.value)
+
+
+def total(*xs: int) -> int:
+    """Sum integers.
+
+    Args:
+        xs: the integers
+    """
+    return sum(xs)
+
+
+def options(**kw: int) -> int:
+    """Count options.
+
+    Args:
+        kw: the options
+    """
+    return len(kw)
+
+
+def ident(x: int, /) -> int:
+    """The integer itself.
+
+    Args:
+        x: the integer
+    """
+    return x
+
+
+def scaled(x: int, *rest: int) -> int:
+    """An integer and more.
+
+    Args:
+        x: the integer
+        rest: more integers
+    """
+    return x + sum(rest)
+
+
+@pytest.mark.parametrize("tool,what", [(total, "*xs (*args)"), (options, "**kw (**kwargs)"),
+                                       (ident, "x (positional-only)"), (scaled, "*rest (*args)")])
+def test_a_tool_whose_parameters_a_call_by_name_cannot_fill_is_refused_naming_it(tool, what):
+    # get_json_schema gives such a tool a schema, and every call then failed with TypeError (issue 32, item 10)
+    with pytest.raises(ValueError, match=rf"^tool '{tool.__name__}': parameter {re.escape(what)} cannot be given by "
+                                         "name") as info:
+        ToolEnv([add, tool])
     assert "\n" not in str(info.value)
 
 
@@ -213,10 +263,36 @@ def test_the_turn_that_reaches_max_turns_ends_the_episode_without_running_its_ca
         state = env.reset({"prompt": "q"})
         first = env.step(state, call("boom", text="1"))
         assert not first.done and first.info["tool_calls"][0]["status"] == "error"
-        last = env.step(state, call("boom", text="2"))
+        last = env.step(state, call("boom", text="2") + call("nope"))
         assert last.done and last.observation is None and last.info["termination"] == "max_turns"
-        assert last.info["tool_calls"] == [{"name": "boom", "arguments": {"text": "2"}, "status": "ok",
-                                            "seconds": 0.0}]
+        # its own status, not "ok" as if it ran (issue 32, item 12); a bad call keeps its own
+        assert last.info["tool_calls"] == [{"name": "boom", "arguments": {"text": "2"}, "status": "skipped_last_turn",
+                                            "seconds": 0.0},
+                                           {"name": "nope", "arguments": {}, "status": "unknown_tool", "seconds": 0.0}]
+
+
+@pytest.mark.parametrize("episodes", [1, 3])  # one episode: env.step; several: step_batch runs a round's calls
+def test_the_calls_of_the_episode_loops_last_turn_are_not_run(episodes):
+    # the loop's max_turns, not the environment's: a hanging tool on the last turn used to cost its whole timeout,
+    # its result thrown away (issue 32, item 12)
+    from episode_fakes import RawRenderer, ScriptedSampler
+
+    from rewardlab.envs import episode_metrics, run_episodes
+
+    scripts = {e: [call("shout", text="a") + "$", call("hang", text="h") + "$"] for e in range(episodes)}
+    renderer = RawRenderer()
+    with ToolEnv([hang, shout], timeout_s=60.0, workers=1) as env:
+        env.stop = ()
+        start = time.perf_counter()
+        out = run_episodes(ScriptedSampler(scripts, renderer=renderer), env, [{"prompt": "q"}] * episodes, n=1,
+                           max_turns=2, max_new_tokens=400, max_episode_tokens=4000, renderer=renderer)
+        assert time.perf_counter() - start < 20  # not the hanging call's 60 s
+    for r in out:
+        assert r.termination == "max_turns"
+        assert [[c["status"] for c in turn] for turn in r.tool_calls] == [["ok"], ["skipped_last_turn"]]
+        assert r.tool_calls[1][0]["seconds"] == 0.0
+    m = episode_metrics([[r] for r in out])
+    assert m["tool/calls_mean"] == 2 and m["tool/errors_mean"] == 0 and m["tool/skipped_last_turn_mean"] == 1
 
 
 def test_the_transcript_holds_the_model_turns_and_the_tool_messages(env):

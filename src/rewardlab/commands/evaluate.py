@@ -8,11 +8,12 @@ from typing import Any
 
 from rewardlab.commands.common import announce_task, check_prompts, load_inputs, open_run, with_trained_task
 from rewardlab.envs import load_episodes
+from rewardlab.envs.sampling import turn_budget_warning
 from rewardlab.config import EvaluateConfig
 from rewardlab.evaluation.policy import describe_rows, evaluate_policy
 from rewardlab.progress import console, stage
 from rewardlab.rewards import build_reward
-from rewardlab.runs import atomic_write_text
+from rewardlab.runs import atomic_write_text, warn
 
 #: The log of finished evaluation batches in an `evaluate` run directory (one JSON line per batch).
 BATCH_LOG = "batches.jsonl"
@@ -32,7 +33,8 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     summary.json (the result of `evaluate_policy` plus
     model, task, `split` (the split used), `split_rows` (rows in it; `n_questions` of them evaluated, fewer with
     `eval.limit`) and wall seconds). For an environment task (task.spec env:NAME) every completion is an episode
-    under the env section's budgets (eval.max_new_tokens per model turn): predictions.jsonl also holds each greedy
+    under the env section's budgets (eval.max_new_tokens per model turn; one line on stderr warns when it is below
+    the environment's `min_turn_tokens`, `turn_budget_warning`): predictions.jsonl also holds each greedy
     episode's messages, termination, turns and tool calls, and the summary its episode figures (turns_mean,
     termination fractions, tool_call_rate, tool_errors_mean; `evaluate_policy`). With `resume`, the batches logged by an interrupted run with the same settings
     are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). When `cfg.model` is
@@ -60,6 +62,9 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     check_prompts(task, policy, max_new_tokens=cfg.eval.max_new_tokens, key="eval.max_new_tokens",
                   max_prompt_length=cfg.eval.max_prompt_length, prompt_key="eval.max_prompt_length")
     episodes = load_episodes(task, cfg.env, policy)
+    short = turn_budget_warning(episodes, policy, cfg.eval.max_new_tokens, key="eval.max_new_tokens")
+    if short is not None:  # the environment's own turns would be cut
+        warn(short)
     announce_task(task, show_progress)
     try:
         with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the inputs load

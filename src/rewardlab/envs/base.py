@@ -14,6 +14,41 @@ from typing import Any, Protocol, runtime_checkable
 State = Any
 
 
+def stop_strings(stop: Any, where: str = "stop") -> tuple[str, ...]:
+    """`stop`, the strings that end a model turn besides EOS, as a tuple: None is (), a list or tuple of non-empty
+    strings is kept in order.
+
+    A str is refused: it is itself a sequence of one-character strings, so `stop = "</answer>"` would end a turn
+    at the first "<", "/", "a", ... the model writes.
+
+    Raises:
+        ValueError: one line starting with `where` (e.g. "MyEnv.stop"): a str ("write ('</answer>',)"), an empty
+            string, an item that is not a str, or a value that is not a list or tuple of them.
+    """
+    if stop is None:
+        return ()
+    if isinstance(stop, (str, bytes)):
+        raise ValueError(f"{where}: expected a tuple of strings, got the {type(stop).__name__} {stop!r}, whose "
+                         f"characters would each end a turn; write ({stop!r},)")
+    if not isinstance(stop, (list, tuple)):
+        raise ValueError(f"{where}: expected a tuple of strings, got {type(stop).__name__}")
+    out = tuple(stop)
+    bad = [s for s in out if not isinstance(s, str) or not s]
+    if bad:
+        raise ValueError(f"{where}: expected non-empty strings, got {bad[0]!r}")
+    return out
+
+
+def env_stop(env: Any) -> tuple[str, ...]:
+    """The stop strings of an environment (its optional `stop` attribute, checked by `stop_strings`; () when it
+    has none).
+
+    Raises:
+        ValueError: one line "<EnvClass>.stop: ..." (see `stop_strings`).
+    """
+    return stop_strings(getattr(env, "stop", None), f"{type(env).__name__}.stop")
+
+
 @dataclass
 class StepResult:
     """What the environment answers to one model turn.
@@ -47,10 +82,14 @@ class Environment(Protocol):
     Optional (looked up with getattr; the loop has a default for each):
         state_key(state) -> hashable: the key of the state the model is about to act in (GiGPO's anchor state;
             default: a hash of the whole history, so different states never merge).
-        stop: tuple of strings that end a model turn besides EOS (e.g. "</tool_call>"); default ().
+        stop: tuple of strings that end a model turn besides EOS (e.g. ("</tool_call>",)); default (). A str is
+            refused (`stop_strings`): its characters would each end a turn.
         tools: list of JSON schemas of the environment's tools, given to the chat template; default None.
         raw_text(message) -> str: how an observation message is appended to a raw (non-chat) prompt; default its
             content.
+        min_turn_tokens(tokenizer) -> int: the per-turn token budget the environment's own format needs with this
+            tokenizer (the built-in environments declare it); `train` and `evaluate` warn at start when their
+            max_new_tokens is below it (`rewardlab.envs.sampling.turn_budget_warning`). Default: no check.
         step_batch(states, actions) -> list[StepResult]: the steps of several episodes' turns at once (the episode
             loop calls it once per round with every episode that took a turn); it must return exactly what
             `[step(s, a) for s, a in zip(states, actions)]` would, in order. Default: those serial steps. `ToolEnv`

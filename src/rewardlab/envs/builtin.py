@@ -9,6 +9,12 @@ Every built-in environment has:
         the same seed gives the same rows.
     rows(split="train", n=None, seed=0) -> list[Row]: `task(seed).split(split)`, the first `n` of them.
     reward: the name of its outcome reward; reward_options: that reward's options (a dict, often empty).
+    min_turn_tokens(tokenizer) -> int: the turn budget its own format needs: the tokens of the longest model turn of
+        its own transcripts (`trace`), as `tokenizer` encodes it, plus the end-of-sequence token of a turn that
+        ends at EOS. `train` and `evaluate` warn at start when the per-turn `max_new_tokens` is below it (such a
+        turn is cut and ends the episode `max_new_tokens`). With the tiny model's tokenizer (one token per
+        character): calculator 21 (`<c>9999-9999-9999</c>`, 3 terms of 4 digits), guess_number 9 (`<g>64</g>`),
+        python 74 (an empty `run_python` call; a real program needs more).
 The environment owns the dynamics and the per-turn rewards; the outcome reward is called once per episode, on the
 episode's final model turn (`Rollout.completion`), like any task's reward.
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import math
 import operator
 import random
@@ -102,6 +109,20 @@ def make_env(name: str, **options: Any) -> Any:
     name = resolve_env(name)
     options = ENVIRONMENTS.validate(name, options, field=f"env {name}")
     return ENVIRONMENTS.get(name)(**options)
+
+
+def _tokens(tokenizer: Any, text: str) -> int:
+    """Tokens of `text` encoded alone, no special tokens added."""
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _call_text(parser: str, tool: str, arguments: dict[str, Any]) -> str:
+    """A call of `tool` as a model writes it in `parser`'s format: hermes `<tool_call>\n{JSON}\n</tool_call>`,
+    compact `<c>VALUE</c>` (the one argument's value)."""
+    if parser == "compact":
+        (value,) = arguments.values()
+        return f"<c>{value}</c>"
+    return "<tool_call>\n" + json.dumps({"name": tool, "arguments": arguments}) + "\n</tool_call>"
 
 
 def _split_rows(task: Task, split: str, n: int | None) -> list[Row]:
@@ -303,13 +324,22 @@ class CalculatorEnv(ToolEnv):
         if result != answer:
             raise ValueError(f"env calculator: trace: calc({expression!r}) = {result}, but the row's answer is "
                              f"{answer!r}")
-        if self.parser_name == "compact":
-            call = f"<c>{expression}</c>"
-        else:
-            call = ('<tool_call>\n{"name": "calc", "arguments": {"expression": "' + expression +
-                    '"}}\n</tool_call>')
+        call = _call_text(self.parser_name, "calc", {"expression": expression})
         return prompt + [{"role": "assistant", "content": call}, {"role": "tool", "name": "calc", "content": result},
                          {"role": "assistant", "content": final}]
+
+    def min_turn_tokens(self, tokenizer: Any) -> int:
+        """The per-turn token budget this environment's own format needs with `tokenizer` (>= 1): the longest turn
+        of `trace` for its longest question, max_terms terms of max_digits digits (the call `<c>9999-9999-9999</c>`:
+        21 tokens of the tiny model's tokenizer), or the final answer of as many digits and a sign plus its
+        end-of-sequence token, whichever takes more."""
+        op = "*" if self.dataset == "products" else "-"
+        expression = op.join(["9" * self.config["max_digits"]] * self.config["max_terms"])
+        row = {"prompt": "q", "metadata": {"expression": expression}, "answer": calc(expression)}
+        longest = dict(row, answer="-" + "9" * (self.config["max_digits"] * self.config["max_terms"]))
+        call = self.trace(row)[-3]["content"]  # prompt, call, tool result, answer
+        answer = self.trace(longest, tool=False)[-1]["content"]
+        return max(_tokens(tokenizer, call), _tokens(tokenizer, answer) + 1)
 
     def traces(self, rows: list[Row], *, seed: int = 0, tool_frac: float = 1.0) -> list[list[dict[str, Any]]]:
         """`trace(row, tool=...)` of each row: exactly round(tool_frac * len(rows)) of them tool traces, the rows
@@ -436,6 +466,13 @@ class GuessNumberEnv(MultiTurnEnv):
     def traces(self, rows: list[Row], *, seed: int = 0) -> list[list[dict[str, Any]]]:
         """`trace(row)` of each row (binary search has no random choice: `seed` is not read)."""
         return [self.trace(r) for r in rows]
+
+    def min_turn_tokens(self, tokenizer: Any) -> int:
+        """The per-turn token budget this environment's own format needs with `tokenizer`: the longest guess of
+        `trace` for the secret n (which passes through the longest numbers), `<g>64</g>` for n = 64: 9 tokens of
+        the tiny model's tokenizer (a guess ends at its stop string "</g>", no end-of-sequence token)."""
+        row = {"prompt": self.prompt(), "answer": str(self.n), "n": self.n}
+        return max(_tokens(tokenizer, m["content"]) for m in self.trace(row) if m["role"] == "assistant")
 
     def reset(self, row: Row) -> State:
         """MultiTurnEnv's state plus secret (int(row["answer"])), n (row["n"], default this env's), lo = 1, hi = n,
@@ -565,3 +602,10 @@ class PythonEnv(ToolEnv):
     def rows(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Row]:
         """The first `n` rows (all when None) of `split` ("train", "test" or "all") of `task(seed)`."""
         return _split_rows(self.task(seed), split, n)
+
+    def min_turn_tokens(self, tokenizer: Any) -> int:
+        """The per-turn token budget below which no turn of this environment's format can hold a `run_python` call
+        with `tokenizer`: the tokens of the shortest complete call, an empty program (hermes: `<tool_call>\n{"name":
+        "run_python", "arguments": {"code": ""}}\n</tool_call>`, 74 tokens of the tiny model's tokenizer). A real
+        program, and the final answer's ```python block, need more: this is a floor, not a fit."""
+        return _tokens(tokenizer, _call_text(self.parser_name, "run_python", {"code": ""}))

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rewardlab.envs.base import Environment, StepResult
+from rewardlab.envs.base import Environment, StepResult, env_stop
 from rewardlab.envs.multiturn import initial_messages
 from rewardlab.types import Rollout, Sampled
 
@@ -176,6 +176,10 @@ class Episode:
             stream + (turn,).
         episode_id: stored as `Rollout.episode_id` on every row (always set, also for an episode of one row).
         group: stored as `Rollout.group` (the row's group).
+    A dict state (what `MultiTurnEnv.reset` returns) gets `state["max_turns"] = limits.max_turns` after reset (unless
+    the environment set that key itself), so the environment can tell the episode's last turn: a `ToolEnv` does not
+    run the calls of that turn (status "skipped_last_turn"), since the episode ends after it.
+
     Raises:
         ValueError: the row's first prompt leaves no room in the context window (names the lengths); the errors of
             `rewardlab.envs.multiturn.initial_messages`.
@@ -192,6 +196,8 @@ class Episode:
         self.group = group
         self.messages = initial_messages(self.row, f"episode {episode_id}: row")
         self.state = env.reset(self.row)
+        if isinstance(self.state, dict):  # the loop's turn limit, so an environment can tell the last turn
+            self.state.setdefault("max_turns", limits.max_turns)
         prompt = list(renderer.start(self.messages))
         ctx = limits.context_window
         if ctx is not None and len(prompt) >= ctx:
@@ -489,8 +495,9 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
         ValueError: one line naming the option: n < 1, greedy with n > 1, temperature <= 0 (not greedy), top_p
             outside (0, 1], the `EpisodeLimits` errors (max_new_tokens > max_episode_tokens, ...), a policy
             without `sample_ids`, a prompt that fills the context window, a sampler that returns the wrong number
-            of samples or a malformed one (`Episode.feed`), an env stop string that the tokenizer encodes with
-            special tokens (`check_stop_strings`).
+            of samples or a malformed one (`Episode.feed`), an env `stop` that is a str or holds a non-string
+            (`rewardlab.envs.base.env_stop`), an env stop string that the tokenizer encodes with special tokens
+            (`check_stop_strings`).
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1 or (greedy and n != 1):
         raise ValueError(f"run_episodes: n must be an int >= 1 (1 when greedy), got {n!r}")
@@ -508,7 +515,7 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
 
         renderer = make_renderer(policy.tokenizer, policy.prompt_format, tools=getattr(env, "tools", None),
                                  raw_text=getattr(env, "raw_text", None))
-    stop = list(getattr(env, "stop", None) or ()) or None
+    stop = list(env_stop(env)) or None
     check_stop_strings(renderer, stop)
     episodes = [Episode(env, row, renderer, limits, stream=(seed, step, episode_offset + k, round),
                         episode_id=episode_offset + k, group=k // n)

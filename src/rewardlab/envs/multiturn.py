@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rewardlab.envs.base import State, StepResult
+from rewardlab.envs.base import State, StepResult, stop_strings
 
 __all__ = ["MultiTurnEnv", "initial_messages"]
 
@@ -60,7 +60,9 @@ class MultiTurnEnv:
     State (what `reset` returns, updated in place by `step`): a dict with
         row: the task row (as given); turn: model turns taken so far (0 at reset);
         messages: the transcript, starting with `initial_messages(row)`; `step` appends the model's turn as
-            {"role": "assistant", "content": action} and, when the episode goes on, the observation's messages.
+            {"role": "assistant", "content": action} and, when the episode goes on, the observation's messages;
+        max_turns: the episode loop's turn limit, added by the loop (`rewardlab.envs.Episode`) after reset; absent
+            when the environment is stepped by hand.
     A subclass may add its own keys in `reset` (call `super().reset(row)` first) or in `env_response`.
 
     `step(state, action)`, in order:
@@ -79,8 +81,9 @@ class MultiTurnEnv:
         - a pair `(observation, reward)`, reward a finite float (this turn's per-turn reward, unitless) or None;
         - a `StepResult` for full control (its done, reward and info are used; is_done is still consulted).
 
-    Class attributes a subclass may set: `stop` (strings that end a model turn besides EOS), `tools` (JSON schemas
-    for the chat template), `max_turns` (None: only the episode loop's limit applies).
+    Class attributes a subclass may set: `stop` (a tuple of strings that end a model turn besides EOS; a str is
+    refused when the class is defined, `stop_strings`), `tools` (JSON schemas for the chat template), `max_turns`
+    (None: only the episode loop's limit applies).
 
     Args:
         max_turns: end the episode after this many model turns (>= 1), or None.
@@ -91,6 +94,13 @@ class MultiTurnEnv:
     stop: tuple[str, ...] = ()
     tools: list[dict[str, Any]] | None = None
     max_turns: int | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Check a subclass's own `stop` when it is defined (`stop_strings`: `stop = "</answer>"` is a ValueError
+        naming the class, not a turn that ends at every "a")."""
+        super().__init_subclass__(**kwargs)
+        if "stop" in cls.__dict__ and not isinstance(cls.__dict__["stop"], property):
+            stop_strings(cls.__dict__["stop"], f"{cls.__name__}.stop")
 
     def __init__(self, *, max_turns: int | None = None) -> None:
         if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int)

@@ -78,6 +78,35 @@ class _Base:
         self.marker = marker
         #: Tokens the marker takes: the smallest `max_tokens` that `clip` accepts.
         self.marker_tokens = len(_encode(tokenizer, marker))
+        self._token_chars: int | None = None  # `token_chars`, computed on first use
+
+    @property
+    def token_chars(self) -> int:
+        """The most characters one token of this tokenizer stands for: the length of its longest vocabulary entry
+        (`tokenizer.get_vocab()`, added tokens included), as the vocabulary spells it. A vocabulary spells a token
+        with at least as many characters as the text it stands for (byte-level BPE one character per byte,
+        SentencePiece a space as one "▁", WordPiece a "##" more), so `clip` can cut an output to
+        `clip_chars(max_tokens)` characters before tokenizing it. 0 when the tokenizer has no `get_vocab` (then
+        `clip` tokenizes the whole output)."""
+        if self._token_chars is None:
+            get_vocab = getattr(self.tokenizer, "get_vocab", None)
+            vocab = get_vocab() if callable(get_vocab) else None
+            self._token_chars = max((len(t) for t in vocab), default=0) if vocab else 0
+        return self._token_chars
+
+    def clip_chars(self, max_tokens: int) -> int | None:
+        """The characters of a tool output that `clip(text, max_tokens)` tokenizes: 2 * (max_tokens + 1) *
+        `token_chars`, or None (all of them) when `token_chars` is unknown.
+
+        Why it is enough: each token stands for at most `token_chars` characters, so (max_tokens + 1) *
+        token_chars characters take more than max_tokens tokens. Text longer than the bound does not fit, and its
+        first (keep="start") or last (keep="end") bound characters hold every token `clip` keeps, with as many
+        again as a margin before the cut (where a token of the cut text may differ from the whole text's). The
+        bound assumes the tokenizer keeps every character in some token: one whose pre-tokenizer or normalizer
+        drops characters (BERT's WordPiece drops whitespace) can take more characters per token, and there an
+        output longer than the bound is clipped even if its tokens would have fit (still within the budget).
+        """
+        return 2 * (max_tokens + 1) * self.token_chars if self.token_chars else None
 
     def turn_text(self, ids: list[int]) -> str:
         """The raw text of a model turn's sampled ids (`list[int]`), special tokens (e.g. a final EOS) removed and
@@ -89,10 +118,13 @@ class _Base:
 
         Counts tokens of `text` encoded alone without special tokens (`tokenizer(text, add_special_tokens=False)`),
         never characters. Text that fits (`<= max_tokens` tokens, an exact fit included) is returned unchanged, the
-        empty text too. Otherwise the result is a prefix of `text` followed by the marker (keep="start") or the
-        marker followed by a suffix of `text` (keep="end"), with as many whole tokens of `text` as fit: the cut falls
-        on a token boundary (a character boundary when a token holds part of a character), and the result, encoded
-        alone, takes at most `max_tokens` tokens. (Inside a chat template the same text may take a token more or
+        empty text too. Only the first (keep="start") or last (keep="end") `clip_chars(max_tokens)` characters are
+        tokenized (a bound in characters that holds more than max_tokens tokens; see `clip_chars`), so the time
+        and memory of a clip do not grow with the output: a 10 MB output costs what a few hundred characters do.
+        Otherwise the result is a prefix of `text` followed by the marker (keep="start") or the marker followed by
+        a suffix of `text` (keep="end"), with as many whole tokens of `text` as fit: the cut falls on a token
+        boundary (a character boundary when a token holds part of a character), and the result, encoded alone,
+        takes at most `max_tokens` tokens. (Inside a chat template the same text may take a token more or
         less, since tokenization at its edges depends on the neighbouring text.)
 
         Args:
@@ -111,15 +143,19 @@ class _Base:
                              f"{self.marker!r} takes {self.marker_tokens} tokens), got {max_tokens!r}")
         if not text:
             return text
+        limit = self.clip_chars(max_tokens)
+        cut = limit is not None and len(text) > limit  # then it does not fit (see clip_chars)
+        if cut:
+            text = text[:limit] if keep == "start" else text[len(text) - limit :]
         fast = bool(getattr(self.tokenizer, "is_fast", False))
         enc = self.tokenizer(text, add_special_tokens=False, **({"return_offsets_mapping": True} if fast else {}))
         ids = list(enc["input_ids"])
-        if len(ids) <= max_tokens:
+        if len(ids) <= max_tokens and not cut:
             return text
         offsets = enc.get("offset_mapping") if fast else None
         if offsets is not None and len(offsets) != len(ids):
             offsets = None
-        n = max_tokens - self.marker_tokens
+        n = min(max_tokens - self.marker_tokens, len(ids))
         while True:
             out = self._cut(text, ids, offsets, n, keep)
             if n <= 0 or len(_encode(self.tokenizer, out)) <= max_tokens:
@@ -132,7 +168,10 @@ class _Base:
         `text` (fewer ids until they are)."""
         while n > 0:
             if offsets is not None:
-                piece = text[: offsets[n][0]] if keep == "start" else text[offsets[len(ids) - n][0] :]
+                if keep == "start":
+                    piece = text[: offsets[n][0]] if n < len(ids) else text
+                else:
+                    piece = text[offsets[len(ids) - n][0] :]
                 break
             piece = self.tokenizer.decode(ids[:n] if keep == "start" else ids[-n:], skip_special_tokens=False,
                                           clean_up_tokenization_spaces=False)

@@ -107,6 +107,33 @@ def check_episode_keys(settings: EpisodeSettings | None, policy: Any, *, changed
                          f"a cut tool output; set it to at least {renderer.marker_tokens}")
 
 
+def turn_budget_warning(settings: EpisodeSettings | None, policy: Any, max_new_tokens: int, *,
+                        key: str = "max_new_tokens") -> str | None:
+    """A one-line warning when the per-turn token budget `max_new_tokens` (the verb's `key`, e.g.
+    "rl.max_new_tokens") is below what a model turn of the environment's own format needs with the policy's tokenizer
+    (`env.min_turn_tokens(tokenizer)`, which each built-in environment declares), else None: a turn cut there ends
+    its episode `max_new_tokens` before the environment sees it. None too for a single-turn task, an environment
+    that declares no `min_turn_tokens`, or a policy without a tokenizer.
+
+    Example: "rl.max_new_tokens=8 is below the 9 tokens a model turn of environment 'guess_number' needs for its
+    own format with this model's tokenizer (min_turn_tokens): such turns are cut and end their episode
+    max_new_tokens; set rl.max_new_tokens to at least 9".
+    """
+    if settings is None:
+        return None
+    need_of = getattr(settings.env, "min_turn_tokens", None)
+    tokenizer = getattr(policy, "tokenizer", None)
+    if not callable(need_of) or tokenizer is None:
+        return None
+    need = int(need_of(tokenizer))
+    if max_new_tokens >= need:
+        return None
+    name = settings.name or type(settings.env).__name__
+    return (f"{key}={max_new_tokens} is below the {need} tokens a model turn of environment {name!r} needs for its "
+            f"own format with this model's tokenizer (min_turn_tokens): such turns are cut and end their episode "
+            f"max_new_tokens; set {key} to at least {need}")
+
+
 def load_episodes(task: Any, section: Any, policy: Any) -> EpisodeSettings | None:
     """The episodes of an environment task (`task.env`; None for a single-turn task): its environment and the budgets
     of the `env` config section (`episode_settings`), the section's keys checked against the environment and the
@@ -248,17 +275,22 @@ def episode_counts(rows: Sequence[Rollout]) -> dict[str, Any]:
         row before it, len(prompt) - len(previous prompt + completion), at least 0: the observation a re-rendered
         history carries into the new row's prompt); "sampled_tokens"; "rows"; "termination" (of the last row;
         "stop" when unset); "tool_calls": calls made; "turns_with_call": turns with at least one call;
-        "tool_errors": {status: calls whose status is not "ok"}}.
+        "tool_errors": {status: calls whose status is an error, i.e. not in `rewardlab.envs.tools.NOT_ERRORS` (ok,
+        skipped_last_turn)}; "tool_skipped": calls not run because they came on the episode's last turn
+        (skipped_last_turn)}.
     """
+    from rewardlab.envs.tools import NOT_ERRORS
+
     calls = [c for r in rows for per_turn in r.tool_calls for c in per_turn]
     errors: dict[str, int] = {}
     for c in calls:
-        if c.get("status") != "ok":
+        if c.get("status") not in NOT_ERRORS:
             errors[str(c.get("status"))] = errors.get(str(c.get("status")), 0) + 1
     return {"turns": sum(len(r.turns) for r in rows), "tokens": _episode_tokens(rows),
             "sampled_tokens": sum(r.sampled_tokens for r in rows), "rows": len(rows),
             "termination": rows[-1].termination or "stop", "tool_calls": len(calls),
-            "turns_with_call": sum(1 for r in rows for per_turn in r.tool_calls if per_turn), "tool_errors": errors}
+            "turns_with_call": sum(1 for r in rows for per_turn in r.tool_calls if per_turn), "tool_errors": errors,
+            "tool_skipped": sum(1 for c in calls if c.get("status") == "skipped_last_turn")}
 
 
 def count_metrics(counts: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -270,9 +302,11 @@ def count_metrics(counts: Sequence[dict[str, Any]]) -> dict[str, float]:
         sampled per episode. episode/rows_mean: rows per episode (> 1 when a chat template was not append-only).
         episode/termination/<reason>: the fraction of episodes that ended for each reason of
         `rewardlab.types.TERMINATIONS` (all of them, 0.0 included). tool/calls_mean: tool calls per episode.
-        tool/errors_mean: calls per episode whose status is not "ok"; tool/errors/<status>: the same, for each
-        status that occurred. tool/call_rate: the fraction of model turns with at least one call (a falling call
-        rate is how tool-use collapse shows; 0.0 without turns). {} for no episodes.
+        tool/errors_mean: calls per episode whose status is an error (not ok or skipped_last_turn);
+        tool/errors/<status>: the same, for each status that occurred. tool/skipped_last_turn_mean: calls per
+        episode not run because they came on the episode's last turn. tool/call_rate: the fraction of model turns
+        with at least one call (a falling call rate is how tool-use collapse shows; 0.0 without turns). {} for no
+        episodes.
     """
     from rewardlab.types import TERMINATIONS
 
@@ -290,6 +324,7 @@ def count_metrics(counts: Sequence[dict[str, Any]]) -> dict[str, float]:
         **{f"episode/termination/{reason}": ends.count(reason) / E for reason in TERMINATIONS},
         "tool/calls_mean": sum(c["tool_calls"] for c in counts) / E,
         "tool/errors_mean": sum(sum(c["tool_errors"].values()) for c in counts) / E,
+        "tool/skipped_last_turn_mean": sum(c.get("tool_skipped", 0) for c in counts) / E,  # older logs lack it
         "tool/call_rate": sum(c["turns_with_call"] for c in counts) / max(turns, 1),
     }
     for status in statuses:

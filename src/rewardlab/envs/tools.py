@@ -28,7 +28,8 @@ Statuses of a call: ok (it ran and returned), malformed (not parseable: bad JSON
 JSON nested deeper than `MAX_JSON_DEPTH`, an integer of more than `MAX_INT_DIGITS` digits, a string that is not valid
 Unicode), unknown_tool, bad_arguments (a required argument missing, an unknown one, a value of the wrong JSON type),
 error (the tool raised, or its worker process died), timeout (it ran past `timeout_s` and its worker was killed),
-over_limit (a call after the turn's first `max_calls_per_turn`; not run).
+over_limit (a call after the turn's first `max_calls_per_turn`; not run), skipped_last_turn (a good call on the
+episode's last allowed turn: not run, since the episode ends there and nobody would read its result; not an error).
 Every call that is not ok becomes a tool message whose content says what was wrong, in one short line starting with
 "error:"; a bad call never raises, whatever the model wrote (`ToolEnv.parse` also turns a parser's own exception into
 one malformed call), and every call's record is plain JSON that UTF-8 can encode (what samples.jsonl writes).
@@ -36,6 +37,7 @@ one malformed call), and every call's record is plain JSON that UTF-8 can encode
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import pickle
@@ -44,15 +46,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rewardlab.envs.base import State, StepResult
+from rewardlab.envs.base import State, StepResult, stop_strings
 from rewardlab.envs.multiturn import MultiTurnEnv
 from rewardlab.registry import Registry
 
-__all__ = ["CALL_STATUSES", "CompactParser", "HermesParser", "MAX_INT_DIGITS", "MAX_JSON_DEPTH", "TOOL_PARSERS",
-           "ToolEnv", "check_arguments", "tool_schema"]
+__all__ = ["CALL_STATUSES", "CompactParser", "HermesParser", "MAX_INT_DIGITS", "MAX_JSON_DEPTH", "NOT_ERRORS",
+           "TOOL_PARSERS", "ToolEnv", "check_arguments", "tool_schema"]
 
 #: The status of a parsed call, as `info["tool_calls"][i]["status"]` and `Rollout.tool_calls` record it.
-CALL_STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout", "over_limit")
+CALL_STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "error", "timeout", "over_limit",
+                 "skipped_last_turn")
+#: The statuses of calls that did not fail: the episode metrics count every other status as a tool error.
+NOT_ERRORS = ("ok", "skipped_last_turn")
 
 #: name -> tool-call parser class (no options). A parser has `stop` (the strings that close a call), `check(schemas)`
 #: (raises ValueError when it cannot serve these tools), `parse(text, schemas) -> list[dict]` and `raw_text(message)`.
@@ -332,19 +337,40 @@ def _tool_name(tool: Any) -> str:
     return getattr(tool, "__name__", None) or type(tool).__name__
 
 
+#: Parameter kinds a call by keyword (`tool(**arguments)`) cannot fill, as a tool's error names them.
+_NOT_BY_KEYWORD = {inspect.Parameter.VAR_POSITIONAL: "*{} (*args)", inspect.Parameter.VAR_KEYWORD: "**{} (**kwargs)",
+                   inspect.Parameter.POSITIONAL_ONLY: "{} (positional-only)"}
+
+
+def _check_keyword_parameters(tool: Callable[..., Any], name: str) -> None:
+    """Raise ValueError naming the tool and its first parameter that a call by keyword cannot fill."""
+    try:
+        parameters = inspect.signature(tool).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): get_json_schema says what is wrong
+        return
+    for p in parameters:
+        if p.kind in _NOT_BY_KEYWORD:
+            raise ValueError(f"tool {name!r}: parameter {_NOT_BY_KEYWORD[p.kind].format(p.name)} cannot be given by "
+                             "name, and a tool call passes its arguments by name (tool(**arguments)); give the tool "
+                             "named parameters")
+
+
 def tool_schema(tool: Callable[..., Any]) -> dict[str, Any]:
     """The JSON schema of a tool, by `transformers.utils.get_json_schema` (from its type hints and its Google-style
     docstring, whose Args section describes every parameter).
 
     Raises:
-        ValueError: one line naming the tool when it is not callable or its hints or docstring do not give a schema,
-            e.g. "tool 'calc': Cannot generate JSON schema for calc because it has no docstring!".
+        ValueError: one line naming the tool when it is not callable, has a parameter a call by keyword cannot fill
+            (`*args`, `**kwargs` or positional-only: a call passes its JSON arguments by name, `tool(**arguments)`,
+            so each would fail with TypeError), or its hints or docstring do not give a schema, e.g. "tool 'calc':
+            Cannot generate JSON schema for calc because it has no docstring!".
     """
     from transformers.utils import get_json_schema
 
     name = _tool_name(tool)
     if not callable(tool):
         raise ValueError(f"tool {name!r}: expected a callable, got {type(tool).__name__}")
+    _check_keyword_parameters(tool, name)
     try:
         return get_json_schema(tool)
     except Exception as exc:  # noqa: BLE001 - transformers' TypeHintParsingException / DocstringParsingException
@@ -375,8 +401,11 @@ class ToolEnv(MultiTurnEnv):
     call, in call order, {"role": "tool", "name": NAME, "content": str(result)} or, for a bad call, content
     "error: <what was wrong>". info["tool_calls"] lists the calls, each {"name", "arguments", "status", "seconds"}
     (status one of CALL_STATUSES; seconds the tool's own run time, `timeout_s` for a timeout, 0.0 for a call that
-    did not run). On the turn that reaches `max_turns`, the calls are parsed and recorded but not run (nobody would
-    read their results): status as parsed, seconds 0.0, the episode ends with termination "max_turns". A turn's
+    did not run). On the episode's last allowed turn - the turn that reaches this environment's `max_turns` or the
+    episode loop's (`state["max_turns"]`, which `rewardlab.envs.Episode` sets) - the calls are parsed and recorded
+    but not run (the episode ends there, so nobody would read their results, and a hanging tool would cost its
+    whole timeout): a call that parsed ok gets status "skipped_last_turn", a bad one keeps its status, seconds 0.0;
+    on this environment's own limit the episode ends with termination "max_turns". A turn's
     calls after its first `max_calls_per_turn` are not run: each is status "over_limit", its content an error line
     (the calls before it run as usual).
 
@@ -401,8 +430,9 @@ class ToolEnv(MultiTurnEnv):
         tools: [K] JSON schemas (for `apply_chat_template(..., tools=...)`); stop: the parser's closing strings;
         parser_name: the parser's name.
     Raises:
-        ValueError: one line: no tools, a tool that is not callable, has no schema (missing hints or docstring), is
-            not picklable, or shares a name; an unknown parser; a parser that cannot serve the tools ("compact" with
+        ValueError: one line: no tools, a tool that is not callable, has no schema (missing hints or docstring), has
+            a `*args`, `**kwargs` or positional-only parameter (a call passes its arguments by name), is not
+            picklable, or shares a name; an unknown parser; a parser that cannot serve the tools ("compact" with
             several tools); timeout_s, max_calls_per_turn or workers out of range.
     """
 
@@ -440,7 +470,7 @@ class ToolEnv(MultiTurnEnv):
         self.parser.check(schemas)
         self.parser_name = parser
         self.tools = schemas
-        self.stop = tuple(self.parser.stop)
+        self.stop = stop_strings(self.parser.stop, f"ToolEnv.parser: parser {parser!r}'s stop")
         self.timeout_s = float(timeout_s)
         self.max_calls_per_turn = max_calls_per_turn
         self._functions = functions
@@ -551,9 +581,12 @@ class ToolEnv(MultiTurnEnv):
                 contents[t][i] = f"error: {text}"
         return contents
 
-    def _runs_calls(self, turn: int) -> bool:
-        """Whether the calls of model turn `turn` (1-based) run: not on the turn that reaches `max_turns`."""
-        return self.max_turns is None or turn < self.max_turns
+    def _runs_calls(self, state: State, turn: int) -> bool:
+        """Whether the calls of model turn `turn` (1-based) of the episode `state` run: not on the turn that reaches
+        this environment's `max_turns` or the episode loop's limit (`state["max_turns"]`, when the loop set it)."""
+        limits = [m for m in (self.max_turns, state.get("max_turns") if isinstance(state, dict) else None)
+                  if m is not None]
+        return not limits or turn < min(limits)
 
     def step_batch(self, states: Sequence[State], actions: Sequence[str]) -> list[StepResult]:
         """`[self.step(state, action) for ...]` for the turns of several episodes, with the tool calls of all of
@@ -575,7 +608,7 @@ class ToolEnv(MultiTurnEnv):
                 or cls.run_calls is not ToolEnv.run_calls or len({id(s) for s in states}) != len(states)):
             return [self.step(state, action) for state, action in zip(states, actions)]
         turns = [self.parse(action) for action in actions]
-        contents = self._run_turns([calls if self._runs_calls(state["turn"] + 1) else []
+        contents = self._run_turns([calls if self._runs_calls(state, state["turn"] + 1) else []
                                     for state, calls in zip(states, turns)])
         try:
             for state, action, calls, text in zip(states, actions, turns, contents):
@@ -596,10 +629,13 @@ class ToolEnv(MultiTurnEnv):
         state["calls"] = calls
         if not calls:
             return StepResult(None, True, None, {"termination": "stop", "tool_calls": []})
-        if not self._runs_calls(state["turn"]):
-            contents = [f"error: {c['error']}" if c["status"] != "ok" else "" for c in calls]
+        if not self._runs_calls(state, state["turn"]):
             for call in calls:
                 call["seconds"] = 0.0
+                if call["status"] == "ok":
+                    call["status"] = "skipped_last_turn"
+                    call["error"] = "not run: the episode's last turn (its result would not be read)"
+            contents = [f"error: {c['error']}" for c in calls]
         elif contents is None:
             contents = self.run_calls(calls)
         observation = [{"role": "tool", "name": c["name"] if isinstance(c["name"], str) else "", "content": text}

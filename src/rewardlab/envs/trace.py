@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from rewardlab.envs.base import StepResult
+from rewardlab.envs.base import StepResult, stop_strings
 from rewardlab.envs.episode import Episode, EpisodeLimits
 from rewardlab.types import Rollout, Sampled
 
@@ -57,7 +57,8 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
         messages: the trace: one or more prompt messages (system/user), then assistant and observation ("tool" or
             "user") messages, ending with an assistant message; each a dict with "role" and a str "content".
         eos_id: the end-of-sequence id appended to a turn that does not end at a stop string.
-        stop: the strings that end a model turn besides EOS (the environment's `stop`, e.g. ("</c>",)).
+        stop: the strings that end a model turn besides EOS (the environment's `stop`, e.g. ("</c>",)); a str is
+            refused (`rewardlab.envs.base.stop_strings`).
         where: how errors name the trace (e.g. "sft: training row 3").
         limits: the episode budgets (`EpisodeLimits`; its max_new_tokens is not read: a turn may take what is left of
             the episode) or None (default): none, the whole trace. Under budgets a trace is cut where its episode
@@ -77,7 +78,8 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
             str content; no prompt message before the first assistant turn, or no assistant turn; a trace that does
             not end with an assistant turn; an observation whose role is not "tool" or "user"; two assistant turns
             in a row; an assistant turn with a stop string before its end (the sampler would have stopped there)
-            or an empty one; a prompt that leaves no room in `limits.context_window`.
+            or an empty one; a `stop` that is a str or holds an empty or non-string item; a prompt that leaves no
+            room in `limits.context_window`.
     """
     msgs = [dict(m) for m in messages]
     for i, m in enumerate(msgs):
@@ -91,7 +93,7 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
     if msgs[-1]["role"] != "assistant":
         raise ValueError(f"{where}: message {len(msgs) - 1} ({msgs[-1]['role']}) ends the trace; a trace ends with "
                          "the model's final assistant turn")
-    stops = [s for s in (stop or ()) if s]
+    stops = list(stop_strings(stop, f"{where}: stop"))
     tokenizer = renderer.tokenizer
     turns: list[tuple[list[int], bool]] = []  # per assistant turn: its ids (EOS included) and whether at a stop
     steps: list[list[dict[str, Any]]] = []  # per assistant turn: the observation messages after it

@@ -13,7 +13,7 @@ greedy episode (max_new_tokens per model turn) scored once by the outcome reward
 
     eval/episode/turns_mean  mean model turns per greedy episode
     eval/tool/call_rate      fraction of model turns with a tool call
-    eval/tool/errors_mean    tool calls per episode whose status is not "ok"
+    eval/tool/errors_mean    tool calls per episode whose status is an error (not ok or skipped_last_turn)
 (the training step's `episode/...` and `tool/...` figures, `rewardlab.envs.episode_metrics`, on the held-out rows).
 
 Greedy decoding draws no random numbers, and the RNG state is restored afterwards besides, so a run with evaluation

@@ -180,7 +180,7 @@ def episode_figures(counts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         termination       {reason: fraction of episodes that ended so} (reasons that occurred; they sum to 1)
         tool_call_rate    (model turns with a tool call) / (model turns), over all episodes; 0.0 with no turns
         tool_calls_mean   mean tool calls per episode
-        tool_errors_mean  mean tool calls per episode whose status is not "ok"
+        tool_errors_mean  mean tool calls per episode whose status is an error (not ok or skipped_last_turn)
     Returns {} for no episodes."""
     m = count_metrics(list(counts))
     if not m:

@@ -30,6 +30,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
+from rewardlab.envs.base import env_stop
 from rewardlab.envs.episode import Episode, EpisodeLimits, check_stop_strings
 from rewardlab.envs.render import make_renderer
 from rewardlab.types import Sampled
@@ -167,7 +168,7 @@ class RewardlabAgentLoop(AgentLoopBase):
                              "an instance")
         renderer = make_renderer(self.tokenizer, self.prompt_format, tools=getattr(env, "tools", None),
                                  raw_text=getattr(env, "raw_text", None))
-        stop = list(getattr(env, "stop", None) or ()) or None
+        stop = list(env_stop(env)) or None
         check_stop_strings(renderer, stop)
         return env, renderer, stop
 

@@ -400,7 +400,7 @@ class Policy:
     @torch.no_grad()
     def sample_ids(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
                    temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
-                   stop: Sequence[str] | str | None = None,
+                   stop: Sequence[str] | None = None,
                    streams: Sequence[tuple[int, ...]] | None = None) -> list[Sampled]:
         """Continue each prefix in `prompts` by one sample: token ids in, ids and behaviour log-probs out
         (`rewardlab.types.TokenSampler`). The ids are given to the model exactly as they are (never decoded and
@@ -415,9 +415,10 @@ class Policy:
             temperature: sampling temperature (> 0); ignored when `greedy`.
             top_p: nucleus sampling mass in (0, 1].
             greedy: argmax decoding (no draws; `streams` is then not used).
-            stop: strings (a single str is one stop string) that end a continuation once the decoded new text
-                (special tokens skipped) contains one: it ends with the token that completes the earliest-ending
-                stop string, that whole token kept (`sampling.stop_end`). Text of the prompt does not count.
+            stop: a list or tuple of strings that end a continuation once the decoded new text (special tokens
+                skipped) contains one: it ends with the token that completes the earliest-ending stop string, that
+                whole token kept (`sampling.stop_end`). Text of the prompt does not count. A str is refused (its
+                characters would each be a stop string).
             streams: one key (a tuple of ints) per prompt: the t-th new token of prompt i is drawn by inverse CDF
                 from softmax(logits / temperature) after top-p filtering, at the uniform u = H(streams[i], t) (a
                 counter-based hash, `rewardlab.policy.streams.hashed_uniform`), so it depends only on (streams[i],
@@ -431,7 +432,8 @@ class Policy:
         Raises:
             ValueError: one line for an empty prompt, an id outside the vocabulary, a prompt that fills the context
                 window, a budget < 1 or a budget list of the wrong length, temperature <= 0, top_p outside (0, 1],
-                an empty stop string, or `streams` of the wrong length or with a key that is not a tuple of ints.
+                a str `stop` or an empty stop string, or `streams` of the wrong length or with a key that is not a
+                tuple of ints.
         """
         self._check_sampling(temperature, top_p, greedy)
         N = len(prompts)
@@ -443,7 +445,10 @@ class Policy:
                 raise ValueError(f"sample_ids.max_new_tokens: {len(budgets)} budgets for {N} prompts")
         if any(b < 1 for b in budgets):
             raise ValueError(f"sample_ids.max_new_tokens: every budget must be >= 1, got {min(budgets)}")
-        stops = [stop] if isinstance(stop, str) else (list(stop) if stop is not None else None)
+        if isinstance(stop, (str, bytes)):
+            raise ValueError(f"sample_ids.stop: expected a list of strings, got the {type(stop).__name__} {stop!r}, "
+                             f"whose characters would each end a continuation; write [{stop!r}]")
+        stops = list(stop) if stop is not None else None
         if stops is not None and (not stops or not all(isinstance(s, str) and s for s in stops)):
             raise ValueError(f"sample_ids.stop: expected non-empty strings, got {stop!r}")
         if streams is not None and len(streams) != N:

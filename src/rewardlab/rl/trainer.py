@@ -45,7 +45,7 @@ import torch
 from rewardlab.config import RLConfig, TrainConfig, dump_config
 from rewardlab.envs.replay import episode_record
 from rewardlab.envs.sampling import (EpisodeSettings, episode_ends, episode_metrics, episode_rows,
-                                     load_episodes, sample_rollouts)
+                                     load_episodes, sample_rollouts, turn_budget_warning)
 from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
 from rewardlab.interrupt import Interrupted, StopRequest
 from rewardlab.modeldir import check_model_dir
@@ -565,6 +565,9 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
                 warn(f"rl.prompts_per_step={rl.prompts_per_step} is more than the {len(task.train)} training rows of "
                      f"{cfg.task.spec}: every step repeats prompts (each row about "
                      f"{rl.prompts_per_step / len(task.train):.1f} times, as more groups of the same prompt)")
+            short = turn_budget_warning(episodes, policy, rl.max_new_tokens, key="rl.max_new_tokens")
+            if short is not None:  # the environment's own turns would be cut: said once, when the run starts
+                warn(short)
         if latest is not None and cfg.model.lora is not None:
             # the checkpoint holds the adapter: the policy is built as the run built it, its adapter loaded into it
             policy = load_policy(cfg.model.path, **model_kw)
