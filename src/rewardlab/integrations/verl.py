@@ -35,7 +35,8 @@ import torch
 
 from rewardlab.integrations.common import as_reward, component_keys
 from rewardlab.rewards.base import Reward, RewardError
-from rewardlab.rl.advantages import ESTIMATORS, _reverse_discounted_sum
+from rewardlab.rl.advantages import ESTIMATORS
+from rewardlab.rl.segments import reverse_discounted_sum
 from rewardlab.types import Rollout, RewardOutput
 
 #: data_source -> the reward used when `extra_info` names none (verl's example datasets and common math sets).
@@ -269,8 +270,8 @@ def verl_estimator(name: str):
                 returns = adv
             else:  # verl's batch estimators return the (discounted) reward-to-go
                 mask = m.detach().cpu().double()
-                returns = _reverse_discounted_sum(r.detach().cpu().double() * mask, mask,
-                                                  options.get("gamma", 1.0)) * mask
+                returns = reverse_discounted_sum(r.detach().cpu().double() * mask, mask,
+                                                 options.get("gamma", 1.0)) * mask
         return adv.to(r.device).float(), returns.to(r.device).float()
 
     estimator.__name__ = f"rewardlab_{name}"

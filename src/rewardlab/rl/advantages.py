@@ -35,8 +35,9 @@ Conventions shared by all estimators:
   dr_grpo, reinforce_pp_baseline, opo and gdpo give it an advantage of exactly 0, so a run with one rollout per
   group would never learn), 1 for those that do not compare within a group (reinforce_pp, remax, gae).
 
-Group statistics are computed with ``torch.unique(return_inverse=True)``, ``index_add_`` and ``scatter_reduce_``:
-no Python loop over rollouts. Reverse discounted sums loop over the T time steps only when gamma != 1.
+Group statistics are computed with ``rewardlab.rl.segments.Segments`` (``torch.unique(return_inverse=True)``,
+``index_add_`` and ``scatter_reduce_``): no Python loop over rollouts or groups. Reverse discounted sums
+(``segments.reverse_discounted_sum``) loop over the T time steps (or K turns) only when gamma != 1.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import torch
 from torch import Tensor
 
 from rewardlab.registry import Registry
+from rewardlab.rl.segments import Segments, reverse_discounted_sum, segment_ids
 
 __all__ = ["ESTIMATORS", "INPUTS", "register_estimator", "compute_advantages"]
 
@@ -160,62 +162,24 @@ def _require(options: dict, key: str, estimator: str) -> Tensor:
     return value
 
 
-class _Groups:
-    """Index structure for per-group reductions over the N rollouts (dim 0 of [N] or [N, K] float64 tensors).
+def _leave_one_out_mean(groups: Segments, x: Tensor, estimator: str) -> Tensor:
+    """mean_{j in g(i), j != i} x_j for each i of x [N] float64 -> [N]; the mean is taken after subtracting the
+    group's minimum (equal values -> exactly that value).
 
-    Centering subtracts each group's minimum before the mean is taken, so the mean is computed on values that all
-    lie in [0, range of the group]: a group whose values are all equal is exactly 0 after centering, and the
-    rounding error of the mean is relative to the group's range, not to the size of its values.
+    Raises:
+        ValueError: naming ``estimator`` and the first group ids if a group has fewer than 2 members.
     """
-
-    def __init__(self, group: Tensor):
-        self.ids, self.inverse, counts = torch.unique(group, return_inverse=True, return_counts=True)
-        self.counts = counts.to(_COMPUTE)
-        self.size = self.counts[self.inverse]  # [N] size of each rollout's group
-
-    def _shape(self, x: Tensor) -> tuple[int, ...]:
-        return (self.ids.shape[0], *x.shape[1:])
-
-    def _counts(self, x: Tensor) -> Tensor:
-        return self.counts.view(-1, *([1] * (x.dim() - 1)))
-
-    def sum(self, x: Tensor) -> Tensor:
-        """Per-group sum of x [N, ...] -> [G, ...]."""
-        return torch.zeros(self._shape(x), dtype=x.dtype, device=x.device).index_add_(0, self.inverse, x)
-
-    def shift(self, x: Tensor, where: Tensor | None = None) -> Tensor:
-        """Group minimum of x [N, ...] over the rows where ``where`` [N] is true, gathered back to [N, ...]
-        (0 for a group without such rows)."""
-        values = x if where is None else torch.where(where.view(-1, *([1] * (x.dim() - 1))), x, float("inf"))
-        index = self.inverse.view(-1, *([1] * (x.dim() - 1))).expand_as(x)
-        low = torch.full(self._shape(x), float("inf"), dtype=x.dtype, device=x.device)
-        low = low.scatter_reduce_(0, index, values, "amin")
-        return torch.where(torch.isinf(low), 0.0, low)[self.inverse]
-
-    def center(self, x: Tensor) -> Tensor:
-        """x - group mean of x, [N, ...] -> [N, ...]; exactly 0 for a group whose values are all equal."""
-        y = x - self.shift(x)
-        return y - (self.sum(y) / self._counts(y))[self.inverse]
-
-    def std(self, x: Tensor) -> Tensor:
-        """Unbiased group std of x [N, ...], gathered back to [N, ...]; 0 for groups of size 1."""
-        centered = self.center(x)
-        var = self.sum(centered * centered) / (self._counts(x) - 1).clamp(min=1)
-        return var.sqrt()[self.inverse]
-
-    def leave_one_out_mean(self, x: Tensor, estimator: str) -> Tensor:
-        """mean_{j in g(i), j != i} x_j for each i; needs every group to have at least 2 members."""
-        small = self.counts < 2
-        if bool(small.any()):
-            bad = ", ".join(str(int(g)) for g in self.ids[small][:5].tolist())
-            more = "" if int(small.sum()) <= 5 else ", ..."
-            raise ValueError(
-                f"advantage estimator {estimator!r} needs at least 2 rollouts per group; "
-                f"group(s) {bad}{more} have 1"
-            )
-        s = self.shift(x)
-        y = x - s
-        return s + (self.sum(y)[self.inverse] - y) / (self.size - 1)
+    small = groups.counts < 2
+    if bool(small.any()):
+        bad = ", ".join(str(int(g)) for g in groups.ids[small][:5].tolist())
+        more = "" if int(small.sum()) <= 5 else ", ..."
+        raise ValueError(
+            f"advantage estimator {estimator!r} needs at least 2 rollouts per group; "
+            f"group(s) {bad}{more} have 1"
+        )
+    s = groups.shift(x)
+    y = x - s
+    return s + (groups.broadcast(groups.sum(y)) - y) / (groups.sizes().to(_COMPUTE) - 1)
 
 
 def _scaled(centered: Tensor, std: Tensor, eps: float) -> Tensor:
@@ -231,20 +195,6 @@ def _sequence_reward(r: Tensor) -> Tensor:
 def _broadcast(a: Tensor, m: Tensor) -> Tensor:
     """Broadcast a sequence value [N] to response tokens: [N] -> [N, T], 0 outside the mask."""
     return a[:, None] * m
-
-
-def _reverse_discounted_sum(x: Tensor, m: Tensor, gamma: float) -> Tensor:
-    """y[:, t] = sum_{k >= t} gamma^(k - t) x[:, k] * m[:, k], then zeroed outside the mask. [N, T] -> [N, T]."""
-    x = x * m
-    if gamma == 1.0:
-        y = torch.flip(torch.cumsum(torch.flip(x, dims=[1]), dim=1), dims=[1])
-    else:
-        y = torch.empty_like(x)
-        running = torch.zeros_like(x[:, 0])
-        for t in range(x.shape[1] - 1, -1, -1):
-            running = x[:, t] + gamma * running
-            y[:, t] = running
-    return y * m
 
 
 def _whiten_tokens(x: Tensor, m: Tensor, eps: float) -> Tensor:
@@ -327,18 +277,18 @@ def grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, eps: float = DEF
         ValueError: on shape mismatch, an unknown ``scale``, or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
-    groups = _Groups(group)
+    groups = Segments(group)
     R = _sequence_reward(r)
     centered = groups.center(R)
     if scale == "group":
-        a = _scaled(centered, groups.std(R), eps)
+        a = _scaled(centered, groups.broadcast(groups.std(R)), eps)
     elif scale == "batch":
         a = _scaled(centered, _std(R).expand_as(centered), eps)
     elif scale == "none":
         a = centered
     else:
         raise ValueError(f"grpo: unknown scale {scale!r}; valid: batch, group, none")
-    a = torch.where(groups.size > 1, a, torch.zeros_like(a))
+    a = torch.where(groups.sizes() > 1, a, torch.zeros_like(a))
     return _broadcast(a, m).float()
 
 
@@ -359,7 +309,7 @@ def dr_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
         ValueError: on shape mismatch or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
-    groups = _Groups(group)
+    groups = Segments(group)
     R = _sequence_reward(r)
     return _broadcast(groups.center(R), m).float()
 
@@ -382,9 +332,9 @@ def rloo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
             or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
-    groups = _Groups(group)
+    groups = Segments(group)
     R = _sequence_reward(r)
-    return _broadcast(R - groups.leave_one_out_mean(R, "rloo"), m).float()
+    return _broadcast(R - _leave_one_out_mean(groups, R, "rloo"), m).float()
 
 
 @register_estimator("reinforce_pp")
@@ -408,7 +358,7 @@ def reinforce_pp(*, token_rewards: Tensor, mask: Tensor, group: Tensor, gamma: f
         ValueError: on shape mismatch or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
-    return _whiten_tokens(_reverse_discounted_sum(r, m, float(gamma)), m, eps).float()
+    return _whiten_tokens(reverse_discounted_sum(r, m, float(gamma)), m, eps).float()
 
 
 @register_estimator("reinforce_pp_baseline", min_group_size=2)
@@ -430,7 +380,7 @@ def reinforce_pp_baseline(*, token_rewards: Tensor, mask: Tensor, group: Tensor,
         ValueError: on shape mismatch or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
-    groups = _Groups(group)
+    groups = Segments(group)
     R = _sequence_reward(r)
     return _whiten_tokens(_broadcast(groups.center(R), m), m, eps).float()
 
@@ -478,11 +428,11 @@ def opo(*, token_rewards: Tensor, mask: Tensor, group: Tensor) -> Tensor:
         ValueError: on shape mismatch or a NaN/inf input inside the mask.
     """
     r, m = _check_inputs(token_rewards, mask, group)
-    groups = _Groups(group)
+    groups = Segments(group)
     R = _sequence_reward(r)
     L = m.sum(dim=1)
     y = R - groups.shift(R, where=L > 0)  # shift-invariant: A = y - weighted mean of y
-    b = groups.sum(L * y)[groups.inverse] / groups.sum(L)[groups.inverse].clamp(min=1)
+    b = groups.broadcast(groups.sum(L * y)) / groups.broadcast(groups.sum(L)).clamp(min=1)
     return _broadcast(y - b, m).float()
 
 
@@ -523,10 +473,10 @@ def gdpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, components: Tens
         w = torch.ones(k, dtype=_COMPUTE, device=c.device)
     else:
         w = _check_like("weights", weights, (k,))
-    groups = _Groups(group)
-    # Group statistics of all K components at once: the _Groups reductions work on [N, K] along dim 0.
-    normalized = _scaled(groups.center(c), groups.std(c), eps)
-    normalized = torch.where(groups.size[:, None] > 1, normalized, torch.zeros_like(normalized))
+    groups = Segments(group)
+    # Group statistics of all K components at once: the Segments reductions work on [N, K] along dim 0.
+    normalized = _scaled(groups.center(c), groups.broadcast(groups.std(c)), eps)
+    normalized = torch.where(groups.sizes()[:, None] > 1, normalized, torch.zeros_like(normalized))
     a = normalized @ w.to(c.device)
     if batch_whiten:
         a = _whiten_vector(a, eps)
@@ -569,9 +519,9 @@ def pure(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Te
     logits = torch.where(sm > 0, -p / temperature, torch.full_like(p, float("-inf")))
     weights = torch.softmax(logits, dim=1)
     weights = torch.where(sm > 0, weights, torch.zeros_like(weights))  # rows without steps: NaN -> 0
-    g = _reverse_discounted_sum(weights * p + r, m, 1.0)
-    groups = _Groups(group)
-    baseline = groups.leave_one_out_mean(_first_token_value(g, m), "pure")
+    g = reverse_discounted_sum(weights * p + r, m, 1.0)
+    groups = Segments(group)
+    baseline = _leave_one_out_mean(groups, _first_token_value(g, m), "pure")
     return ((g - baseline[:, None]) * m).float()
 
 
@@ -599,9 +549,9 @@ def process_sum(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewa
     """
     r, m = _check_inputs(token_rewards, mask, group)
     p, _sm = _step_rewards({"step_rewards": step_rewards, "step_mask": step_mask}, m, "process_sum")
-    g = _reverse_discounted_sum(p + r, m, float(gamma))
-    groups = _Groups(group)
-    baseline = groups.leave_one_out_mean(_first_token_value(g, m), "process_sum")
+    g = reverse_discounted_sum(p + r, m, float(gamma))
+    groups = Segments(group)
+    baseline = _leave_one_out_mean(groups, _first_token_value(g, m), "process_sum")
     return ((g - baseline[:, None]) * m).float()
 
 
@@ -641,7 +591,7 @@ def gae(*, token_rewards: Tensor, mask: Tensor, group: Tensor, values: Tensor | 
     v_next = torch.zeros_like(v)
     v_next[:, :-1] = v[:, 1:]  # 0 after the last response token because v is 0 off the mask
     delta = r + float(gamma) * v_next - v
-    a = _reverse_discounted_sum(delta, m, float(gamma) * float(lam))
+    a = reverse_discounted_sum(delta, m, float(gamma) * float(lam))
     return (_whiten_tokens(a, m, eps) if whiten else a).float()
 
 
@@ -704,18 +654,43 @@ def _turn_rewards(turn_rewards: Tensor | None, m: Tensor) -> Tensor:
     return torch.where(m > 0, tr, 0.0)
 
 
+def _turn_keys(turn_key: Tensor | None, turns: _Turns, m: Tensor) -> Tensor:
+    """The state key of each turn, [N, K] int64, from ``turn_key`` [N, T] (every turn its own key when None).
+
+    Raises:
+        ValueError: ``turn_key`` is not [N, T], or the tokens of one turn carry different keys.
+    """
+    n, k = m.shape[0], turns.count
+    if turn_key is None:
+        return torch.arange(n * k, device=m.device).view(n, k)
+    if tuple(turn_key.shape) != tuple(m.shape):
+        raise ValueError(f"input 'turn_key' must have shape {tuple(m.shape)}, got {tuple(turn_key.shape)}")
+    key_tokens = torch.where(m > 0, turn_key.long(), 0)
+    big = torch.iinfo(torch.long)
+    high = torch.full((n, k), big.min, dtype=torch.long, device=m.device).scatter_reduce_(
+        1, turns.index, torch.where(m > 0, key_tokens, big.min), "amax")
+    low = torch.full((n, k), big.max, dtype=torch.long, device=m.device).scatter_reduce_(
+        1, turns.index, torch.where(m > 0, key_tokens, big.max), "amin")
+    split = turns.reached & (high != low)
+    if bool(split.any()):
+        i, j = split.nonzero()[0].tolist()
+        raise ValueError(f"input 'turn_key': the tokens of turn {j} of episode row {i} carry different keys "
+                         f"({int(low[i, j])} and {int(high[i, j])}); a turn acts in one state")
+    return high
+
+
 def _normalize_members(x: Tensor, member: Tensor, key: Tensor, eps: float, std: bool) -> Tensor:
     """(x - mean) / (std + eps) of the entries of x [M] where ``member`` [M] is true, within groups of equal ``key``
     [M] among the members (unbiased std; ``std=False``: x - mean only); 0 for non-members and for members of a
-    group of size 1. Equal values within a group give exactly 0 (as ``_Groups``)."""
+    group of size 1. Equal values within a group give exactly 0 (as ``Segments.center``)."""
     out = torch.zeros_like(x)
     if not bool(member.any()):
         return out
-    groups = _Groups(key[member])
+    groups = Segments(key[member])
     values = x[member]
     centered = groups.center(values)
-    a = _scaled(centered, groups.std(values), eps) if std else centered
-    out[member] = torch.where(groups.size > 1, a, torch.zeros_like(a))
+    a = _scaled(centered, groups.broadcast(groups.std(values)), eps) if std else centered
+    out[member] = torch.where(groups.sizes() > 1, a, torch.zeros_like(a))
     return out
 
 
@@ -757,7 +732,7 @@ def turn_grpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, turn_reward
     turns = _Turns(m, turn_index)
     per_turn = turns.sum(_turn_rewards(turn_rewards, m))  # [N, K]
     n, k = per_turn.shape
-    episode_group = torch.unique(group, return_inverse=True)[1]
+    episode_group = segment_ids(group)
     key = (episode_group[:, None] * k + torch.arange(k, device=m.device)[None, :]).reshape(-1)  # (group, turn)
     a_turn = _normalize_members(per_turn.reshape(-1), turns.reached.reshape(-1), key, eps, True).view(n, k)
     a_turn = torch.where(torch.arange(k, device=m.device)[None, :] < turns.final[:, None], a_turn, 0.0)
@@ -816,34 +791,12 @@ def gigpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, turn_rewards: T
     r, m = _check_inputs(token_rewards, mask, group)
     turns = _Turns(m, turn_index)
     n, k = m.shape[0], turns.count
-    if turn_key is None:
-        keys = torch.arange(n * k, device=m.device).view(n, k)
-    else:
-        if tuple(turn_key.shape) != tuple(m.shape):
-            raise ValueError(f"input 'turn_key' must have shape {tuple(m.shape)}, got {tuple(turn_key.shape)}")
-        key_tokens = torch.where(m > 0, turn_key.long(), 0)
-        big = torch.iinfo(torch.long)
-        high = torch.full((n, k), big.min, dtype=torch.long, device=m.device).scatter_reduce_(
-            1, turns.index, torch.where(m > 0, key_tokens, big.min), "amax")
-        low = torch.full((n, k), big.max, dtype=torch.long, device=m.device).scatter_reduce_(
-            1, turns.index, torch.where(m > 0, key_tokens, big.max), "amin")
-        split = turns.reached & (high != low)
-        if bool(split.any()):
-            i, j = split.nonzero()[0].tolist()
-            raise ValueError(f"input 'turn_key': the tokens of turn {j} of episode row {i} carry different keys "
-                             f"({int(low[i, j])} and {int(high[i, j])}); a turn acts in one state")
-        keys = high
+    keys = _turn_keys(turn_key, turns, m)
     per_turn = turns.sum(torch.where(m > 0, r + _turn_rewards(turn_rewards, m), 0.0))  # [N, K]
     per_turn = torch.where(turns.reached, per_turn, 0.0)
-    returns = torch.zeros_like(per_turn)
-    running = torch.zeros_like(per_turn[:, 0])
-    for j in range(k - 1, -1, -1):
-        running = per_turn[:, j] + float(gamma) * running
-        returns[:, j] = running
-    episode_group = torch.unique(group, return_inverse=True)[1]
-    # anchor key = (prompt group, state key): ids made dense per column pair with torch.unique over the pairs
-    pairs = torch.stack([episode_group[:, None].expand(n, k).reshape(-1), keys.reshape(-1)], dim=1)
-    anchor = torch.unique(pairs, dim=0, return_inverse=True)[1] if pairs.numel() else pairs[:, 0]
+    returns = reverse_discounted_sum(per_turn, turns.reached.to(_COMPUTE), float(gamma))  # [N, K], 0 where unreached
+    # anchor key = (prompt group, state key): dense ids of the pairs
+    anchor = segment_ids(segment_ids(group)[:, None].expand(n, k).reshape(-1), keys.reshape(-1))
     a_step = _normalize_members(returns.reshape(-1), turns.reached.reshape(-1), anchor, eps, norm == "std").view(n, k)
     if float(omega) == 0.0 or not bool((a_step != 0).any()):
         return episode_adv  # exactly grpo's

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from rewardlab.rl.advantages import compute_advantages
+from rewardlab.rl.segments import Segments
 
 __all__ = ["EpisodeView", "episode_advantages", "episode_minibatches", "episode_tensors", "PER_ROLLOUT_INPUTS"]
 
@@ -71,7 +72,8 @@ class EpisodeView:
             order = rows
         if tuple(order.shape) != (n,):
             raise ValueError(f"order must be [N] = [{n}], got shape {tuple(order.shape)}")
-        self.ids, self.row_episode = torch.unique(episode.long(), return_inverse=True)
+        self._episodes = Segments(episode.long())
+        self.ids, self.row_episode = self._episodes.ids, self._episodes.inverse
         e = self.ids.shape[0]
         # rows sorted by (episode, order, batch position): two stable sorts
         by_order = torch.sort(order.long(), stable=True).indices
@@ -89,7 +91,7 @@ class EpisodeView:
         perm = torch.argsort(rank[r] * max(t, 1) + c)
         self._r, self._c = r[perm], c[perm]
         self._e = self.row_episode[self._r]
-        counts = torch.bincount(self._e, minlength=e)
+        counts = self._episodes.sum(on.sum(dim=1))  # [E] sampled tokens of each episode
         start = torch.cumsum(counts, 0) - counts
         self._p = torch.arange(self._r.shape[0], device=device) - start[self._e]
         self.length = max(int(counts.max()) if e else 0, 1)
@@ -131,8 +133,7 @@ class EpisodeView:
         n = self.shape[0]
         if x.dim() == 0 or x.shape[0] != n:
             raise ValueError(f"{name} must be [N = {n}, ...], got shape {tuple(x.shape)}")
-        first = torch.full((self.episodes,), n, dtype=torch.long, device=x.device)
-        first = first.scatter_reduce_(0, self.row_episode, torch.arange(n, device=x.device), "amin")
+        first = self._episodes.min(torch.arange(n, device=self.row_episode.device))  # [E] each episode's first row
         out = x[first]
         back = out[self.row_episode]
         differ = (back != x) & ~(torch.isnan(back) & torch.isnan(x)) if x.dtype.is_floating_point else back != x
@@ -210,8 +211,8 @@ def episode_minibatches(episode: Tensor | None, size: int | None, generator: tor
         if n is None:
             raise ValueError("episode_minibatches: give episode ids or the number of rows n")
         return list(torch.randperm(n, generator=generator).split(size or max(n, 1)))
-    ids, inverse = torch.unique(episode, return_inverse=True)
-    e = int(ids.shape[0])
+    episodes = Segments(episode)
+    inverse, e = episodes.inverse, episodes.segments
     perm = torch.randperm(e, generator=generator)
     rank = torch.empty_like(perm)
     rank[perm] = torch.arange(e)

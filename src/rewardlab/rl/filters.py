@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from rewardlab.registry import Registry
+from rewardlab.rl.segments import Segments
 
 GROUP_FILTERS: Registry[Callable[..., Tensor]] = Registry("group filter", reserved=("metric", "group"))
 
@@ -53,9 +53,7 @@ def dapo(*, metric: Tensor, group: Tensor) -> Tensor:
     Returns:
         [N] bool, True for rollouts of kept groups.
     """
-    keep = torch.zeros(metric.shape[0], dtype=torch.bool)
-    for g in group.unique():
-        members = group == g
-        values = metric[members].double()
-        keep[members] = bool(values.numel() > 1 and (values.max() - values.min()) > 0)
-    return keep
+    groups = Segments(group)
+    values = metric.double()
+    varies = (groups.counts > 1) & ((groups.max(values) - groups.min(values)) > 0)  # NaN in a group: not kept
+    return groups.broadcast(varies)

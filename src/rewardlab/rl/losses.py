@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from rewardlab.registry import Registry, unknown_options
+from rewardlab.rl.segments import Segments
 
 __all__ = [
     "POLICY_LOSSES",
@@ -463,10 +464,10 @@ def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Te
         seq_ratio = torch.exp((log_ratio * m).sum(dim=1) / lengths)  # [N]
         seq_adv = (adv * m).sum(dim=1) / lengths  # [N]
     else:  # the sums of an episode's rows, gathered back to each of its rows
-        inverse = _episode_inverse(episode, m.shape[0])
-        lengths = _per_episode_sum(m.sum(dim=1), inverse)[inverse].clamp(min=1)
-        seq_ratio = torch.exp(_per_episode_sum((log_ratio * m).sum(dim=1), inverse)[inverse] / lengths)
-        seq_adv = _per_episode_sum((adv * m).sum(dim=1), inverse)[inverse] / lengths
+        episodes = _episodes(episode, m.shape[0])
+        lengths = episodes.broadcast(episodes.sum(m.sum(dim=1))).clamp(min=1)
+        seq_ratio = torch.exp(episodes.broadcast(episodes.sum((log_ratio * m).sum(dim=1))) / lengths)
+        seq_adv = episodes.broadcast(episodes.sum((adv * m).sum(dim=1))) / lengths
     unclipped = -seq_adv * seq_ratio
     clipped = -seq_adv * torch.clamp(seq_ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)[:, None] * m
@@ -604,17 +605,11 @@ def _agg_inputs(per_token_loss: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(m > 0, per_token_loss, torch.zeros_like(per_token_loss)), m
 
 
-def _episode_inverse(episode: Tensor, n: int) -> Tensor:
-    """The dense episode index [N] in 0..E-1 of each row. Raises ValueError if episode is not [N]."""
+def _episodes(episode: Tensor, n: int) -> Segments:
+    """The episodes of the N rows as segments. Raises ValueError if episode is not [N]."""
     if tuple(episode.shape) != (n,):
         raise ValueError(f"episode must be [N] = [{n}], got shape {tuple(episode.shape)}")
-    return torch.unique(episode, return_inverse=True)[1]
-
-
-def _per_episode_sum(x: Tensor, inverse: Tensor) -> Tensor:
-    """Per-episode sums of a per-row x [N] -> [E]."""
-    size = int(inverse.max()) + 1 if inverse.numel() else 0
-    return torch.zeros(size, dtype=x.dtype, device=x.device).index_add(0, inverse, x)
+    return Segments(episode)
 
 
 @register_aggregation("token-mean")
@@ -641,8 +636,8 @@ def seq_mean_token_mean(*, per_token_loss: Tensor, mask: Tensor, episode: Tensor
     lm, m = _agg_inputs(per_token_loss, mask)
     if episode is None:
         return (lm.sum(dim=1) / m.sum(dim=1).clamp(min=1)).mean()
-    inverse = _episode_inverse(episode, lm.shape[0])
-    return (_per_episode_sum(lm.sum(dim=1), inverse) / _per_episode_sum(m.sum(dim=1), inverse).clamp(min=1)).mean()
+    episodes = _episodes(episode, lm.shape[0])
+    return (episodes.sum(lm.sum(dim=1)) / episodes.sum(m.sum(dim=1)).clamp(min=1)).mean()
 
 
 @register_aggregation("seq-mean-token-sum")
@@ -655,7 +650,7 @@ def seq_mean_token_sum(*, per_token_loss: Tensor, mask: Tensor, episode: Tensor 
     lm, _m = _agg_inputs(per_token_loss, mask)
     if episode is None:
         return lm.sum(dim=1).mean()
-    return _per_episode_sum(lm.sum(dim=1), _episode_inverse(episode, lm.shape[0])).mean()
+    return _episodes(episode, lm.shape[0]).sum(lm.sum(dim=1)).mean()
 
 
 @register_aggregation("seq-mean-token-sum-norm")
@@ -672,5 +667,5 @@ def seq_mean_token_sum_norm(*, per_token_loss: Tensor, mask: Tensor, episode: Te
     length = per_token_loss.shape[1] if max_len is None else max_len
     if not length > 0:
         raise ValueError(f"seq-mean-token-sum-norm: max_len must be > 0, got {length}")
-    count = per_token_loss.shape[0] if episode is None else int(_episode_inverse(episode, lm.shape[0]).unique().numel())
+    count = per_token_loss.shape[0] if episode is None else _episodes(episode, lm.shape[0]).segments
     return lm.sum() / (max(count, 1) * length)
