@@ -16,8 +16,9 @@ rewardlab's own formula, called with what verl gives a registered estimator (`to
 `response_mask`, `index`, `reward_baselines`, `config`) and returning `(advantages, returns)`. The estimators
 that need inputs verl does not pass (`UNSUPPORTED`) are registered too, as functions that raise one line saying why.
 
-How verl's processes import rewardlab (docs/integrations.md): `custom_reward_function.path=pkg://rewardlab.integrations.verl`
-(a file path to this module works too) and `custom_reward_function.name=compute_score` (or `compute_score_batch` with the batch reward manager) for the reward;
+How verl's processes import rewardlab (docs/integrations.md):
+`custom_reward_function.path=pkg://rewardlab.integrations.verl` (a file path to this module works too) and
+`custom_reward_function.name=compute_score` (or `compute_score_batch` with the batch reward manager) for the reward;
 `VERL_USE_EXTERNAL_MODULES=rewardlab.integrations.verl` in the environment of the driver (verl imports it when verl
 is imported) for the estimators.
 """

@@ -256,8 +256,8 @@ class TrainState:
         cfg: the run's config. task, reward: the task and its reward (or `cfg.rewards`). policy: the trained model.
         reference: the frozen KL reference (rl.beta > 0), else None: a second copy of the starting model, or with
             model.lora the policy's own base with its adapter disabled (`Policy.without_adapter`). critic: the value
-            model (estimators that need values, e.g. gae), else None. optimizer, scheduler: the policy's AdamW and its learning-rate
-            schedule. sampler: the prompt curriculum. run: the open run directory.
+            model (estimators that need values, e.g. gae), else None. optimizer, scheduler: the policy's AdamW and
+            its learning-rate schedule. sampler: the prompt curriculum. run: the open run directory.
         loss_options, agg_options: `resolve_loss_options(cfg.rl)` and its aggregation part (the entropy bonus and
             the KL in the loss are aggregated with them too).
         start_step: the last step done before this run (0, or the resumed checkpoint's step).
