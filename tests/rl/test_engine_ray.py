@@ -157,6 +157,38 @@ def test_a_cluster_that_cannot_be_joined_is_one_line_naming_rl_ray_address(monke
         RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
 
 
+@pytest.mark.parametrize("given", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
+def test_an_address_nothing_answers_at_is_one_line_naming_it_within_seconds(monkeypatch, tmp_path, capsys, given):
+    """ray.init retries such an address for minutes (861 s seen) and then names the node's own IP: the run is
+    refused before it, naming the address given."""
+    import socket
+    import time
+
+    from rewardlab.cli import main
+
+    ray = pytest.importorskip("ray")
+    with socket.socket() as s:  # a local port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = given.format(port=port)
+    if given == "auto":
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+
+    def init(**kw):
+        raise AssertionError(f"ray.init reached with {kw}: it retries an unreachable address for minutes")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a process not connected yet
+    monkeypatch.setattr(ray, "init", init)
+    t0 = time.monotonic()
+    status = main(["train", *TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", f"rl.ray_address={address}",
+                   f"--out={tmp_path / 'run'}", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and time.monotonic() - t0 < 15
+    assert len(err) == 1 and err[0].startswith(f"rewardlab train: error: rl.ray_address: cannot join {address!r}")
+    assert f"nothing answers at 127.0.0.1:{port}" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_dashboard_without_its_packages_is_one_line_naming_rl_ray_dashboard(monkeypatch, ray_cluster):
     from rewardlab.rl.engines import SamplingSettings
     from rewardlab.rl.engines.ray_engine import RayEngine

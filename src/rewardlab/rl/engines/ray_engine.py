@@ -28,7 +28,9 @@ Restarts and re-runs are logged as ray/worker_restarts and ray/chunk_reruns.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -42,6 +44,9 @@ INSTALL_HINT = "pip install rewardlab[ray]"
 #: How many times one chunk may run again after the worker running it died (and how many times in a row a worker
 #: slot may die while it is being rebuilt) before the step fails with one line naming the worker kind and the chunk.
 MAX_RERUNS = 3
+#: Seconds a TCP connection to the head node that rl.ray_address names may take before the run is refused (ray.init
+#: itself retries an address where nothing answers for minutes, then names the node's own IP instead of it).
+CONNECT_TIMEOUT_S = 10.0
 
 
 def import_ray() -> Any:
@@ -55,6 +60,33 @@ def import_ray() -> Any:
     except ImportError:
         raise ValueError(f"rl.engine: ray needs the ray package, which is not installed; {INSTALL_HINT}") from None
     return ray
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse within `timeout_s` seconds a cluster address that nothing answers at, before `ray.init` tries it.
+
+    `address` is rl.ray_address: HOST:PORT, or ray://HOST:PORT (Ray Client), or 'auto' (then $RAY_ADDRESS, when it
+    names a HOST:PORT, is checked). One TCP connection to HOST:PORT is opened and closed; an address without a port
+    ('auto' without $RAY_ADDRESS: the cluster `ray start` left on this machine, which Ray finds or refuses at once) is
+    left to ray.init.
+
+    Raises:
+        ValueError: one line naming rl.ray_address, the address given and why nothing answered (refused, timed out
+            after `timeout_s` s, unknown host).
+    """
+    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    host, _, port = target.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    via = f" ($RAY_ADDRESS={target!r})" if target != address else ""
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except TimeoutError:
+        raise ValueError(f"rl.ray_address: cannot join {address!r}{via}: nothing answered at {host}:{port} within "
+                         f"{timeout_s:g} s; is a Ray cluster running there (ray start --head)?") from None
+    except OSError as exc:
+        raise ValueError(f"rl.ray_address: cannot join {address!r}{via}: nothing answers at {host}:{port} "
+                         f"({exc.strerror or exc}); is a Ray cluster running there (ray start --head)?") from None
 
 
 class RolloutWorker:
@@ -205,7 +237,8 @@ class RayEngine:
         settings: the run's sampling settings (rl.rollout_chunk included).
         threads: the run's torch threads; every worker sets them.
     Raises:
-        ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined;
+        ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined
+            (nothing answering there is refused within CONNECT_TIMEOUT_S seconds, `check_reachable`);
             a worker that cannot be built (its cause, one line). generate and score: RuntimeError (one line) when a
             chunk's workers died more than MAX_RERUNS times.
     """
@@ -230,6 +263,8 @@ class RayEngine:
         # the figures), so a replaced worker gets either publish's load call or the newest published weights
         self._lock = threading.Lock()
         if not ray.is_initialized():
+            if rl.ray_address is not None:
+                check_reachable(rl.ray_address)
             try:
                 if rl.ray_address is None:
                     ray.init(include_dashboard=rl.ray_dashboard, logging_level=logging.WARNING)
