@@ -189,6 +189,30 @@ def test_an_address_nothing_answers_at_is_one_line_naming_it_within_seconds(monk
     assert not (tmp_path / "run").exists()
 
 
+def test_ctrl_c_while_ray_starts_is_one_line_and_status_130(monkeypatch, tmp_path, capsys):
+    """A Ctrl-C while ray.init starts the local cluster (a KeyboardInterrupt raised there, as Python raises it in the
+    main thread) ends the CLI with one line and 130, as Ctrl-C does elsewhere, not a traceback and status 1."""
+    from rewardlab.cli import main
+
+    ray = pytest.importorskip("ray")
+    calls = []
+
+    def init(**kw):
+        calls.append(kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    try:
+        status = main(["train", *TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", f"--out={tmp_path / 'run'}",
+                       "--no-progress"])
+    except KeyboardInterrupt:
+        pytest.fail("the CLI let the KeyboardInterrupt out (a traceback)")
+    assert calls and status == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["rewardlab train: interrupted (Ctrl-C); stopped at once"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_dashboard_without_its_packages_is_one_line_naming_rl_ray_dashboard(monkeypatch, ray_cluster):
     from rewardlab.rl.engines import SamplingSettings
     from rewardlab.rl.engines.ray_engine import RayEngine
