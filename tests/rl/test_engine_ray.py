@@ -157,6 +157,32 @@ def test_a_cluster_that_cannot_be_joined_is_one_line_naming_rl_ray_address(monke
         RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
 
 
+def test_workers_take_on_the_drivers_transformers_progress_bars_and_verbosity(ray_cluster):
+    """The CLI turns transformers' progress bars off and its verbosity to errors in the driver; every worker does the
+    same before it loads anything (else each printed its own "Loading weights" bar under --no-progress)."""
+    from transformers.utils import logging as hf_logging
+
+    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.rl.engines.ray_engine import RayEngine
+
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, *WORKERS["ray-1"]])
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        engine = RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
+    finally:
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+        hf_logging.set_verbosity(verbosity)
+    try:
+        seen = ray_cluster.get([actor.__ray_call__.remote(lambda worker: (
+            __import__("transformers").utils.logging.is_progress_bar_enabled(),
+            __import__("transformers").utils.logging.get_verbosity())) for actor in engine._rollout + engine._reward])
+    finally:
+        engine.close()
+    assert seen == [(False, hf_logging.ERROR)] * 2
+
+
 @pytest.mark.parametrize("given", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
 def test_an_address_nothing_answers_at_is_one_line_naming_it_within_seconds(monkeypatch, tmp_path, capsys, given):
     """ray.init retries such an address for minutes (861 s seen) and then names the node's own IP: the run is

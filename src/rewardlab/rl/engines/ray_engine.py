@@ -15,7 +15,8 @@
   do not depend on the worker count.
 
 Every worker sets torch's threads to the run's `threads` (Ray sets OMP_NUM_THREADS to an actor's CPUs), so a chunk
-computes the same floats on any worker as in the driver.
+computes the same floats on any worker as in the driver, and takes on the driver's transformers progress bars and
+verbosity (`transformers_logging`: under the CLI, no "Loading weights" bar per worker).
 
 Fault tolerance: a worker that dies (its process killed, its node lost) is replaced by a new actor in its slot, built
 from the config as at the start; a rollout worker then loads the last published weights (and version). The chunks it
@@ -89,6 +90,26 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
                          f"({exc.strerror or exc}); is a Ray cluster running there (ray start --head)?") from None
 
 
+def transformers_logging() -> tuple[bool, int]:
+    """This process's transformers progress-bar switch and log verbosity (`transformers.utils.logging`), which every
+    worker takes on (`set_transformers_logging`): the CLI turns the bars off and the verbosity to errors, so a
+    worker's model load prints no "Loading weights" bar and its transformers warnings no more than the driver's."""
+    from transformers.utils import logging as hf_logging
+
+    return hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+
+
+def set_transformers_logging(state: tuple[bool, int] | None) -> None:
+    """Take on `transformers_logging()`'s (bars on, verbosity) of the driver; None leaves transformers' defaults."""
+    if state is None:
+        return
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = state
+    (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+    hf_logging.set_verbosity(verbosity)
+
+
 class RolloutWorker:
     """A rollout worker (the state of one actor): a policy replica and its environment, built by `start` inside
     the actor's process from the run's config, as the driver builds its own (`load_task`, `load_policy`,
@@ -98,10 +119,13 @@ class RolloutWorker:
         cfg: the run's `TrainConfig` (model, seed, task, env section).
         settings: the run's sampling settings.
         threads: torch threads (the driver's).
+        hf_logging: the driver's `transformers_logging()`, taken on before anything loads; None: transformers'
+            defaults.
     """
 
-    def __init__(self, cfg: Any, settings: SamplingSettings, threads: int) -> None:
-        self.cfg, self.settings, self.threads = cfg, settings, threads
+    def __init__(self, cfg: Any, settings: SamplingSettings, threads: int,
+                 hf_logging: tuple[bool, int] | None = None) -> None:
+        self.cfg, self.settings, self.threads, self.hf_logging = cfg, settings, threads, hf_logging
         self.policy: Any = None
         self.episodes: Any = None
         self.version = 0
@@ -115,6 +139,7 @@ class RolloutWorker:
         from rewardlab.threads import apply_threads, freeze_heap
 
         cfg = self.cfg
+        set_transformers_logging(self.hf_logging)
         apply_threads(self.threads)
         task = load_task(cfg.task.spec, **cfg.task.options)
         self.policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
@@ -200,10 +225,11 @@ class RewardWorker:
     Args:
         cfg: the run's `TrainConfig`.
         threads: the run's threads (torch's, and the default size of the reward's process pools).
+        hf_logging: as for `RolloutWorker` (a reward model or judge loads through transformers too).
     """
 
-    def __init__(self, cfg: Any, threads: int) -> None:
-        self.cfg, self.threads = cfg, threads
+    def __init__(self, cfg: Any, threads: int, hf_logging: tuple[bool, int] | None = None) -> None:
+        self.cfg, self.threads, self.hf_logging = cfg, threads, hf_logging
         self.reward: Any = None
 
     def start(self) -> None:
@@ -213,6 +239,7 @@ class RewardWorker:
         from rewardlab.threads import apply_threads, freeze_heap
 
         cfg = self.cfg
+        set_transformers_logging(self.hf_logging)
         apply_threads(self.threads)
         task = load_task(cfg.task.spec, **cfg.task.options)
         self.reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
@@ -283,10 +310,11 @@ class RayEngine:
                                                               num_gpus=rl.rollout_worker_gpus)
             reward_actor = ray.remote(RewardWorker).options(num_cpus=rl.reward_worker_cpus,
                                                             num_gpus=rl.reward_worker_gpus)
-            self._actors = {"rollout": (rollout_actor, (cfg, settings, threads)),
-                            "reward": (reward_actor, (cfg, threads))}
-            self._rollout = [rollout_actor.remote(cfg, settings, threads) for _ in range(rl.rollout_workers)]
-            self._reward = [reward_actor.remote(cfg, threads) for _ in range(rl.reward_workers)]
+            logs = transformers_logging()  # the workers print what the driver prints (the CLI: no bars)
+            self._actors = {"rollout": (rollout_actor, (cfg, settings, threads, logs)),
+                            "reward": (reward_actor, (cfg, threads, logs))}
+            self._rollout = [rollout_actor.remote(*self._actors["rollout"][1]) for _ in range(rl.rollout_workers)]
+            self._reward = [reward_actor.remote(*self._actors["reward"][1]) for _ in range(rl.reward_workers)]
             _get(ray, [a.start.remote() for a in self._rollout + self._reward], "building the workers")
         except BaseException:
             self.close()
