@@ -183,6 +183,31 @@ def test_workers_take_on_the_drivers_transformers_progress_bars_and_verbosity(ra
     assert seen == [(False, hf_logging.ERROR)] * 2
 
 
+def test_workers_get_a_single_turn_task_from_the_driver_without_its_rows_and_do_not_load_it(tmp_path, ray_cluster):
+    """Each worker loaded the task again (the quickstart's: generating 18,509 reasoning-gym rows, seconds per worker
+    at start-up); a single-turn task now comes from the driver, without its rows: a task file gone after the driver
+    read it (or absent on a worker's node) no longer matters. An environment task is still loaded by each worker."""
+    from conftest import write_jsonl
+
+    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.rl.engines.ray_engine import RayEngine, worker_task
+    from rewardlab.tasks import load as load_task
+
+    data = write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(10)])
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, f"task.spec=jsonl:{data}", "task.options={test_size: 2}",
+                                          *WORKERS["ray-1"]])
+    task = load_task(cfg.task.spec, **cfg.task.options)
+    data.unlink()  # the workers cannot read it
+    engine = RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1, task=task)
+    try:
+        seen = ray_cluster.get([a.__ray_call__.remote(lambda w: (w.task.name, w.task.train, w.task.reward))
+                                for a in engine._rollout + engine._reward])
+    finally:
+        engine.close()
+    assert seen == [(task.name, [], task.reward)] * 2 and len(task.train) == 8  # the driver's task keeps its rows
+    assert worker_task(load_task("env:guess_number", n=8, size=4, test_size=1)) is None
+
+
 @pytest.mark.parametrize("given", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
 def test_an_address_nothing_answers_at_is_one_line_naming_it_within_seconds(monkeypatch, tmp_path, capsys, given):
     """ray.init retries such an address for minutes (861 s seen) and then names the node's own IP: the run is

@@ -552,7 +552,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     episodes = load_episodes(task, cfg.env, policy)
     heldout_rows(task, rl.eval_every, rl.eval_n, field="rl.eval_every")  # no held-out rows: refused before the run
     # the rollout engine (rl.engine ray: its workers, ray missing refused) before the run directory is touched
-    engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads)
+    engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads, task=task)
     try:
         run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
     except BaseException:

@@ -4,6 +4,8 @@
   run's config, and its own environment (`load_episodes`: an environment's tool pools live in the worker's process).
   Workers build the task, the model and the reward from the config as the driver does: `rewardlab` (and any
   reward or environment a config imports by path) must be importable on every node, and model.path readable there.
+  A single-turn task is not loaded again: the driver sends it without its rows (`worker_task`; rows travel with
+  each chunk), which saves each worker the task's loading (generating a reasoning-gym dataset, reading a file).
   It loads each published state dict and samples the chunks it is given (`sample_chunk`, the call engine local
   makes).
 - `RewardWorker` (rl.reward_workers actors, rl.reward_worker_cpus / _gpus each): the run's reward, built from its
@@ -28,6 +30,7 @@ Restarts and re-runs are logged as ray/worker_restarts and ray/chunk_reruns.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -110,6 +113,16 @@ def set_transformers_logging(state: tuple[bool, int] | None) -> None:
     hf_logging.set_verbosity(verbosity)
 
 
+def worker_task(task: Any) -> Any:
+    """What the workers get of the driver's task (`rewardlab.tasks.Task`): a single-turn task without its rows (they
+    read only its reward spec; the rows come with each chunk), so they do not load it again; None for an environment
+    task (or None), which every worker loads by its spec (loading it builds the environment's class, which may be
+    the user's code, in the worker's process)."""
+    if task is None or task.env is not None:
+        return None
+    return dataclasses.replace(task, train=[], test=[], all_rows=None, origins={})
+
+
 class RolloutWorker:
     """A rollout worker (the state of one actor): a policy replica and its environment, built by `start` inside
     the actor's process from the run's config, as the driver builds its own (`load_task`, `load_policy`,
@@ -121,11 +134,13 @@ class RolloutWorker:
         threads: torch threads (the driver's).
         hf_logging: the driver's `transformers_logging()`, taken on before anything loads; None: transformers'
             defaults.
+        task: the driver's `worker_task` (a single-turn task without rows); None: load the task from cfg.task.
     """
 
     def __init__(self, cfg: Any, settings: SamplingSettings, threads: int,
-                 hf_logging: tuple[bool, int] | None = None) -> None:
+                 hf_logging: tuple[bool, int] | None = None, task: Any = None) -> None:
         self.cfg, self.settings, self.threads, self.hf_logging = cfg, settings, threads, hf_logging
+        self.task = task
         self.policy: Any = None
         self.episodes: Any = None
         self.version = 0
@@ -141,7 +156,7 @@ class RolloutWorker:
         cfg = self.cfg
         set_transformers_logging(self.hf_logging)
         apply_threads(self.threads)
-        task = load_task(cfg.task.spec, **cfg.task.options)
+        task = self.task if self.task is not None else load_task(cfg.task.spec, **cfg.task.options)
         self.policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
         self.episodes = load_episodes(task, cfg.env, self.policy)
         freeze_heap()  # as the driver does after its set-up
@@ -220,16 +235,17 @@ def _pack(items: list[Any]) -> bytes:
 class RewardWorker:
     """A reward worker (the state of one actor): the run's reward, built by `start` inside the actor's process as
     the driver builds it (`build_reward(cfg.rewards, else the task's reward, on_error=cfg.on_error)`, after loading
-    the task, which registers the rewards it names).
+    the task, which registers the rewards it names, unless the driver sent it: `worker_task`).
 
     Args:
         cfg: the run's `TrainConfig`.
         threads: the run's threads (torch's, and the default size of the reward's process pools).
         hf_logging: as for `RolloutWorker` (a reward model or judge loads through transformers too).
+        task: as for `RolloutWorker`.
     """
 
-    def __init__(self, cfg: Any, threads: int, hf_logging: tuple[bool, int] | None = None) -> None:
-        self.cfg, self.threads, self.hf_logging = cfg, threads, hf_logging
+    def __init__(self, cfg: Any, threads: int, hf_logging: tuple[bool, int] | None = None, task: Any = None) -> None:
+        self.cfg, self.threads, self.hf_logging, self.task = cfg, threads, hf_logging, task
         self.reward: Any = None
 
     def start(self) -> None:
@@ -241,7 +257,7 @@ class RewardWorker:
         cfg = self.cfg
         set_transformers_logging(self.hf_logging)
         apply_threads(self.threads)
-        task = load_task(cfg.task.spec, **cfg.task.options)
+        task = self.task if self.task is not None else load_task(cfg.task.spec, **cfg.task.options)
         self.reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
         freeze_heap()
 
@@ -263,6 +279,8 @@ class RayEngine:
         cfg: the run's `TrainConfig`.
         settings: the run's sampling settings (rl.rollout_chunk included).
         threads: the run's torch threads; every worker sets them.
+        task: the run's task, loaded by the driver: a single-turn one reaches the workers without its rows
+            (`worker_task`) instead of being loaded by each; None: every worker loads cfg.task.
     Raises:
         ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined
             (nothing answering there is refused within CONNECT_TIMEOUT_S seconds, `check_reachable`);
@@ -270,7 +288,7 @@ class RayEngine:
             chunk's workers died more than MAX_RERUNS times.
     """
 
-    def __init__(self, cfg: Any, settings: SamplingSettings, *, threads: int) -> None:
+    def __init__(self, cfg: Any, settings: SamplingSettings, *, threads: int, task: Any = None) -> None:
         ray = import_ray()
         rl = cfg.rl
         self.settings = settings
@@ -311,8 +329,9 @@ class RayEngine:
             reward_actor = ray.remote(RewardWorker).options(num_cpus=rl.reward_worker_cpus,
                                                             num_gpus=rl.reward_worker_gpus)
             logs = transformers_logging()  # the workers print what the driver prints (the CLI: no bars)
-            self._actors = {"rollout": (rollout_actor, (cfg, settings, threads, logs)),
-                            "reward": (reward_actor, (cfg, threads, logs))}
+            sent = worker_task(task)
+            self._actors = {"rollout": (rollout_actor, (cfg, settings, threads, logs, sent)),
+                            "reward": (reward_actor, (cfg, threads, logs, sent))}
             self._rollout = [rollout_actor.remote(*self._actors["rollout"][1]) for _ in range(rl.rollout_workers)]
             self._reward = [reward_actor.remote(*self._actors["reward"][1]) for _ in range(rl.reward_workers)]
             _get(ray, [a.start.remote() for a in self._rollout + self._reward], "building the workers")
