@@ -10,8 +10,9 @@ with status 2.
 Signals: during `train` and `sft` (and the quickstart's stages) a first Ctrl-C or SIGTERM finishes the step, writes a
 checkpoint, prints the `--resume` command and exits with 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once.
 After a first SIGTERM the process ends within $REWARDLAB_SIGTERM_GRACE_S seconds (default 20) whatever happens:
-a step that does not finish in time is abandoned, to be resumed from the last checkpoint. Other verbs die of
-SIGTERM at once, as of SIGKILL, and resume from their logs. No process a verb starts outlives it
+a step that does not finish in time is abandoned, to be resumed from the last checkpoint. Any other Ctrl-C (during
+set-up, Ray's start-up included, a second one, or in another verb) stops at once with one line and status 130.
+Other verbs die of SIGTERM at once, as of SIGKILL, and resume from their logs. No process a verb starts outlives it
 (`rewardlab.lifetime`, docs/reliability.md).
 """
 
@@ -28,7 +29,8 @@ from rewardlab.commands import COMMANDS, GROUPS, Command
 
 #: The top-level help's epilog: what Ctrl-C and SIGTERM do.
 SIGNALS_HELP = ("Ctrl-C or SIGTERM during train and sft: finish the current step, checkpoint it, print the --resume "
-                "command, exit 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once. After a SIGTERM the "
+                "command, exit 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once (exit 130, as any other "
+                "Ctrl-C: during set-up, Ray's start-up, other verbs). After a SIGTERM the "
                 "process ends within REWARDLAB_SIGTERM_GRACE_S seconds (default 20), abandoning a step not finished "
                 "by then. Other verbs stop at once and resume from their logs. No process a verb starts outlives it.")
 
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
 
     from rewardlab.config import load_config
-    from rewardlab.interrupt import Interrupted, resume_command, sigterm_grace_s
+    from rewardlab.interrupt import EXIT_INTERRUPTED, Interrupted, resume_command, sigterm_grace_s
     from rewardlab.rewards import RewardError
 
     try:
@@ -125,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:  # a first Ctrl-C or SIGTERM: the run stopped after a step, with a checkpoint
         print(f"rewardlab: {exc.message(resume_command(sys.argv[1:] if argv is None else argv))}", file=sys.stderr)
         return exc.exit_status  # 130 after Ctrl-C, 143 after SIGTERM
+    except KeyboardInterrupt:  # Ctrl-C outside a training step (set-up, Ray's start-up, other verbs) or a second one
+        print(f"rewardlab {verb}: interrupted (Ctrl-C); stopped at once", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ValueError, OSError, RewardError) as exc:
         text = str(exc)
         if isinstance(exc, OSError) and exc.strerror and exc.filename is None:

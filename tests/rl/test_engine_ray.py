@@ -176,6 +176,113 @@ def test_a_cluster_that_cannot_be_joined_is_one_line_naming_rl_ray_address(monke
         RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
 
 
+def test_workers_take_on_the_drivers_transformers_progress_bars_and_verbosity(ray_cluster):
+    """The CLI turns transformers' progress bars off and its verbosity to errors in the driver; every worker does the
+    same before it loads anything (else each printed its own "Loading weights" bar under --no-progress)."""
+    from transformers.utils import logging as hf_logging
+
+    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.rl.engines.ray_engine import RayEngine
+
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, *WORKERS["ray-1"]])
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        engine = RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
+    finally:
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+        hf_logging.set_verbosity(verbosity)
+    try:
+        seen = ray_cluster.get([actor.__ray_call__.remote(lambda worker: (
+            __import__("transformers").utils.logging.is_progress_bar_enabled(),
+            __import__("transformers").utils.logging.get_verbosity())) for actor in engine._rollout + engine._reward])
+    finally:
+        engine.close()
+    assert seen == [(False, hf_logging.ERROR)] * 2
+
+
+def test_workers_get_a_single_turn_task_from_the_driver_without_its_rows_and_do_not_load_it(tmp_path, ray_cluster):
+    """Each worker loaded the task again (the quickstart's: generating 18,509 reasoning-gym rows, seconds per worker
+    at start-up); a single-turn task now comes from the driver, without its rows: a task file gone after the driver
+    read it (or absent on a worker's node) no longer matters. An environment task is still loaded by each worker."""
+    from conftest import write_jsonl
+
+    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.rl.engines.ray_engine import RayEngine, worker_task
+    from rewardlab.tasks import load as load_task
+
+    data = write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(10)])
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, f"task.spec=jsonl:{data}", "task.options={test_size: 2}",
+                                          *WORKERS["ray-1"]])
+    task = load_task(cfg.task.spec, **cfg.task.options)
+    data.unlink()  # the workers cannot read it
+    engine = RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1, task=task)
+    try:
+        seen = ray_cluster.get([a.__ray_call__.remote(lambda w: (w.task.name, w.task.train, w.task.reward))
+                                for a in engine._rollout + engine._reward])
+    finally:
+        engine.close()
+    assert seen == [(task.name, [], task.reward)] * 2 and len(task.train) == 8  # the driver's task keeps its rows
+    assert worker_task(load_task("env:guess_number", n=8, size=4, test_size=1)) is None
+
+
+@pytest.mark.parametrize("given", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}", "auto"])
+def test_an_address_nothing_answers_at_is_one_line_naming_it_within_seconds(monkeypatch, tmp_path, capsys, given):
+    """ray.init retries such an address for minutes (861 s seen) and then names the node's own IP: the run is
+    refused before it, naming the address given."""
+    import socket
+    import time
+
+    from rewardlab.cli import main
+
+    ray = pytest.importorskip("ray")
+    with socket.socket() as s:  # a local port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = given.format(port=port)
+    if given == "auto":
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+
+    def init(**kw):
+        raise AssertionError(f"ray.init reached with {kw}: it retries an unreachable address for minutes")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a process not connected yet
+    monkeypatch.setattr(ray, "init", init)
+    t0 = time.monotonic()
+    status = main(["train", *TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", f"rl.ray_address={address}",
+                   f"--out={tmp_path / 'run'}", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and time.monotonic() - t0 < 15
+    assert len(err) == 1 and err[0].startswith(f"rewardlab train: error: rl.ray_address: cannot join {address!r}")
+    assert f"nothing answers at 127.0.0.1:{port}" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_while_ray_starts_is_one_line_and_status_130(monkeypatch, tmp_path, capsys):
+    """A Ctrl-C while ray.init starts the local cluster (a KeyboardInterrupt raised there, as Python raises it in the
+    main thread) ends the CLI with one line and 130, as Ctrl-C does elsewhere, not a traceback and status 1."""
+    from rewardlab.cli import main
+
+    ray = pytest.importorskip("ray")
+    calls = []
+
+    def init(**kw):
+        calls.append(kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    try:
+        status = main(["train", *TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", f"--out={tmp_path / 'run'}",
+                       "--no-progress"])
+    except KeyboardInterrupt:
+        pytest.fail("the CLI let the KeyboardInterrupt out (a traceback)")
+    assert calls and status == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["rewardlab train: interrupted (Ctrl-C); stopped at once"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_dashboard_without_its_packages_is_one_line_naming_rl_ray_dashboard(monkeypatch, ray_cluster):
     from rewardlab.rl.engines import SamplingSettings
     from rewardlab.rl.engines.ray_engine import RayEngine

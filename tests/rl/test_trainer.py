@@ -521,3 +521,16 @@ def test_the_loop_runs_with_the_set_up_frozen_out_of_the_cycle_collector_and_giv
         REWARDS.unregister("test_freeze_probe")
     assert frozen and min(frozen) > 1000  # torch's and the model's objects, frozen during the loop (rewardlab.threads)
     assert gc.get_freeze_count() == 0  # and given back when train returns
+
+
+def test_a_run_emits_no_future_warning(tmp_path):
+    """A run warns of nothing transformers will remove: the key/value cache goes in under the name this transformers
+    takes (`cache` from 5.2x; `past_key_values` warned with a FutureWarning on every sampled token, removal in 5.40,
+    while pyproject allows transformers < 6)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(_config(tmp_path, "run", "rl.steps=1", "rl.prompts_per_step=4", "rl.group_size=2"), show_progress=False)
+    future = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if issubclass(w.category, FutureWarning)]
+    assert future == []

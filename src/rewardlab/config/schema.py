@@ -359,7 +359,8 @@ class RLConfig(_Base):
     ray_address: str | None = Field(
         None, description="engine ray: the cluster to join (ray.init(address=...)): null starts a local one in this "
         "process, 'auto' joins the one in $RAY_ADDRESS (else the one `ray start` left running on this machine), "
-        "anything else is an address such as 10.0.0.1:6379")
+        "anything else is an address such as 10.0.0.1:6379. An address nothing answers at (a TCP connection within "
+        "10 s) is refused before the run loads anything, naming it")
     rollout_worker_cpus: float = Field(0.5, ge=0, description="engine ray: CPUs Ray reserves per rollout worker "
                                        "(fractional: 2 rollout + 2 reward workers fit on 2 CPUs); each worker "
                                        "still runs torch on the run's `threads`")

@@ -525,6 +525,10 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
         see `train`.
     """
     check_names(cfg)
+    if cfg.rl.engine == "ray" and cfg.rl.ray_address is not None:
+        from rewardlab.rl.engines.ray_engine import check_reachable
+
+        check_reachable(cfg.rl.ray_address)  # a cluster nothing answers at, refused before the task and model load
     threads = apply_threads(cfg.threads)
     if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0 or cfg.model.lora is not None):
         # a bad path is refused before the run directory is created (a LoRA run resumes on its base, so needs it)
@@ -548,7 +552,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     episodes = load_episodes(task, cfg.env, policy)
     heldout_rows(task, rl.eval_every, rl.eval_n, field="rl.eval_every")  # no held-out rows: refused before the run
     # the rollout engine (rl.engine ray: its workers, ray missing refused) before the run directory is touched
-    engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads)
+    engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads, task=task)
     try:
         run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
     except BaseException:
@@ -1142,7 +1146,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
         the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or
         resumed from).
     Raises:
-        ValueError: unknown algorithm or reward names; a task the model cannot read (`tasks.check_task_for_policy`:
+        ValueError: unknown algorithm or reward names; an rl.ray_address nothing answers at (engine ray,
+            `ray_engine.check_reachable`, within seconds); a task the model cannot read (`tasks.check_task_for_policy`:
             characters outside its vocabulary, chat rows without a chat template); a prompt that does not fit the
             model's context window with rl.max_new_tokens, named by its FILE:LINE (`tasks.check_prompt_lengths`;
             rl.max_prompt_length cuts long prompts instead); RunDirError (a ValueError):

@@ -168,12 +168,14 @@ def sample_chunk(policy: Any, episodes: Any, settings: SamplingSettings, rows: S
     return out
 
 
-def make_engine(cfg: Any, *, episodes: Any, reward: Any, threads: int) -> Engine:
+def make_engine(cfg: Any, *, episodes: Any, reward: Any, threads: int, task: Any = None) -> Engine:
     """The engine `cfg.rl.engine` names, for a `rewardlab.config.TrainConfig`.
 
     Args:
         episodes, reward: the learner's environment settings and reward (engine local uses them; engine ray's
             workers build their own from `cfg`).
+        task: the run's task (engine ray: a single-turn one is sent to the workers without its rows, so that they
+            do not load it again; None: they load cfg.task).
         threads: the run's torch threads (`apply_threads`'s result); every worker sets the same.
     Raises:
         ValueError: rl.engine ray without the ray package ("pip install rewardlab[ray]"), or what `RayEngine`
@@ -186,7 +188,7 @@ def make_engine(cfg: Any, *, episodes: Any, reward: Any, threads: int) -> Engine
         return LocalEngine(settings, episodes=episodes, reward=reward)
     from rewardlab.rl.engines.ray_engine import RayEngine
 
-    return RayEngine(cfg, settings, threads=threads)
+    return RayEngine(cfg, settings, threads=threads, task=task)
 
 
 __all__ = ["Engine", "LocalEngine", "SamplingSettings", "chunk_spans", "make_engine", "row_spans", "sample_chunk"]

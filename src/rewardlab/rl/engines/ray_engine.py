@@ -4,7 +4,9 @@
   run's config, and its own environment (`load_episodes`: an environment's tool pools live in the worker's process).
   Workers build the task, the model and the reward from the config as the driver does (`worker_config`: an
   environment's file, env:PATH.py:CLASS, travels as its absolute path): `rewardlab` (and any reward or environment a
-  config imports by path) must be importable on every node, and model.path readable there.
+  config imports by path) must be importable on every node, and model.path readable there. A single-turn task is not
+  loaded again: the driver sends it without its rows (`worker_task`; rows travel with each chunk), which saves each
+  worker the task's loading (generating a reasoning-gym dataset, reading a file).
   It loads each published state dict and samples the chunks it is given (`sample_chunk`, the call engine local
   makes).
 - `RewardWorker` (rl.reward_workers actors, rl.reward_worker_cpus / _gpus each): the run's reward, built from its
@@ -16,7 +18,8 @@
   do not depend on the worker count.
 
 Every worker sets torch's threads to the run's `threads` (Ray sets OMP_NUM_THREADS to an actor's CPUs), so a chunk
-computes the same floats on any worker as in the driver.
+computes the same floats on any worker as in the driver, and takes on the driver's transformers progress bars and
+verbosity (`transformers_logging`: under the CLI, no "Loading weights" bar per worker).
 
 Fault tolerance: a worker that dies (its process killed, its node lost) is replaced by a new actor in its slot, built
 from the config as at the start; a rollout worker then loads the last published weights (and version). The chunks it
@@ -28,8 +31,11 @@ Restarts and re-runs are logged as ray/worker_restarts and ray/chunk_reruns.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import pickle
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -43,6 +49,9 @@ INSTALL_HINT = "pip install rewardlab[ray]"
 #: How many times one chunk may run again after the worker running it died (and how many times in a row a worker
 #: slot may die while it is being rebuilt) before the step fails with one line naming the worker kind and the chunk.
 MAX_RERUNS = 3
+#: Seconds a TCP connection to the head node that rl.ray_address names may take before the run is refused (ray.init
+#: itself retries an address where nothing answers for minutes, then names the node's own IP instead of it).
+CONNECT_TIMEOUT_S = 10.0
 
 
 def import_ray() -> Any:
@@ -72,6 +81,63 @@ def worker_config(cfg: Any) -> Any:
     return cfg.model_copy(update={"task": task})
 
 
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse within `timeout_s` seconds a cluster address that nothing answers at, before `ray.init` tries it.
+
+    `address` is rl.ray_address: HOST:PORT, or ray://HOST:PORT (Ray Client), or 'auto' (then $RAY_ADDRESS, when it
+    names a HOST:PORT, is checked). One TCP connection to HOST:PORT is opened and closed; an address without a port
+    ('auto' without $RAY_ADDRESS: the cluster `ray start` left on this machine, which Ray finds or refuses at once) is
+    left to ray.init.
+
+    Raises:
+        ValueError: one line naming rl.ray_address, the address given and why nothing answered (refused, timed out
+            after `timeout_s` s, unknown host).
+    """
+    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    host, _, port = target.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    via = f" ($RAY_ADDRESS={target!r})" if target != address else ""
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except TimeoutError:
+        raise ValueError(f"rl.ray_address: cannot join {address!r}{via}: nothing answered at {host}:{port} within "
+                         f"{timeout_s:g} s; is a Ray cluster running there (ray start --head)?") from None
+    except OSError as exc:
+        raise ValueError(f"rl.ray_address: cannot join {address!r}{via}: nothing answers at {host}:{port} "
+                         f"({exc.strerror or exc}); is a Ray cluster running there (ray start --head)?") from None
+
+
+def transformers_logging() -> tuple[bool, int]:
+    """This process's transformers progress-bar switch and log verbosity (`transformers.utils.logging`), which every
+    worker takes on (`set_transformers_logging`): the CLI turns the bars off and the verbosity to errors, so a
+    worker's model load prints no "Loading weights" bar and its transformers warnings no more than the driver's."""
+    from transformers.utils import logging as hf_logging
+
+    return hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+
+
+def set_transformers_logging(state: tuple[bool, int] | None) -> None:
+    """Take on `transformers_logging()`'s (bars on, verbosity) of the driver; None leaves transformers' defaults."""
+    if state is None:
+        return
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = state
+    (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+    hf_logging.set_verbosity(verbosity)
+
+
+def worker_task(task: Any) -> Any:
+    """What the workers get of the driver's task (`rewardlab.tasks.Task`): a single-turn task without its rows (they
+    read only its reward spec; the rows come with each chunk), so they do not load it again; None for an environment
+    task (or None), which every worker loads by its spec (loading it builds the environment's class, which may be
+    the user's code, in the worker's process)."""
+    if task is None or task.env is not None:
+        return None
+    return dataclasses.replace(task, train=[], test=[], all_rows=None, origins={})
+
+
 class RolloutWorker:
     """A rollout worker (the state of one actor): a policy replica and its environment, built by `start` inside
     the actor's process from the run's config, as the driver builds its own (`load_task`, `load_policy`,
@@ -81,10 +147,15 @@ class RolloutWorker:
         cfg: the run's `TrainConfig` (model, seed, task, env section).
         settings: the run's sampling settings.
         threads: torch threads (the driver's).
+        hf_logging: the driver's `transformers_logging()`, taken on before anything loads; None: transformers'
+            defaults.
+        task: the driver's `worker_task` (a single-turn task without rows); None: load the task from cfg.task.
     """
 
-    def __init__(self, cfg: Any, settings: SamplingSettings, threads: int) -> None:
-        self.cfg, self.settings, self.threads = cfg, settings, threads
+    def __init__(self, cfg: Any, settings: SamplingSettings, threads: int,
+                 hf_logging: tuple[bool, int] | None = None, task: Any = None) -> None:
+        self.cfg, self.settings, self.threads, self.hf_logging = cfg, settings, threads, hf_logging
+        self.task = task
         self.policy: Any = None
         self.episodes: Any = None
         self.version = 0
@@ -98,8 +169,9 @@ class RolloutWorker:
         from rewardlab.threads import apply_threads, freeze_heap
 
         cfg = self.cfg
+        set_transformers_logging(self.hf_logging)
         apply_threads(self.threads)
-        task = load_task(cfg.task.spec, **cfg.task.options)
+        task = self.task if self.task is not None else load_task(cfg.task.spec, **cfg.task.options)
         self.policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
         self.episodes = load_episodes(task, cfg.env, self.policy)
         freeze_heap()  # as the driver does after its set-up
@@ -178,15 +250,17 @@ def _pack(items: list[Any]) -> bytes:
 class RewardWorker:
     """A reward worker (the state of one actor): the run's reward, built by `start` inside the actor's process as
     the driver builds it (`build_reward(cfg.rewards, else the task's reward, on_error=cfg.on_error)`, after loading
-    the task, which registers the rewards it names).
+    the task, which registers the rewards it names, unless the driver sent it: `worker_task`).
 
     Args:
         cfg: the run's `TrainConfig`.
         threads: the run's threads (torch's, and the default size of the reward's process pools).
+        hf_logging: as for `RolloutWorker` (a reward model or judge loads through transformers too).
+        task: as for `RolloutWorker`.
     """
 
-    def __init__(self, cfg: Any, threads: int) -> None:
-        self.cfg, self.threads = cfg, threads
+    def __init__(self, cfg: Any, threads: int, hf_logging: tuple[bool, int] | None = None, task: Any = None) -> None:
+        self.cfg, self.threads, self.hf_logging, self.task = cfg, threads, hf_logging, task
         self.reward: Any = None
 
     def start(self) -> None:
@@ -196,8 +270,9 @@ class RewardWorker:
         from rewardlab.threads import apply_threads, freeze_heap
 
         cfg = self.cfg
+        set_transformers_logging(self.hf_logging)
         apply_threads(self.threads)
-        task = load_task(cfg.task.spec, **cfg.task.options)
+        task = self.task if self.task is not None else load_task(cfg.task.spec, **cfg.task.options)
         self.reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
         freeze_heap()
 
@@ -219,13 +294,16 @@ class RayEngine:
         cfg: the run's `TrainConfig`.
         settings: the run's sampling settings (rl.rollout_chunk included).
         threads: the run's torch threads; every worker sets them.
+        task: the run's task, loaded by the driver: a single-turn one reaches the workers without its rows
+            (`worker_task`) instead of being loaded by each; None: every worker loads cfg.task.
     Raises:
-        ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined;
+        ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined
+            (nothing answering there is refused within CONNECT_TIMEOUT_S seconds, `check_reachable`);
             a worker that cannot be built (its cause, one line). generate and score: RuntimeError (one line) when a
             chunk's workers died more than MAX_RERUNS times.
     """
 
-    def __init__(self, cfg: Any, settings: SamplingSettings, *, threads: int) -> None:
+    def __init__(self, cfg: Any, settings: SamplingSettings, *, threads: int, task: Any = None) -> None:
         ray = import_ray()
         cfg = worker_config(cfg)
         rl = cfg.rl
@@ -246,6 +324,8 @@ class RayEngine:
         # the figures), so a replaced worker gets either publish's load call or the newest published weights
         self._lock = threading.Lock()
         if not ray.is_initialized():
+            if rl.ray_address is not None:
+                check_reachable(rl.ray_address)
             try:
                 if rl.ray_address is None:
                     ray.init(include_dashboard=rl.ray_dashboard, logging_level=logging.WARNING)
@@ -264,10 +344,12 @@ class RayEngine:
                                                               num_gpus=rl.rollout_worker_gpus)
             reward_actor = ray.remote(RewardWorker).options(num_cpus=rl.reward_worker_cpus,
                                                             num_gpus=rl.reward_worker_gpus)
-            self._actors = {"rollout": (rollout_actor, (cfg, settings, threads)),
-                            "reward": (reward_actor, (cfg, threads))}
-            self._rollout = [rollout_actor.remote(cfg, settings, threads) for _ in range(rl.rollout_workers)]
-            self._reward = [reward_actor.remote(cfg, threads) for _ in range(rl.reward_workers)]
+            logs = transformers_logging()  # the workers print what the driver prints (the CLI: no bars)
+            sent = worker_task(task)
+            self._actors = {"rollout": (rollout_actor, (cfg, settings, threads, logs, sent)),
+                            "reward": (reward_actor, (cfg, threads, logs, sent))}
+            self._rollout = [rollout_actor.remote(*self._actors["rollout"][1]) for _ in range(rl.rollout_workers)]
+            self._reward = [reward_actor.remote(*self._actors["reward"][1]) for _ in range(rl.reward_workers)]
             _get(ray, [a.start.remote() for a in self._rollout + self._reward], "building the workers")
         except BaseException:
             self.close()
