@@ -97,10 +97,11 @@ def test_missing_or_empty_reference_is_an_error():
     assert empty.error == "math: row has an empty 'answer'"
 
 
-def test_a_hung_answer_scores_0_timed_out_not_an_error_and_the_batch_still_scores():
+def test_a_hung_answer_scores_0_timed_out_not_an_error_and_the_batch_still_scores(monkeypatch):
     # sympy evaluates 9^(9^9) eagerly; with math-verify's own alarm timeouts off it never returns, so only the
     # pool's hard timeout ends it - by killing the worker. The reference alone checks in time: the answer was the
     # slow part, so it is a 0 (component timed_out), not a reward error a policy could stop its own run with.
+    monkeypatch.setattr("rewardlab.rewards.math._WARNED_TIMEOUT", False)  # once per process: another test may have
     reward = MathReward(timeout=2.0)
     cases = [(r"\boxed{\frac{1}{2}}", "0.5"), (r"\boxed{9^{9^{9}}}", "5"), (r"\boxed{4}", "3"),
              (r"\boxed{1,000}", "1000")]
