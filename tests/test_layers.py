@@ -100,7 +100,7 @@ def test_the_checks_see_imports_inside_functions(tmp_path):
 
 def test_importing_tasks_loads_neither_envs_nor_rewards_yet_env_tasks_and_reward_names_work():
     code = ("import sys; import rewardlab.tasks as t; "
-            "print(sorted(m for m in ('rewardlab.envs', 'rewardlab.rewards', 'torch') if m in sys.modules)); "
+            "print(sorted(m for m in ('rewardlab.envs', 'rewardlab.rewards', 'torch') if m in sys.modules))\n"
             "try:\n    t.check_reward_name('nope', field='task.options.reward')\n"
             "except ValueError as e:\n    print(e)\n"
             "print(t.load('env:guess_number', n=4).name)")
@@ -109,4 +109,4 @@ def test_importing_tasks_loads_neither_envs_nor_rewards_yet_env_tasks_and_reward
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split("\n")
     assert lines[0] == "[]" and lines[2] == "env:guess_number"
-    assert lines[1].startswith("task.options.reward: unknown reward 'nope'; valid: ") and "exact_match" in lines[2]
+    assert lines[1].startswith("task.options.reward: unknown reward 'nope'; valid: ") and "exact_match" in lines[1]
