@@ -3,6 +3,9 @@ the run directories, the progress bars or rich - only the training loops, which 
 by step, may - and nothing imports upward into `commands` or `cli`."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +49,64 @@ def test_library_modules_import_no_verb_layer(rel, path):
 def test_the_check_sees_an_import():
     # the scan itself: a module that imports rich is caught
     assert "rich.console" in _imports(SRC / "progress.py")
+
+
+#: The layers above tasks/ that tasks/ must not import, even inside a function: `envs` registers the env:NAME loader
+#: into the tasks registry, and the rewards layer installs the reward-name check (`rewardlab.tasks.KIND_PROVIDERS`,
+#: `REWARD_CHECK_PROVIDER`: the modules tasks/ names, as entry points do, and imports on first use).
+ABOVE_TASKS = ("rewardlab.envs", "rewardlab.rewards")
+
+
+def test_tasks_import_neither_envs_nor_rewards():
+    for path in sorted((SRC / "tasks").rglob("*.py")):
+        up = sorted(n for n in _imports(path) if any(n == a or n.startswith(a + ".") for a in ABOVE_TASKS))
+        assert up == [], f"tasks/{path.name} imports {up}: imports point down only (docs/layout.md)"
+
+
+#: (module, the private name it imports from another rewardlab module) pairs allowed. Empty: a helper one module
+#: borrows from another is public (named without an underscore, with a docstring). Tests are not checked.
+PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str]] = set()
+
+
+def _private_imports(path: Path) -> list[str]:
+    """The private names `path` imports from rewardlab modules: `from rewardlab.x import _y` (the alias a module is
+    bound to, `import rewardlab.x as _x`, does not count) and `import rewardlab._x`, anywhere in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rewardlab"):
+            found += [a.name for a in node.names if a.name.startswith("_")]
+            if any(part.startswith("_") for part in node.module.split(".")):
+                found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names
+                      if a.name.startswith("rewardlab") and any(p.startswith("_") for p in a.name.split("."))]
+    return found
+
+
+def test_no_module_imports_a_private_name_from_another():
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        private = [n for n in _private_imports(path) if (rel, n) not in PRIVATE_IMPORTS_ALLOWED]
+        assert private == [], f"{rel} imports the private {private}: make them public (no underscore, a docstring)"
+
+
+def test_the_checks_see_imports_inside_functions(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from rewardlab.envs.builtin import ENVIRONMENTS\n"
+                      "    from rewardlab.tasks.reasoning_gym import _dataset\n")
+    assert "rewardlab.envs.builtin" in _imports(module)
+    assert _private_imports(module) == ["_dataset"]
+
+
+def test_importing_tasks_loads_neither_envs_nor_rewards_yet_env_tasks_and_reward_names_work():
+    code = ("import sys; import rewardlab.tasks as t; "
+            "print(sorted(m for m in ('rewardlab.envs', 'rewardlab.rewards', 'torch') if m in sys.modules))\n"
+            "try:\n    t.check_reward_name('nope', field='task.options.reward')\n"
+            "except ValueError as e:\n    print(e)\n"
+            "print(t.load('env:guess_number', n=4).name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=SRC.parents[1], env={**os.environ, "PYTHONPATH": str(SRC.parent)})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert lines[0] == "[]" and lines[2] == "env:guess_number"
+    assert lines[1].startswith("task.options.reward: unknown reward 'nope'; valid: ") and "exact_match" in lines[1]

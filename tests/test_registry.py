@@ -142,7 +142,7 @@ def _project_registries():
 
 #: Entries whose `**kwargs` forward to a third-party config that the entry checks itself (reasoning-gym's dataset
 #: config, see tasks/reasoning_gym.py), the worked preset that forwards to it, and env:NAME, whose options are the
-#: named environment's (checked against ENVIRONMENTS, see tasks/environment.py).
+#: named environment's (checked against ENVIRONMENTS, see envs/task.py).
 CHECK_THEIR_OWN = {("LOADERS", "reasoning_gym"), ("LOADERS", "worked"), ("LOADERS", "env")}
 
 

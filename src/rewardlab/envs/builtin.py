@@ -269,10 +269,11 @@ class CalculatorEnv(ToolEnv):
         self.config = {"min_terms": min_terms, "max_terms": max_terms, "min_digits": min_digits,
                        "max_digits": max_digits}
         self.size, self.test_size = size, test_size
-        from rewardlab.tasks.reasoning_gym import _dataset
+        from rewardlab.tasks.reasoning_gym import create_dataset
 
         try:
-            _dataset(dataset, dict(self.config, size=1, seed=0))  # a bad option fails here, not at the first rows()
+            # a bad option fails here, not at the first rows()
+            create_dataset(dataset, dict(self.config, size=1, seed=0))
         except ValueError as exc:
             raise ValueError(f"env calculator: {exc}") from None
         self._tasks: dict[int, Task] = {}

@@ -38,3 +38,8 @@ from rewardlab.rewards import judge as _judge  # noqa: E402,F401
 from rewardlab.rewards.compose import GatedReward, PenaltyReward, TieredReward  # noqa: E402
 
 __all__ += ["GatedReward", "PenaltyReward", "TieredReward"]
+
+# The check of a task's reward name (jsonl's task.options.reward): the tasks layer below asks it of this layer.
+from rewardlab.tasks import set_reward_check  # noqa: E402
+
+set_reward_check(REWARDS.get)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rewardlab.tasks import register_loader
+from rewardlab.tasks import check_reward_name, register_loader
 from rewardlab.tasks.base import Row, Task, dedup_and_split, row_key
 
 REQUIRED = ("prompt", "answer")
@@ -172,10 +172,7 @@ def _check_options(test_path: Any, test_size: Any, seed: Any, reward: Any) -> No
         raise ValueError(f"task.options.seed: expected an integer, got {seed!r}")
     if not isinstance(reward, str) or not reward:
         raise ValueError(f"task.options.reward: expected the name of a registered reward, got {reward!r}")
-    from rewardlab.rewards import REWARDS
-
-    if ":" not in reward and reward not in REWARDS:  # "module:function" specs are resolved when the reward is built
-        raise ValueError(f"task.options.reward: unknown reward {reward!r}; valid: {', '.join(sorted(REWARDS))}")
+    check_reward_name(reward, field="task.options.reward")
 
 
 def _plural(n: int, word: str) -> str:

@@ -27,7 +27,7 @@ def check_config(name: str, config: dict[str, Any]) -> None:
     Raises:
         ValueError: one line, "task reasoning_gym:NAME: unknown option 'x' for reasoning-gym dataset 'NAME'; valid:
             ..." listing the dataset's fields and the loader's own options. An unknown dataset name is left to
-            `_dataset`, which reports it.
+            `create_dataset`, which reports it.
     """
     from reasoning_gym.factory import DATASETS
 
@@ -40,7 +40,13 @@ def check_config(name: str, config: dict[str, Any]) -> None:
                                          f"task reasoning_gym:{name}"))
 
 
-def _dataset(name: str, config: dict[str, Any]):
+def create_dataset(name: str, config: dict[str, Any]):
+    """reasoning-gym's dataset `name` made with `config` (`reasoning_gym.create_dataset(name, **config)`).
+
+    Raises:
+        ValueError: one line, "task reasoning_gym:NAME: ..." for an unknown dataset name, or "task
+            reasoning_gym:NAME: bad dataset option: ..." for an unknown or invalid config field.
+    """
     import reasoning_gym
 
     try:
@@ -53,7 +59,7 @@ def _dataset(name: str, config: dict[str, Any]):
 
 @lru_cache(maxsize=64)
 def _scorer(name: str, config_json: str):
-    return _dataset(name, json.loads(config_json))
+    return create_dataset(name, json.loads(config_json))
 
 
 def format_prompt(entry: dict[str, Any], template: str, name: str) -> str:
@@ -150,7 +156,7 @@ def load_reasoning_gym(
     if target not in TARGETS:
         raise ValueError(f"task reasoning_gym:{name}: target must be one of {TARGETS}, got {target!r}")
     ds_config = dict(config, size=size, seed=seed)
-    dataset = _dataset(name, ds_config)
+    dataset = create_dataset(name, ds_config)
     scorer_config = {k: v for k, v in ds_config.items() if k not in ("size", "seed")}
     rows = []
     for entry in dataset:

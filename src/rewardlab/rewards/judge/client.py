@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rewardlab.rewards.judge.parse import _CHOICES, _SPELLINGS, JudgeError, _short
+from rewardlab.rewards.judge.parse import CHOICES, SPELLINGS, JudgeError, short_repr
 
 #: HTTP statuses worth retrying: request timeout, too early, rate limited, server errors.
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -56,7 +56,7 @@ class HTTPChatClient:
                 break
             except urllib.error.HTTPError as exc:
                 detail = exc.read()[:200].decode("utf-8", "replace")
-                cause = f"HTTP {exc.code} from {self.url}: {_short(detail)}"  # no "; ": nodes join errors with it
+                cause = f"HTTP {exc.code} from {self.url}: {short_repr(detail)}"  # no "; ": nodes join errors with it
                 if exc.code not in TRANSIENT_STATUS:
                     raise JudgeError(cause) from None
             except (TimeoutError, urllib.error.URLError, ConnectionError, http.client.HTTPException) as exc:
@@ -72,7 +72,7 @@ class HTTPChatClient:
         try:
             return json.loads(raw)
         except ValueError:
-            raise JudgeError(f"reply is not JSON: {_short(raw.decode('utf-8', 'replace'))}") from None
+            raise JudgeError(f"reply is not JSON: {short_repr(raw.decode('utf-8', 'replace'))}") from None
 
 
 class LocalJudgeModel:
@@ -92,8 +92,8 @@ class LocalJudgeModel:
         self.policy.model.eval()
         tok = self.policy.tokenizer
         self.token_ids: dict[str, tuple[list[int], list[int]]] = {}
-        for mode, (pos, neg) in _CHOICES.items():
-            firsts = [{ids[0] for s in _SPELLINGS[c] if (ids := tok(s, add_special_tokens=False)["input_ids"])}
+        for mode, (pos, neg) in CHOICES.items():
+            firsts = [{ids[0] for s in SPELLINGS[c] if (ids := tok(s, add_special_tokens=False)["input_ids"])}
                       for c in (pos, neg)]
             shared = firsts[0] & firsts[1]
             self.token_ids[mode] = (sorted(firsts[0] - shared), sorted(firsts[1] - shared))

@@ -41,12 +41,13 @@ TEMPLATES: dict[str, str] = {
     ),
 }
 DEFAULT_TEMPLATE = {"score": "score", "yes_no": "yes_no", "pairwise": "pairwise"}
-_REQUIRED_FIELDS = {"score": ("completion",), "yes_no": ("completion",), "pairwise": ("completion_a", "completion_b")}
+#: The row fields each mode's prompt needs (the reward names the missing one).
+REQUIRED_FIELDS = {"score": ("completion",), "yes_no": ("completion",), "pairwise": ("completion_a", "completion_b")}
 
 #: The two answers of each probabilistic mode, as normalized first tokens, and their spellings for a local tokenizer.
-_CHOICES = {"yes_no": ("yes", "no"), "pairwise": ("a", "b")}
-_SPELLINGS = {"yes": ("Yes", "yes", "YES", " Yes", " yes"), "no": ("No", "no", "NO", " No", " no"),
-              "a": ("A", " A"), "b": ("B", " B")}
+CHOICES = {"yes_no": ("yes", "no"), "pairwise": ("a", "b")}
+SPELLINGS = {"yes": ("Yes", "yes", "YES", " Yes", " yes"), "no": ("No", "no", "NO", " No", " no"),
+             "a": ("A", " A"), "b": ("B", " B")}
 
 # "Score: 7", "score=7", "**Score:** 7", "**Score**: 7". Each run of spaces or stars belongs to one group only:
 # the older `score\s*[:=]?\s*\**\s*` let three `\s*` share a run of spaces and backtracked cubically (a reply of
@@ -60,7 +61,9 @@ class JudgeError(RuntimeError):
     """A judge call failed: bad reply, HTTP error, timeout. The message is one line, the cause only."""
 
 
-def _short(text: str, n: int = 80) -> str:
+def short_repr(text: str, n: int = 80) -> str:
+    """`text` with its runs of white space made one space, cut to `n` characters ("..." at the end) and quoted
+    (`repr`): how a judge error shows a reply."""
     text = " ".join(str(text).split())
     return repr(text if len(text) <= n else text[: n - 3] + "...")
 
@@ -75,10 +78,10 @@ def parse_score(text: str, lo: float, hi: float) -> float:
     else:
         bare = _NUMBER_RE.fullmatch(text or "")
         if bare is None:
-            raise JudgeError(f"cannot parse a score from reply {_short(text)}")
+            raise JudgeError(f"cannot parse a score from reply {short_repr(text)}")
         value = float(bare.group(1))
     if not lo <= value <= hi:  # also a number too long for a float (inf)
-        raise JudgeError(f"score {value:g} is outside the scale [{lo:g}, {hi:g}] (reply {_short(text)})")
+        raise JudgeError(f"score {value:g} is outside the scale [{lo:g}, {hi:g}] (reply {short_repr(text)})")
     return value
 
 
@@ -93,12 +96,12 @@ def parse_choice(text: str, mode: str) -> float:
             bare = re.fullmatch(r"\W*([ABab])\W*", text)
             letter = bare.group(1).upper() if bare else None
         if letter is None:
-            raise JudgeError(f"cannot parse A or B from reply {_short(text)}")
+            raise JudgeError(f"cannot parse A or B from reply {short_repr(text)}")
         return 1.0 if letter == "A" else 0.0
     word = re.match(r"\W*(\w+)", text)
     answer = word.group(1).lower() if word else ""
     if answer not in ("yes", "no"):
-        raise JudgeError(f"cannot parse Yes or No from reply {_short(text)}")
+        raise JudgeError(f"cannot parse Yes or No from reply {short_repr(text)}")
     return 1.0 if answer == "yes" else 0.0
 
 
@@ -107,7 +110,7 @@ def choice_probability(top_logprobs: Sequence[tuple[str, float]], mode: str) -> 
     second are "yes" / "no" (yes_no) or "a" / "b" (pairwise) after stripping spaces and punctuation and lower-casing
     each token; each distinct token counts once. Raises JudgeError when neither appears, or when a counted log-prob
     is NaN or above 1e-6 (not a log-probability; values in (0, 1e-6] are rounding and count as 0)."""
-    pos, neg = _CHOICES[mode]
+    pos, neg = CHOICES[mode]
     mass = {pos: 0.0, neg: 0.0}
     seen = set()
     for token, logprob in top_logprobs:
@@ -117,7 +120,7 @@ def choice_probability(top_logprobs: Sequence[tuple[str, float]], mode: str) -> 
         key = token.strip().strip(".,:;!?*[]()\"'").lower()
         if key in mass:
             if not logprob <= 1e-6:  # NaN, +inf or a positive log-probability: exp() would give no probability
-                raise JudgeError(f"top log-prob of token {_short(token)} is {logprob!r}, not a log-probability")
+                raise JudgeError(f"top log-prob of token {short_repr(token)} is {logprob!r}, not a log-probability")
             mass[key] += math.exp(min(logprob, 0.0))
     total = mass[pos] + mass[neg]
     if total <= 0:
@@ -131,10 +134,11 @@ def read_choice(reply: Mapping[str, Any]) -> tuple[str, list[tuple[str, float]] 
         choice = reply["choices"][0]
         text = choice["message"].get("content") or ""
     except (KeyError, IndexError, TypeError, AttributeError):
-        raise JudgeError(f"unexpected reply shape (no choices[0].message): {_short(json.dumps(reply))}") from None
+        raise JudgeError("unexpected reply shape (no choices[0].message): "
+                         f"{short_repr(json.dumps(reply))}") from None
     if not isinstance(text, str):
         raise JudgeError(f"unexpected reply shape (choices[0].message.content is a {type(text).__name__}, not text): "
-                         f"{_short(json.dumps(reply))}")
+                         f"{short_repr(json.dumps(reply))}")
     try:
         content = (choice.get("logprobs") or {}).get("content") or []
         if not content:
@@ -144,5 +148,5 @@ def read_choice(reply: Mapping[str, Any]) -> tuple[str, list[tuple[str, float]] 
         if "token" in first and "logprob" in first:
             top.append((str(first["token"]), float(first["logprob"])))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-        raise JudgeError(f"unexpected logprobs shape: {_short(json.dumps(choice.get('logprobs')))}") from None
+        raise JudgeError(f"unexpected logprobs shape: {short_repr(json.dumps(choice.get('logprobs')))}") from None
     return text, top

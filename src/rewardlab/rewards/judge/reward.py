@@ -18,7 +18,7 @@ from rewardlab.rewards.judge.parse import (
     DEFAULT_TEMPLATE,
     MODES,
     TEMPLATES,
-    _REQUIRED_FIELDS,
+    REQUIRED_FIELDS,
     JudgeError,
     choice_probability,
     parse_choice,
@@ -142,7 +142,7 @@ class Judge:
             fields = {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
         except ValueError as exc:
             raise ValueError(f"judge.template: not a valid format string ({exc})") from None
-        missing = [f for f in _REQUIRED_FIELDS[self.mode] if f not in fields]
+        missing = [f for f in REQUIRED_FIELDS[self.mode] if f not in fields]
         if missing:
             hint = f"; built-in templates: {', '.join(TEMPLATES)}" if not fields else ""
             raise ValueError(f"judge.template: a {self.mode} template must contain "

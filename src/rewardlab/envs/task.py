@@ -14,6 +14,10 @@ What a class needs to be an environment task (docs/agents.md, "Your own environm
 `__init__`; `task(seed) -> Task` (its train and test rows and its outcome `reward`); `reset(row)` and
 `step(state, action)` (`MultiTurnEnv` has them); optionally `reward` and `reward_options` attributes, which take the
 place of the Task's reward (the built-in environments have them), and `close()`.
+
+The loader lives here, in the layer above tasks/, and registers itself into `rewardlab.tasks.LOADERS` when this
+module is imported (`import rewardlab.envs` imports it); `rewardlab.tasks.load("env:...")` imports it on first use
+of the kind (`rewardlab.tasks.KIND_PROVIDERS`), so `import rewardlab.tasks` never loads envs/ (which pulls torch).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from rewardlab.envs.builtin import ENVIRONMENTS, resolve_env
 from rewardlab.registry import unknown_options
 from rewardlab.tasks import register_loader
 from rewardlab.tasks.base import Row, Task, row_key
@@ -63,8 +68,6 @@ def load_environment(name: str, /, **options: Any) -> Task:
             value of the wrong type or one the environment refuses, prefixed "task.options"; `task(seed)` that
             returns no `Task`.
     """
-    from rewardlab.envs.builtin import ENVIRONMENTS, resolve_env
-
     try:
         key = resolve_env(name)
         declared_all = ENVIRONMENTS.options(key) or ()
