@@ -67,7 +67,7 @@ from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, agg
                                  split_loss_options)
 from rewardlab.runs import RunDir, warn
 from rewardlab.threads import apply_threads, freeze_heap
-from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
+from rewardlab.train_state import load_weights, restore_training_state, rng_state, save_state, set_rng_state
 from rewardlab.tasks import Task, check_prompt_lengths, check_task_for_policy, describe_task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
@@ -598,11 +598,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
         random.seed(cfg.seed)
         start_step, saved_prefetch = 0, None
         if latest is not None:
-            saved = load_state(latest[1])
-            optimizer.load_state_dict(saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
-            sampler.load_state_dict(saved["sampler"])
-            set_rng_state(saved["rng"])
+            saved = restore_training_state(latest[1], optimizer, scheduler, sampler=sampler)  # weights: built above
             if critic is not None:
                 critic.optimizer.load_state_dict(saved["critic_optimizer"])
             if reference is not None and saved.get("reference") is not None:
