@@ -44,7 +44,7 @@ import torch
 
 from rewardlab.config import RLConfig, TrainConfig, dump_config
 from rewardlab.envs.replay import episode_record
-from rewardlab.envs.sampling import (EpisodeSettings, episode_ends, episode_metrics, episode_rows,
+from rewardlab.envs.sampling import (EpisodeSettings, close_env, episode_ends, episode_metrics, episode_rows,
                                      load_episodes, sample_rollouts, turn_budget_warning)
 from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
 from rewardlab.interrupt import Interrupted, StopRequest
@@ -617,13 +617,6 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     return TrainState(cfg, task, reward, policy, reference, critic, optimizer, scheduler, sampler, run,
                       loss_options, agg_options, start_step=start_step, latest=latest, step=start_step,
                       episodes=episodes, engine=engine, saved_prefetch=saved_prefetch)
-
-
-def close_env(episodes: EpisodeSettings | None) -> None:
-    """Stop an environment's tool workers (a no-op for single completions and for environments without tools)."""
-    close = getattr(episodes.env, "close", None) if episodes is not None else None
-    if close is not None:
-        close()
 
 
 def collect(state: TrainState) -> Collected:
