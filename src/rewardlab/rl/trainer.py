@@ -838,29 +838,25 @@ def stop_on_reward_errors(state: TrainState, outputs: list[RewardOutput], before
     if limit is None or not outputs or len(failed) / len(outputs) < limit:
         return
     step = state.step
-    if before is None:  # asynchronous: the later batches are drawn already; stop at the newest checkpoint
-        first = "; ".join(f"{name}: {cause}" for name, cause in failed[0].errors[:1]) or failed[0].error
-        state.run.log_event("reward_errors", step=step, failed=len(failed), rollouts=len(outputs), limit=limit,
-                            first=first, checkpoint=state.latest[1].name if state.latest else None)
-        raise RewardError(f"rl.max_reward_error_frac: {len(failed)} of {len(outputs)} rollouts of step {step} "
-                          f"({len(failed) / len(outputs):.0%}) have a reward error, the limit is {limit:g}; first: "
-                          f"{first}. Stopped; the newest checkpoint is "
-                          f"{state.latest[1] if state.latest else '(none)'}")
-    state.sampler.load_state_dict(before[0])
-    set_rng_state(before[1])
-    if state.latest is None or state.latest[0] != step - 1:
-        state.step = step - 1
-        try:
-            save_checkpoint(state)
-        finally:
-            state.step = step
     first = "; ".join(f"{name}: {cause}" for name, cause in failed[0].errors[:1]) or failed[0].error
+    if before is None:  # asynchronous: the later batches are drawn already; stop at the newest checkpoint
+        stopped = f"Stopped; the newest checkpoint is {state.latest[1] if state.latest else '(none)'}"
+    else:  # synchronous: back to the end of the step before, checkpointed
+        state.sampler.load_state_dict(before[0])
+        set_rng_state(before[1])
+        if state.latest is None or state.latest[0] != step - 1:
+            state.step = step - 1
+            try:
+                save_checkpoint(state)
+            finally:
+                state.step = step
+        stopped = (f"Stopped after checkpoint {state.latest[1]} (step {step - 1}): fix the reward and rerun with "
+                   "--resume")
     state.run.log_event("reward_errors", step=step, failed=len(failed), rollouts=len(outputs), limit=limit,
-                        first=first, checkpoint=state.latest[1].name)
+                        first=first, checkpoint=state.latest[1].name if state.latest else None)
     raise RewardError(f"rl.max_reward_error_frac: {len(failed)} of {len(outputs)} rollouts of step {step} "
                       f"({len(failed) / len(outputs):.0%}) have a reward error, the limit is {limit:g}; first: "
-                      f"{first}. Stopped after checkpoint {state.latest[1]} (step {step - 1}): fix the reward and "
-                      "rerun with --resume")
+                      f"{first}. {stopped}")
 
 
 def assign_credit(state: TrainState, batch: Collected) -> Credit | None:
