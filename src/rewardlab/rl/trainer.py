@@ -731,8 +731,8 @@ class Prefetch:
 
     Args:
         state: the run (its engine holds the last published version).
-        saved: `state_dict()` of the resumed checkpoint, or None (a new run, or a checkpoint of a synchronous run
-            written before prefetching existed: nothing prefetched).
+        saved: `state_dict()` of the resumed checkpoint, or None (a new run, or a checkpoint whose trainer_state.pt
+            holds no "prefetch" state, such as a synchronous run's: nothing prefetched).
         background: produce in a background thread; None: on engine ray only.
     """
 
