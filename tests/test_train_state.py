@@ -69,3 +69,36 @@ def test_what_the_loops_save_loads_back_exactly(tmp_path):
     fresh.load_state_dict(loaded["optimizer"])
     assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
     RowSampler(list(range(5)), seed=0).load_state_dict(loaded["sampler"])
+
+
+def test_restore_training_state_puts_back_weights_optimizer_schedule_sampler_and_rng(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rewardlab.train_state import restore_training_state
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (s + 1))
+        return model, optimizer, scheduler, RowSampler(list(range(5)), seed=3)
+
+    model, optimizer, scheduler, sampler = build(0)
+    model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    optimizer.step()
+    scheduler.step()
+    sampler.next_indices(2)
+    model.save_pretrained(tmp_path)
+    save_state(tmp_path, {"step": 1, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                          "sampler": sampler.state_dict(), "rng": rng_state()})
+    after = (torch.rand(3), random.random(), sampler.next_indices(3))
+
+    fresh, fresh_opt, fresh_sched, fresh_sampler = build(1)
+    params = list(fresh.parameters())
+    saved = restore_training_state(tmp_path, fresh_opt, fresh_sched, model=fresh, sampler=fresh_sampler)
+    assert saved["step"] == 1 and all(a is b for a, b in zip(params, fresh.parameters()))  # restored in place
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    assert fresh_sched.state_dict() == scheduler.state_dict()
+    assert torch.equal(torch.rand(3), after[0]) and random.random() == after[1]
+    assert fresh_sampler.next_indices(3) == after[2]

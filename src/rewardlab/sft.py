@@ -31,7 +31,7 @@ from rewardlab.runs import RunDir, warn
 from rewardlab.tasks import Task, check_target_lengths, check_task_for_policy
 from rewardlab.tasks.sampler import RowSampler
 from rewardlab.threads import apply_threads
-from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
+from rewardlab.train_state import restore_training_state, rng_state, save_state
 
 
 def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[int]],
@@ -234,8 +234,6 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
                                                      steps_key="sft.steps")
     else:
         run.write_config(dump_config(cfg))
-    if checkpoint is not None:
-        load_weights(policy.model, checkpoint)
     limits = None if task.env is None else EpisodeLimits(
         max_turns=cfg.env.max_turns, max_new_tokens=cfg.env.max_episode_tokens,
         max_episode_tokens=cfg.env.max_episode_tokens, context_window=policy.context_window,
@@ -249,11 +247,7 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
     scheduler = make_scheduler(optimizer, warmup_steps=p.warmup_steps, total_steps=p.steps, kind="cosine")
     loss_value = float("nan")
     if checkpoint is not None:
-        state = load_state(checkpoint)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
+        state = restore_training_state(checkpoint, optimizer, scheduler, model=policy.model, sampler=sampler)
         loss_value = state["loss"]
 
     def save(step: int) -> Path:

@@ -131,3 +131,32 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
         fresh = type(model).from_pretrained(str(directory), dtype=next(model.parameters()).dtype)
     model.load_state_dict(fresh.state_dict())
     del fresh
+
+
+def restore_training_state(directory: Path, optimizer: torch.optim.Optimizer,
+                           scheduler: torch.optim.lr_scheduler.LRScheduler, *, model: torch.nn.Module | None = None,
+                           sampler: Any = None) -> dict[str, Any]:
+    """Restore a training loop from its checkpoint `directory` (what the loop saved with `save_state` beside the
+    weights), in this order: the weights into `model` (`load_weights`; skipped when None, for a verb that builds its
+    model from the checkpoint itself), then `optimizer`, `scheduler`, `sampler` (anything with `load_state_dict`;
+    skipped when None) from their entries "optimizer", "scheduler" and "sampler", then the global RNG states from
+    "rng" (`set_rng_state`). The objects are those the run built, restored in place, so the step after a resume
+    computes what the uninterrupted run computes. The verb restores its own entries (the step, its extra state) from
+    the returned dict.
+
+    Returns:
+        everything trainer_state.pt holds (`load_state`).
+    Raises:
+        OSError / ValueError / RuntimeError: the weights cannot be read or do not fit `model` (`load_weights`);
+        ValueError: trainer_state.pt is not a trainer state (`load_state`); KeyError / ValueError: it lacks an entry
+            or holds state that does not fit `optimizer`, `scheduler` or `sampler`.
+    """
+    if model is not None:
+        load_weights(model, directory)
+    saved = load_state(directory)
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    if sampler is not None:
+        sampler.load_state_dict(saved["sampler"])
+    set_rng_state(saved["rng"])
+    return saved

@@ -17,6 +17,7 @@ from rewardlab.config import TrainConfig, load_config
 from rewardlab.config.loader import ConfigError
 from rewardlab.rl import trainer
 from rewardlab.rl.trainer import Collected, Prefetch, train
+from rewardlab.train_state import load_state
 from rewardlab.types import RewardOutput, Rollout
 
 #: A dense reward without errors (fraction of characters of even code), imported by path so the reward worker
@@ -197,7 +198,7 @@ def test_lag_2_on_ray_staleness_warm_up_accounting_and_the_checkpoint(tmp_path, 
         assert m["async/in_flight"] == (k - 1) * PER_STEP  # batch step+1 finished, step+2 generating
     assert summary["async"] == {"async/trained": float(len(samples)), "async/filtered": 0.0,
                                 "async/in_flight": float(k * PER_STEP)}  # batches 5 and 6, prefetched past the end
-    saved = trainer.load_state(tmp_path / "lag" / "checkpoints" / f"step-{steps}")["prefetch"]
+    saved = load_state(tmp_path / "lag" / "checkpoints" / f"step-{steps}")["prefetch"]
     assert sorted(saved["batches"]) == [5, 6] and saved["next"] == 7
     assert [r.policy_version for t in (5, 6) for r in saved["batches"][t]["all_rollouts"]] == [2] * 4 + [3] * 4
 

@@ -248,3 +248,24 @@ def test_samples_hold_each_step_once_after_a_resume(four_steps, tmp_path):
     steps = [s["step"] for s in _lines(d / "samples.jsonl")]
     assert {k: steps.count(k) for k in sorted(set(steps))} == {1: 8, 2: 8, 3: 8, 4: 8}  # prompts_per_step x group_size
     assert [m["step"] for m in _lines(d / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_an_asynchronous_stop_for_reward_errors_names_the_newest_checkpoint_and_saves_nothing(tmp_path):
+    from types import SimpleNamespace
+
+    from rewardlab.rl.trainer import stop_on_reward_errors
+    from rewardlab.types import RewardOutput
+
+    events = []
+    state = SimpleNamespace(cfg=SimpleNamespace(rl=SimpleNamespace(max_reward_error_frac=0.5)), step=4,
+                            latest=(2, tmp_path / "step-2"), run=SimpleNamespace(log_event=lambda *a, **kw:
+                                                                                  events.append((a, kw))))
+    outputs = [RewardOutput(score=0.0, error="units: ValueError: bad"), RewardOutput(score=1.0)]
+    with pytest.raises(RewardError) as info:
+        stop_on_reward_errors(state, outputs, None)  # before=None: nothing rolled back or saved
+    assert str(info.value) == ("rl.max_reward_error_frac: 1 of 2 rollouts of step 4 (50%) have a reward error, the "
+                               "limit is 0.5; first: units: ValueError: bad. Stopped; the newest checkpoint is "
+                               f"{tmp_path / 'step-2'}")
+    assert events == [(("reward_errors",), {"step": 4, "failed": 1, "rollouts": 2, "limit": 0.5,
+                                            "first": "units: ValueError: bad", "checkpoint": "step-2"})]
+    assert state.step == 4

@@ -193,7 +193,7 @@ def train(cfg: PrmTrainConfig, *, resume: bool = False, overwrite: bool = False,
     model.config.step_tag = t.step_tag
     model.config.step_separator = t.separator
     # Opened only once the data and backbone load.
-    with open_fit_run(cfg, model, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
+    with open_fit_run(cfg, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
 
         def evaluate() -> dict[str, float]:
             res = evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size)

@@ -152,9 +152,8 @@ def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str
     """The held-out evaluation of one model (greedy episodes in the calculator environment with `tools`, else greedy
     single completions of the same questions), written to `out`/summary.json."""
     from rewardlab.commands.common import load_model
-    from rewardlab.envs import load_episodes
+    from rewardlab.envs import close_env, load_episodes
     from rewardlab.progress import stage as progress
-    from rewardlab.rl.trainer import close_env
     from rewardlab.tasks import load as load_task
     from rewardlab.threads import apply_threads
 

@@ -54,7 +54,7 @@ def train(cfg: RmTrainConfig, *, resume: bool = False, overwrite: bool = False, 
     model, tokenizer = load_backbone(cfg.model.path, "sequence", device=cfg.model.device,
                                      tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     # Opened only once the data and backbone load.
-    with open_fit_run(cfg, model, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
+    with open_fit_run(cfg, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
 
         def evaluate() -> dict[str, float]:
             res = model_pair_stats(model, tokenizer, eval_pairs, batch_size=t.batch_size, max_length=t.max_length)

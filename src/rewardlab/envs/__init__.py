@@ -17,8 +17,8 @@ from rewardlab.envs.render import ChatRenderer, RawRenderer, Renderer, make_rend
 from rewardlab.envs.episode import Episode, EpisodeLimits, run_episodes
 from rewardlab.envs.replay import episode_record, replay
 from rewardlab.envs.trace import trace_rollouts
-from rewardlab.envs.sampling import (EpisodeSettings, check_episode_keys, episode_ends, episode_metrics, load_episodes,
-                                     episode_rows, episode_settings, sample_rollouts)
+from rewardlab.envs.sampling import (EpisodeSettings, check_episode_keys, close_env, episode_ends, episode_metrics,
+                                     episode_rows, episode_settings, load_episodes, sample_rollouts)
 
 __all__ = ["Environment", "State", "StepResult",
            "CALL_STATUSES", "ENVIRONMENTS", "TOOL_PARSERS", "CalculatorEnv", "GuessNumberEnv", "MultiTurnEnv",
@@ -26,5 +26,5 @@ __all__ = ["Environment", "State", "StepResult",
            "parse_guess", "resolve_env", "run_python", "tool_schema",
            "Renderer", "RawRenderer", "ChatRenderer", "make_renderer",
            "Episode", "EpisodeLimits", "run_episodes", "episode_record", "replay",
-           "EpisodeSettings", "check_episode_keys", "episode_ends", "episode_metrics", "episode_rows", "load_episodes",
-           "episode_settings", "sample_rollouts", "trace_rollouts"]
+           "EpisodeSettings", "check_episode_keys", "close_env", "episode_ends", "episode_metrics", "episode_rows",
+           "load_episodes", "episode_settings", "sample_rollouts", "trace_rollouts"]

@@ -167,6 +167,13 @@ def load_episodes(task: Any, section: Any, policy: Any) -> EpisodeSettings | Non
     return settings
 
 
+def close_env(episodes: EpisodeSettings | None) -> None:
+    """Stop an environment's tool workers (a no-op for single completions and for environments without tools)."""
+    close = getattr(episodes.env, "close", None) if episodes is not None else None
+    if close is not None:
+        close()
+
+
 def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: EpisodeSettings | None, n: int = 1,
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                     stream: tuple[int, int, int] | None = None, batch_size: int | None = None,

@@ -59,8 +59,8 @@ def evaluate_policy(
     is None, else whole episodes in `episodes.env` under its budgets (`max_new_tokens` per model turn), a greedy
     one per question and `n` sampled ones. The reward is called once per episode, on its last row
     (`episode_ends`: the final model turn is the completion it scores). Sampled episodes draw from the streams
-    (seed, batch index, 0) (`sample_rollouts`): they do not depend on torch's generator (single completions keep
-    drawing from it, as before). With `max_prompt_length` (single completions only), each prompt is cut to its last
+    (seed, batch index, 0) (`sample_rollouts`): they do not depend on torch's generator (single completions draw
+    from it). With `max_prompt_length` (single completions only), each prompt is cut to its last
     that many tokens (`Policy.generate`, TRL's left truncation).
 
     Each finished batch is handed to `on_batch` as a record {"batch", "start", "size", "correct" (greedy, per

@@ -9,7 +9,7 @@ Three registries of pure tensor functions, keyed by the names papers use:
 All tensors are [N, T] over completion tokens (right-padded); ``mask`` (bool or 0/1) marks response tokens (for an
 episode: the tokens the policy sampled, never an environment token).
 ``episode`` [N] int64 (optional, an input, never an option): the episode id of each row, when an episode is split
-into several rows; None means each row is its own episode (the single-turn case, computed exactly as before).
+into several rows; None means each row is its own episode (the single-turn case).
 Whatever reads a sequence counts an episode once, over its tokens across its rows: the ``seq-mean-*``
 aggregations and GSPO's sequence ratio; token-level losses and ``token-mean`` do not depend on it.
 Policy losses compute in float32 (inputs are upcast) and return 0 outside the mask. Every loss and aggregation

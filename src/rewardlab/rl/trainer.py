@@ -44,7 +44,7 @@ import torch
 
 from rewardlab.config import RLConfig, TrainConfig, dump_config
 from rewardlab.envs.replay import episode_record
-from rewardlab.envs.sampling import (EpisodeSettings, episode_ends, episode_metrics, episode_rows,
+from rewardlab.envs.sampling import (EpisodeSettings, close_env, episode_ends, episode_metrics, episode_rows,
                                      load_episodes, sample_rollouts, turn_budget_warning)
 from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
 from rewardlab.interrupt import Interrupted, StopRequest
@@ -67,7 +67,7 @@ from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, agg
                                  split_loss_options)
 from rewardlab.runs import RunDir, warn
 from rewardlab.threads import apply_threads, freeze_heap
-from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
+from rewardlab.train_state import load_weights, restore_training_state, rng_state, save_state, set_rng_state
 from rewardlab.tasks import Task, check_prompt_lengths, check_task_for_policy, describe_task, load as load_task
 from rewardlab.types import Rollout, RewardOutput
 
@@ -598,11 +598,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
         random.seed(cfg.seed)
         start_step, saved_prefetch = 0, None
         if latest is not None:
-            saved = load_state(latest[1])
-            optimizer.load_state_dict(saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
-            sampler.load_state_dict(saved["sampler"])
-            set_rng_state(saved["rng"])
+            saved = restore_training_state(latest[1], optimizer, scheduler, sampler=sampler)  # weights: built above
             if critic is not None:
                 critic.optimizer.load_state_dict(saved["critic_optimizer"])
             if reference is not None and saved.get("reference") is not None:
@@ -621,13 +617,6 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     return TrainState(cfg, task, reward, policy, reference, critic, optimizer, scheduler, sampler, run,
                       loss_options, agg_options, start_step=start_step, latest=latest, step=start_step,
                       episodes=episodes, engine=engine, saved_prefetch=saved_prefetch)
-
-
-def close_env(episodes: EpisodeSettings | None) -> None:
-    """Stop an environment's tool workers (a no-op for single completions and for environments without tools)."""
-    close = getattr(episodes.env, "close", None) if episodes is not None else None
-    if close is not None:
-        close()
 
 
 def collect(state: TrainState) -> Collected:
@@ -742,8 +731,8 @@ class Prefetch:
 
     Args:
         state: the run (its engine holds the last published version).
-        saved: `state_dict()` of the resumed checkpoint, or None (a new run, or a checkpoint of a synchronous run
-            written before prefetching existed: nothing prefetched).
+        saved: `state_dict()` of the resumed checkpoint, or None (a new run, or a checkpoint whose trainer_state.pt
+            holds no "prefetch" state, such as a synchronous run's: nothing prefetched).
         background: produce in a background thread; None: on engine ray only.
     """
 
@@ -849,29 +838,25 @@ def stop_on_reward_errors(state: TrainState, outputs: list[RewardOutput], before
     if limit is None or not outputs or len(failed) / len(outputs) < limit:
         return
     step = state.step
-    if before is None:  # asynchronous: the later batches are drawn already; stop at the newest checkpoint
-        first = "; ".join(f"{name}: {cause}" for name, cause in failed[0].errors[:1]) or failed[0].error
-        state.run.log_event("reward_errors", step=step, failed=len(failed), rollouts=len(outputs), limit=limit,
-                            first=first, checkpoint=state.latest[1].name if state.latest else None)
-        raise RewardError(f"rl.max_reward_error_frac: {len(failed)} of {len(outputs)} rollouts of step {step} "
-                          f"({len(failed) / len(outputs):.0%}) have a reward error, the limit is {limit:g}; first: "
-                          f"{first}. Stopped; the newest checkpoint is "
-                          f"{state.latest[1] if state.latest else '(none)'}")
-    state.sampler.load_state_dict(before[0])
-    set_rng_state(before[1])
-    if state.latest is None or state.latest[0] != step - 1:
-        state.step = step - 1
-        try:
-            save_checkpoint(state)
-        finally:
-            state.step = step
     first = "; ".join(f"{name}: {cause}" for name, cause in failed[0].errors[:1]) or failed[0].error
+    if before is None:  # asynchronous: the later batches are drawn already; stop at the newest checkpoint
+        stopped = f"Stopped; the newest checkpoint is {state.latest[1] if state.latest else '(none)'}"
+    else:  # synchronous: back to the end of the step before, checkpointed
+        state.sampler.load_state_dict(before[0])
+        set_rng_state(before[1])
+        if state.latest is None or state.latest[0] != step - 1:
+            state.step = step - 1
+            try:
+                save_checkpoint(state)
+            finally:
+                state.step = step
+        stopped = (f"Stopped after checkpoint {state.latest[1]} (step {step - 1}): fix the reward and rerun with "
+                   "--resume")
     state.run.log_event("reward_errors", step=step, failed=len(failed), rollouts=len(outputs), limit=limit,
-                        first=first, checkpoint=state.latest[1].name)
+                        first=first, checkpoint=state.latest[1].name if state.latest else None)
     raise RewardError(f"rl.max_reward_error_frac: {len(failed)} of {len(outputs)} rollouts of step {step} "
                       f"({len(failed) / len(outputs):.0%}) have a reward error, the limit is {limit:g}; first: "
-                      f"{first}. Stopped after checkpoint {state.latest[1]} (step {step - 1}): fix the reward and "
-                      "rerun with --resume")
+                      f"{first}. {stopped}")
 
 
 def assign_credit(state: TrainState, batch: Collected) -> Credit | None:

@@ -18,7 +18,7 @@ from rewardlab.config import dump_config
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.progress import stage
 from rewardlab.runs import RunDir
-from rewardlab.train_state import load_state, load_weights, rng_state, save_state, set_rng_state
+from rewardlab.train_state import restore_training_state, rng_state, save_state
 
 #: Settings a resumed reward-model run may change (checkpointing, and the micro-batch, which changes the floats'
 #: rounding only): the epochs, rows and batch size fix the schedule and the shuffled order, so any other change is
@@ -27,22 +27,21 @@ RESUME_MAY_CHANGE = ("save_every", "keep_checkpoints", "train.micro_batch_size")
 
 
 @contextmanager
-def open_fit_run(cfg: Any, model: torch.nn.Module, *, resume: bool,
+def open_fit_run(cfg: Any, *, resume: bool,
                  overwrite: bool) -> Iterator[tuple[RunDir, int, Path | None, random.Random]]:
     """Open `cfg.out` for a reward-model training run (`RunDir.start`), record or check its config, and on a resume
-    load the newest valid checkpoint's weights into `model`; seed torch with `cfg.seed`.
+    find the newest valid checkpoint; seed torch with `cfg.seed`.
 
     Yields:
         (run, the step resumed from (0 for a new run), that checkpoint's directory or None, the `random.Random`
-        that shuffles the rows, seeded with `cfg.seed`; `fit` restores its state from the checkpoint).
+        that shuffles the rows, seeded with `cfg.seed`; `fit` restores the weights and its state from the
+        checkpoint).
     Raises:
         RunDirError: as `RunDir.start`, `RunDir.record_config` and `RunDir.resume_checkpoint` raise it.
     """
     with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
         run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
         start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
-        if checkpoint is not None:
-            load_weights(model, checkpoint)
         torch.manual_seed(cfg.seed)
         yield run, start_step, checkpoint, random.Random(cfg.seed)
 
@@ -82,8 +81,8 @@ def fit(
     Every `save_every` steps and at the last one, a checkpoint step-K is saved in `run`: `save_model(dir)` (the
     weights, HF format) and trainer_state.pt (optimizer, schedule, `rng`'s state, the epoch's row order, the torch
     and Python RNG states, the last metrics); the `keep_checkpoints` most recent are kept. With `resume_from` (a
-    checkpoint directory this function saved, whose weights the caller has already loaded into `model`), training
-    continues after its step, logging what the uninterrupted run logs.
+    checkpoint directory this function saved), its weights and state are restored (`restore_training_state`) and
+    training continues after its step, logging what the uninterrupted run logs.
 
     Returns:
         (steps done, the last step's metrics, the last evaluation's metrics or {}, the final checkpoint's path).
@@ -94,15 +93,12 @@ def fit(
     scheduler = make_scheduler(optimizer, warmup_steps=params.warmup_steps, total_steps=steps, kind=params.lr_schedule)
     step, last, last_eval, order, final = 0, {}, {}, list(range(n_rows)), resume_from
     if resume_from is not None:
-        state = load_state(resume_from)
+        state = restore_training_state(resume_from, optimizer, scheduler, model=model)
         if (state["rows"], state["batch_size"]) != (n_rows, params.batch_size):
             raise ValueError(f"--resume: {resume_from} was saved by a run over {state['rows']} rows in batches of "
                              f"{state['batch_size']}; this config gives {n_rows} rows in batches of "
                              f"{params.batch_size}")
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
         rng.setstate(state["order_rng"])
-        set_rng_state(state["rng"])
         step, order, last, last_eval = state["step"], state["order"], state["last"], state["last_eval"]
 
     def save() -> Path:

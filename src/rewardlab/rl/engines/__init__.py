@@ -151,7 +151,7 @@ class LocalEngine:
         return {}
 
     def close(self) -> None:
-        pass  # the environment and the reward are the trainer's (see rewardlab.rl.trainer.close_env)
+        pass  # the environment and the reward are the trainer's (see rewardlab.envs.close_env)
 
 
 def sample_chunk(policy: Any, episodes: Any, settings: SamplingSettings, rows: Sequence[dict[str, Any]], *, n: int,

@@ -195,10 +195,10 @@ class RolloutWorker:
                                   first_row=first_row, version=self.version))
 
     def close(self) -> None:
-        """Stop the environment's tool workers."""
-        close = getattr(self.episodes.env, "close", None) if self.episodes is not None else None
-        if close is not None:
-            close()
+        """Stop the environment's tool workers (`close_env`)."""
+        from rewardlab.envs.sampling import close_env
+
+        close_env(self.episodes)
 
 
 def _arrays(state: dict[str, Any]) -> dict[str, tuple[Any, str]]:
