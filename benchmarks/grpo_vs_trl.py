@@ -195,7 +195,7 @@ def child_rewardlab(cfg: dict[str, Any]) -> dict[str, Any]:
         model=model, task=q.task, rl=rl, out=str(out), rewards=cfg.get("rewards"), seed=cfg["seed"],
         save_every=10**9, keep_checkpoints=1,
     )
-    summary = train(train_cfg, overwrite=True, show_progress=False,
+    summary = train(train_cfg, mode="overwrite", show_progress=False,
                     time_budget_s=None if cfg["steps"] else cfg["budget_s"])
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {

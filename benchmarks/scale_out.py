@@ -73,7 +73,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(spec["config"]["threads"])
     cfg = TrainConfig(**spec["config"])
-    summary = train(cfg, overwrite=True, show_progress=False, time_budget_s=spec.get("budget_s"))
+    summary = train(cfg, mode="overwrite", show_progress=False, time_budget_s=spec.get("budget_s"))
     metrics = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
     return {"summary": summary, "metrics": metrics}
 

@@ -181,7 +181,7 @@ def test_start_refuses_other_files_even_with_overwrite(tmp_path):
     with pytest.raises(RunDirError, match="already holds files \\(notes.txt\\)"):
         RunDir.start(tmp_path)
     with pytest.raises(RunDirError, match="holds files but no rewardlab run"):
-        RunDir.start(tmp_path, overwrite=True)
+        RunDir.start(tmp_path, mode="overwrite")
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -190,33 +190,33 @@ def test_overwrite_deletes_the_previous_run(tmp_path, capsys):
     run.log_metrics(1, {"x": 1})
     run.save_checkpoint(1, _write_file("w"))
     run.close()
-    run = RunDir.start(tmp_path, overwrite=True)
+    run = RunDir.start(tmp_path, mode="overwrite")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "events.jsonl"]
     assert [e["event"] for e in run.read_jsonl("events.jsonl")] == ["overwrite"]
     assert "deleted the previous run" in capsys.readouterr().err
     run.close()
 
 
-def test_resume_needs_a_run_and_excludes_overwrite(tmp_path):
+def test_resume_needs_a_run_and_mode_is_checked(tmp_path):
     with pytest.raises(RunDirError, match="holds no run to resume"):
-        RunDir.start(tmp_path / "none", resume=True)
-    with pytest.raises(RunDirError, match="exclude each other"):
-        RunDir.start(tmp_path, resume=True, overwrite=True)
+        RunDir.start(tmp_path / "none", mode="resume")
+    with pytest.raises(ValueError, match="mode must be one of 'new', 'resume', 'overwrite', not 'append'"):
+        RunDir.start(tmp_path, mode="append")
 
 
 def test_a_run_directory_is_locked_while_written(tmp_path):
     run = RunDir.start(tmp_path)
     run.log_metrics(1, {"x": 1})
     with pytest.raises(RunDirError, match="already being written by this process"):
-        RunDir.start(tmp_path, resume=True)
+        RunDir.start(tmp_path, mode="resume")
     code = ("import sys; from rewardlab.runs import RunDir, RunDirError\n"
-            "try:\n    RunDir.start(sys.argv[1], resume=True)\n"
+            "try:\n    RunDir.start(sys.argv[1], mode='resume')\n"
             "except RunDirError as e:\n    print(e); sys.exit(3)\n")
     other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert other.returncode == 3, other.stderr
     assert f"in use by another process (pid {os.getpid()}" in other.stdout
     run.close()
-    RunDir.start(tmp_path, resume=True).close()  # released
+    RunDir.start(tmp_path, mode="resume").close()  # released
 
 
 def test_a_killed_writer_leaves_no_stale_lock(tmp_path):
@@ -226,11 +226,11 @@ def test_a_killed_writer_leaves_no_stale_lock(tmp_path):
     try:
         assert proc.stdout.readline().strip() == "locked"
         with pytest.raises(RunDirError, match="in use by another process"):
-            RunDir.start(tmp_path, resume=True)
+            RunDir.start(tmp_path, mode="resume")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-    RunDir.start(tmp_path, resume=True).close()
+    RunDir.start(tmp_path, mode="resume").close()
 
 
 # ------------------------------------------------------------------ torn tails, verified checkpoints, rollback
@@ -256,7 +256,7 @@ def test_resume_repairs_every_log(tmp_path):
     run.close()
     with (tmp_path / "samples.jsonl").open("a") as fh:
         fh.write('{"a": ')
-    RunDir.start(tmp_path, resume=True).close()
+    RunDir.start(tmp_path, mode="resume").close()
     assert (tmp_path / "samples.jsonl").read_text() == '{"a": 1}\n'
 
 

@@ -86,7 +86,7 @@ def test_ctrl_c_in_sft_checkpoints_the_step_and_resume_reaches_the_same_weights(
     assert summary["interrupted"] is True and summary["steps_done"] == 3
 
     monkeypatch.undo()
-    resumed = run_sft(_config(tmp_path, "B", *common), resume=True, show_progress=False)
+    resumed = run_sft(_config(tmp_path, "B", *common), mode="resume", show_progress=False)
     assert resumed["resumed_from"] == 3 and resumed["interrupted"] is False
     assert resumed["final_loss"] == full["final_loss"]
     weights = "checkpoints/step-6/model.safetensors"

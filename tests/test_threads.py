@@ -96,14 +96,14 @@ def test_sft_resume_trains_longer_writes_the_steps_and_refuses_fewer(tmp_path, c
               "task.options={" + ", ".join(f"{k}: {v}" for k, v in CHAIN_SUM.items()) + ", size: 40, test_size: 4}"]
     run_sft(load_config(SFTConfig, None, [*common, "sft.steps=2"]), show_progress=False)
     capsys.readouterr()
-    summary = run_sft(load_config(SFTConfig, None, [*common, "sft.steps=3"]), resume=True, show_progress=False)
+    summary = run_sft(load_config(SFTConfig, None, [*common, "sft.steps=3"]), mode="resume", show_progress=False)
     assert (summary["steps"], summary["resumed_from"]) == (3, 2)
     config = yaml.safe_load((tmp_path / "s" / "config.yaml").read_text())
     assert config["sft"]["steps"] == 3
     assert f"rewardlab: warning: --resume: sft.steps 2 -> 3; written to {tmp_path / 's' / 'config.yaml'}" in (
         capsys.readouterr().err.splitlines())
     with pytest.raises(RunDirError, match=r"^--resume: sft.steps=1 is below step 3, where .*step-3 already is"):
-        run_sft(load_config(SFTConfig, None, [*common, "sft.steps=1"]), resume=True, show_progress=False)
+        run_sft(load_config(SFTConfig, None, [*common, "sft.steps=1"]), mode="resume", show_progress=False)
     with pytest.raises(RunDirError, match=r"other settings: sft.lr \(run: 0.003, now: 0.01\)"):
-        run_sft(load_config(SFTConfig, None, [*common, "sft.steps=3", "sft.lr=1e-2"]), resume=True,
+        run_sft(load_config(SFTConfig, None, [*common, "sft.steps=3", "sft.lr=1e-2"]), mode="resume",
                 show_progress=False)

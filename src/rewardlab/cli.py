@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume and args.overwrite:
         print(f"rewardlab {verb}: error: --resume and --overwrite exclude each other", file=sys.stderr)
         return 2
+    mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"  # rewardlab.runs.RunMode
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers.utils import logging as hf_logging
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sigterm_grace_s()  # a bad REWARDLAB_SIGTERM_GRACE_S is an error before anything starts
         cfg = load_config(command.config, args.config, overrides)
-        result = command.run(cfg, resume=args.resume, overwrite=args.overwrite, show_progress=not args.no_progress)
+        result = command.run(cfg, mode=mode, show_progress=not args.no_progress)
         if command.prints_summary:
             print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
     except Interrupted as exc:  # a first Ctrl-C or SIGTERM: the run stopped after a step, with a checkpoint

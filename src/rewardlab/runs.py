@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 CHECKPOINT_PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -47,8 +47,21 @@ ROLLED_BACK = "rolled_back"
 RUN_MARKERS = ("config.yaml", "summary.json", "metrics.jsonl", EVENTS, "checkpoints")
 
 
+#: How a verb opens its run directory (`RunDir.start`): "new" (the directory must be missing or empty), "resume"
+#: (continue the run there) or "overwrite" (delete the run there first). The CLI's --resume and --overwrite.
+RunMode = Literal["new", "resume", "overwrite"]
+RUN_MODES: tuple[RunMode, ...] = get_args(RunMode)
+
+
 class RunDirError(ValueError):
     """A run directory cannot be used as asked (holds a run, in use, nothing to resume); one line."""
+
+
+def check_mode(mode: Any) -> RunMode:
+    """`mode` if it is a `RunMode`; else a one-line ValueError naming the three."""
+    if mode not in RUN_MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, RUN_MODES))}, not {mode!r}")
+    return mode
 
 
 def _jsonable(value: Any) -> Any:
@@ -264,9 +277,8 @@ class RunDir:
 
     # --------------------------------------------------------------- opening
     @classmethod
-    def start(cls, path: str | Path, *, resume: bool = False, overwrite: bool = False,
-              key: str = "out") -> RunDir:
-        """Open `path` for writing a run: new, resumed (`resume`) or replacing the run there (`overwrite`).
+    def start(cls, path: str | Path, *, mode: RunMode = "new", key: str = "out") -> RunDir:
+        """Open `path` for writing a run as `mode` says: new, resumed or replacing the run there.
 
         - new: `path` must be missing or empty (as with HF Trainer's output_dir).
         - resume: `path` must hold a run; every append-only log's torn tail is repaired.
@@ -276,11 +288,11 @@ class RunDir:
         stale lock) and an event is appended to events.jsonl.
 
         Raises:
-            RunDirError: `path` holds a run and neither flag is given; `resume` with no run; `overwrite` of a
-                directory holding other files; both flags; another process (or this one) is writing the run.
+            RunDirError: `path` holds a run and `mode` is "new"; "resume" with no run; "overwrite" of a directory
+                holding other files; another process (or this one) is writing the run.
+            ValueError: `mode` is not a `RunMode` (`check_mode`).
         """
-        if resume and overwrite:
-            raise RunDirError("--resume and --overwrite exclude each other")
+        check_mode(mode)
         run = cls(path)
         if run.path.exists() and not run.path.is_dir():
             raise RunDirError(f"{key}: {run.path} is a file, not a directory")
@@ -288,14 +300,14 @@ class RunDir:
         if run.path.is_dir():
             run._lock(key)
         try:
-            if resume:
+            if mode == "resume":
                 if not held:
                     raise RunDirError(f"--resume: {run.path} holds no run to resume")
                 run.repair_logs()
                 run.log_event("resume")
             else:
                 contents = run._contents()
-                if contents and not overwrite:
+                if contents and mode != "overwrite":
                     what = "a run" if held else f"files ({', '.join(sorted(p.name for p in contents)[:3])})"
                     raise RunDirError(f"{key}: {run.path} already holds {what}; pass --resume to continue it or "
                                       f"--overwrite to replace it")

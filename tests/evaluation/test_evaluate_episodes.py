@@ -168,7 +168,7 @@ def test_resumed_episode_evaluation_matches_the_uninterrupted_one(tmp_path):
     lines = (a / "batches.jsonl").read_text().splitlines(keepends=True)
     (d / "summary.json").unlink()
     (d / "batches.jsonl").write_text(lines[0] + lines[1][:30])  # killed while logging batch 1
-    summary = run_evaluate(config(d), resume=True, show_progress=False)
+    summary = run_evaluate(config(d), mode="resume", show_progress=False)
     assert {k: v for k, v in summary.items() if k != "wall_s"} == {k: v for k, v in expected.items() if k != "wall_s"}
     assert read_jsonl(d / "predictions.jsonl") == read_jsonl(a / "predictions.jsonl")
     # the sampled episodes differ between the questions' batches (each batch draws from its own streams)

@@ -59,7 +59,7 @@ def test_resume_skips_finished_batches_and_matches_the_uninterrupted_run(uninter
     lines = (a / "batches.jsonl").read_text().splitlines(keepends=True)
     (d / "summary.json").unlink()
     (d / "batches.jsonl").write_text(lines[0] + lines[1] + lines[2][:40])  # killed while logging batch 2
-    summary = run_evaluate(_config(uninterrupted, d), resume=True, show_progress=False)
+    summary = run_evaluate(_config(uninterrupted, d), mode="resume", show_progress=False)
     expected = json.loads((a / "summary.json").read_text())
     assert {k: v for k, v in summary.items() if k != "wall_s"} == {k: v for k, v in expected.items() if k != "wall_s"}
     assert _lines(d / "batches.jsonl") == _lines(a / "batches.jsonl")  # same figures and RNG states, each batch once
@@ -70,7 +70,7 @@ def test_resume_skips_finished_batches_and_matches_the_uninterrupted_run(uninter
     rec["correct"], rec["pass_counts"] = [True] * 3, [4] * 3
     (d / "batches.jsonl").write_text(json.dumps(rec) + "\n" + lines[1])
     (d / "summary.json").unlink()
-    summary = run_evaluate(_config(uninterrupted, d), resume=True, show_progress=False)
+    summary = run_evaluate(_config(uninterrupted, d), mode="resume", show_progress=False)
     later = [c for b in _lines(a / "batches.jsonl")[1:] for c in b["correct"]]
     assert summary["accuracy"] == (3 + sum(later)) / 10
 
@@ -81,9 +81,9 @@ def test_a_used_directory_and_a_resume_with_other_settings_are_refused(uninterru
                                           r"--overwrite to replace it$"):
         run_evaluate(_config(uninterrupted, d), show_progress=False)
     with pytest.raises(RunDirError) as info:
-        run_evaluate(_config(uninterrupted, d, "eval.n=2", "eval.k=[1]"), resume=True, show_progress=False)
+        run_evaluate(_config(uninterrupted, d, "eval.n=2", "eval.k=[1]"), mode="resume", show_progress=False)
     assert str(info.value) == (f"--resume: {d} was started with other settings: eval.n (run: 4, now: 2), eval.k "
                                f"(run: [1, 4], now: [1]); resume with its settings ({d / 'config.yaml'}) or pass "
                                "--overwrite")
-    summary = run_evaluate(_config(uninterrupted, d, "eval.n=2", "eval.k=[1]"), overwrite=True, show_progress=False)
+    summary = run_evaluate(_config(uninterrupted, d, "eval.n=2", "eval.k=[1]"), mode="overwrite", show_progress=False)
     assert summary["samples_per_question"] == 2 and len(_lines(d / "batches.jsonl")) == 4

@@ -30,7 +30,7 @@ def test_prm_label_killed_and_resumed_writes_what_the_uninterrupted_run_writes(t
     kill_midway("PrmLabelConfig", [f"out={b}", *COMMON], "rewardlab.commands.prm.label", b,
                 rng=random.Random(2), after=(3, 5), pause=0.1)
     assert not (b / "summary.json").exists() and lines(b / "metrics.jsonl") < 7
-    resumed = run_prm_label(load_config(PrmLabelConfig, overrides=[f"out={b}", *COMMON]), resume=True,
+    resumed = run_prm_label(load_config(PrmLabelConfig, overrides=[f"out={b}", *COMMON]), mode="resume",
                             show_progress=False)
 
     check_resumed_like_uninterrupted(a, b, 7)

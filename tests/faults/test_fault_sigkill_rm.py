@@ -33,7 +33,7 @@ def _kill_resume_compare(tmp_path, cls, runner, fn, common, steps, save_every, s
     kill_midway(cls.__name__, [f"out={b}", *common], runner, b, rng=random.Random(seed),
                 after=(save_every + 1, steps - 6))
     assert not (b / "summary.json").exists() and lines(b / "metrics.jsonl") < steps
-    resumed = fn(load_config(cls, overrides=[f"out={b}", *common]), resume=True, show_progress=False)
+    resumed = fn(load_config(cls, overrides=[f"out={b}", *common]), mode="resume", show_progress=False)
     assert save_every <= resumed["resumed_from"] < steps and resumed["resumed_from"] % save_every == 0
     metrics = check_resumed_like_uninterrupted(a, b, steps)
     assert resumed["final_train"]["train/loss"] == full["final_train"]["train/loss"] == metrics[-1]["train/loss"]

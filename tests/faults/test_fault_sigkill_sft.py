@@ -32,7 +32,7 @@ def test_sft_killed_and_resumed_logs_what_the_uninterrupted_run_logs(tmp_path):
     k, _ = kill_midway("SFTConfig", [f"out={b}", *COMMON], "rewardlab.commands.sft.run", b, rng=random.Random(0),
                        after=(SAVE_EVERY + 1, STEPS - 8))
     assert not (b / "summary.json").exists() and k <= lines(b / "metrics.jsonl") < STEPS
-    resumed = run_sft(load_config(SFTConfig, overrides=[f"out={b}", *COMMON]), resume=True, show_progress=False)
+    resumed = run_sft(load_config(SFTConfig, overrides=[f"out={b}", *COMMON]), mode="resume", show_progress=False)
 
     assert SAVE_EVERY <= resumed["resumed_from"] < STEPS and resumed["resumed_from"] % SAVE_EVERY == 0
     metrics = check_resumed_like_uninterrupted(a, b, STEPS)
@@ -52,10 +52,10 @@ def test_sft_refuses_a_used_directory_and_a_resume_without_checkpoint(tmp_path):
     with pytest.raises(RunDirError, match="already holds a run; pass --resume .* or --overwrite"):
         run_sft(cfg, show_progress=False)
     assert (tmp_path / "r" / "metrics.jsonl").read_text() == before  # untouched
-    again = run_sft(cfg, overwrite=True, show_progress=False)
+    again = run_sft(cfg, mode="overwrite", show_progress=False)
     assert (tmp_path / "r" / "metrics.jsonl").read_text().count("\n") == 2 and again["resumed_from"] is None
     # a run killed before its first checkpoint has nothing to resume from
     (tmp_path / "early").mkdir()
     (tmp_path / "early" / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(RunDirError, match="^--resume: cannot resume .*: it has no checkpoint$"):
-        run_sft(cfg.model_copy(update={"out": str(tmp_path / "early")}), resume=True, show_progress=False)
+        run_sft(cfg.model_copy(update={"out": str(tmp_path / "early")}), mode="resume", show_progress=False)

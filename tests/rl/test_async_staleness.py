@@ -150,11 +150,11 @@ def _lines(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def _run(tmp_path, name, *overrides, resume=False):
+def _run(tmp_path, name, *overrides, mode="new"):
     (tmp_path / "r.py").write_text(REWARD)
     cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *TASK, f"rewards=[{{name: '{tmp_path / 'r.py'}:dense'}}]",
                                           f"out={tmp_path / name}", *overrides])
-    summary = train(cfg, show_progress=False, resume=resume)
+    summary = train(cfg, show_progress=False, mode=mode)
     return _lines(tmp_path / name / "metrics.jsonl"), _lines(tmp_path / name / "samples.jsonl"), summary
 
 
@@ -213,7 +213,7 @@ def test_lag_2_a_run_resumed_from_its_final_checkpoint_for_more_steps_logs_the_l
     first, _, _ = _run(tmp_path, "split", *RAY, f"rl.max_staleness={k}", "rl.steps=2", "save_every=1")
     assert _semantic(first) == _semantic(metrics[:2])
     again, again_samples, _ = _run(tmp_path, "split", *RAY, f"rl.max_staleness={k}", "rl.steps=4",
-                                   "save_every=1", resume=True)
+                                   "save_every=1", mode="resume")
     assert _semantic(again) == _semantic(metrics)
     assert [m["async/staleness_max"] for m in again] == [0.0, 1.0, 2.0, 2.0]
     assert again_samples == samples
@@ -241,7 +241,7 @@ def test_lag_1_killed_by_sigkill_and_resumed_logs_the_uninterrupted_run(tmp_path
     k, _ = kill_midway("TrainConfig", [*common, f"out={tmp_path / 'b'}"], "rewardlab.rl.trainer.train",
                        tmp_path / "b", rng=random.Random(7), after=(3, 4), pause=0.3, timeout=300)
     assert len(_lines(tmp_path / "b" / "metrics.jsonl")) < 6
-    train(cfg(tmp_path / "b"), show_progress=False, resume=True)
+    train(cfg(tmp_path / "b"), show_progress=False, mode="resume")
     a, b = _lines(tmp_path / "a" / "metrics.jsonl"), _lines(tmp_path / "b" / "metrics.jsonl")
     assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
     resumed_from = [json.loads(x)["step"] for x in (tmp_path / "b" / "events.jsonl").read_text().splitlines()

@@ -156,5 +156,5 @@ def test_step_s_samples_with_policy_version_s_minus_1_also_after_a_resume(tmp_pa
     train(_config(tmp_path, "run", "save_every=1"), show_progress=False)
     assert seen == [[0], [1]]  # the initial weights, then the weights step 1's update produced
     seen.clear()
-    train(_config(tmp_path, "run", "save_every=1", "rl.steps=3"), resume=True, show_progress=False)
+    train(_config(tmp_path, "run", "save_every=1", "rl.steps=3"), mode="resume", show_progress=False)
     assert seen == [[2]]

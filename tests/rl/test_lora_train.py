@@ -88,7 +88,7 @@ def test_sft_with_lora_trains_the_adapter_checkpoints_it_with_its_base_and_resum
     shutil.rmtree(b / "checkpoints" / "step-6")
     (b / "summary.json").unlink()
     (b / "metrics.jsonl").write_text("".join((b / "metrics.jsonl").read_text().splitlines(keepends=True)[:4]))
-    resumed = run_sft(_sft(tmp_path, "B", "sft.steps=6", "save_every=3"), resume=True, show_progress=False)
+    resumed = run_sft(_sft(tmp_path, "B", "sft.steps=6", "save_every=3"), mode="resume", show_progress=False)
     assert resumed["resumed_from"] == 3 and resumed["final_loss"] == full["final_loss"]
     assert _without_time(read_jsonl(tmp_path / "B" / "metrics.jsonl")) == _without_time(
         read_jsonl(tmp_path / "A" / "metrics.jsonl"))  # the same losses and lr, bit for bit
@@ -133,7 +133,7 @@ def test_grpo_with_lora_and_a_kl_penalty_trains_the_adapter_only_and_resumes_bit
     _assert_base_is_the_seeded_tiny_model(ck)
 
     train(_train(tmp_path, "B", "rl.steps=2", *common), show_progress=False)
-    summary = train(_train(tmp_path, "B", "rl.steps=3", *common), resume=True, show_progress=False)
+    summary = train(_train(tmp_path, "B", "rl.steps=3", *common), mode="resume", show_progress=False)
     assert summary["resumed_from"] == 2
     # the base rebuilt as the run built it and the adapter loaded exactly: step 3 logs what the uninterrupted run
     # logs, bit for bit

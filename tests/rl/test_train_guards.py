@@ -143,7 +143,7 @@ def test_a_stop_for_reward_errors_resumes_where_an_uninterrupted_run_would_be(tm
     b = tmp_path / "b"
     assert [m["step"] for m in _lines(b / "metrics.jsonl")] == [1, 2]  # the failed step is not logged
     FLAKY["fail_from"] = None
-    train(_config(tmp_path, "b", *steps), resume=True, show_progress=False)
+    train(_config(tmp_path, "b", *steps), mode="resume", show_progress=False)
     # The checkpoint holds the sampler and RNG state of the end of step 2, not of the failed draw: step 3 draws the
     # prompts and samples the completions the uninterrupted run did.
     key = [(s["step"], s["prompt"], s["completion"]) for s in _lines(b / "samples.jsonl")]

@@ -129,10 +129,10 @@ def test_unknown_algorithm_name_lists_valid_names(tmp_path, key, value):
 
 def test_resume_without_checkpoint(tmp_path):
     with pytest.raises(RunDirError, match="^--resume: .*run holds no run to resume$"):
-        train(_config(tmp_path), resume=True, show_progress=False)
+        train(_config(tmp_path), mode="resume", show_progress=False)
     RunDir.start(tmp_path / "run").close()  # a run that died before its first checkpoint
     with pytest.raises(RunDirError, match="^--resume: cannot resume .*run: it has no checkpoint$"):
-        train(_config(tmp_path), resume=True, show_progress=False)
+        train(_config(tmp_path), mode="resume", show_progress=False)
 
 
 def test_unknown_reward_name(tmp_path):
@@ -180,7 +180,7 @@ def test_resume_logs_same_metrics_as_uninterrupted_run(tmp_path):
     extra = ["save_every=1", "rl.epochs=2", "rl.minibatch_size=8"]  # minibatch shuffling uses the torch RNG
     train(_config(tmp_path, "a", "rl.steps=3", *extra), show_progress=False)
     train(_config(tmp_path, "b", "rl.steps=2", *extra), show_progress=False)
-    summary = train(_config(tmp_path, "b", "rl.steps=3", *extra), resume=True, show_progress=False)
+    summary = train(_config(tmp_path, "b", "rl.steps=3", *extra), mode="resume", show_progress=False)
     assert summary["resumed_from"] == 2
 
     a, b = _metrics(tmp_path / "a"), _metrics(tmp_path / "b")
@@ -282,7 +282,7 @@ def test_gae_trains_a_critic_that_learns_the_returns(tmp_path):
     train(_config(tmp_path, "b", "rl.steps=6", "rl.estimator=gae", "rl.critic_lr=3e-2", "save_every=6",
                   "rl.estimator_options={lam: 0.95}"), show_progress=False)
     train(_config(tmp_path, "b", "rl.steps=12", "rl.estimator=gae", "rl.critic_lr=3e-2", "save_every=6",
-                  "rl.estimator_options={lam: 0.95}"), resume=True, show_progress=False)
+                  "rl.estimator_options={lam: 0.95}"), mode="resume", show_progress=False)
     assert _metrics(tmp_path / "b")[-1]["value/loss"] == pytest.approx(m[-1]["value/loss"], rel=1e-5)
 
 

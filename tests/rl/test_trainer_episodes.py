@@ -63,7 +63,7 @@ def test_a_resumed_agent_run_logs_what_the_uninterrupted_run_logs(tmp_path):
     extra = ["save_every=1", "rl.epochs=2", "rl.minibatch_size=4", "rl.estimator=gigpo"]
     train(_config(tmp_path, "a", "rl.steps=3", *extra), show_progress=False)
     train(_config(tmp_path, "b", "rl.steps=2", *extra), show_progress=False)
-    summary = train(_config(tmp_path, "b", "rl.steps=3", *extra), resume=True, show_progress=False)
+    summary = train(_config(tmp_path, "b", "rl.steps=3", *extra), mode="resume", show_progress=False)
     assert summary["resumed_from"] == 2
     a, b = _lines(tmp_path / "a", "metrics.jsonl"), _lines(tmp_path / "b", "metrics.jsonl")
     assert [m["step"] for m in b] == [1, 2, 3]

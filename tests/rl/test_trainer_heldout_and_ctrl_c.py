@@ -117,7 +117,7 @@ def test_ctrl_c_finishes_the_step_checkpoints_it_and_resume_reaches_the_uninterr
     assert summary["final_checkpoint"] == str(b / "checkpoints" / "step-3")
 
     monkeypatch.undo()
-    resumed = trainer.train(_config(tmp_path, "B", *common), resume=True, show_progress=False)
+    resumed = trainer.train(_config(tmp_path, "B", *common), mode="resume", show_progress=False)
     assert resumed["resumed_from"] == 3 and resumed["interrupted"] is False and resumed["steps_done"] == 6
     got, want = _lines(b / "metrics.jsonl"), _lines(tmp_path / "A" / "metrics.jsonl")
     assert [m["step"] for m in got] == list(range(1, 7))

@@ -57,7 +57,7 @@ def test_resume_after_any_unit_writes_the_uninterrupted_report(uninterrupted, tm
     lines = (uninterrupted / "units.jsonl").read_text().splitlines(keepends=True)
     (d / "report.json").unlink()
     (d / "units.jsonl").write_text("".join(lines[:cut]) + lines[cut][:30])  # killed while logging the next unit
-    report = run_search(_config(d), resume=True, show_progress=False)
+    report = run_search(_config(d), mode="resume", show_progress=False)
     expected = json.loads((uninterrupted / "report.json").read_text())
     assert _strip(report) == _strip({**expected, "plot": str(d / "accuracy_vs_n.png")})
     assert _strip(json.loads((d / "report.json").read_text())) == _strip(report)
@@ -69,13 +69,13 @@ def test_logged_units_are_not_run_again(uninterrupted, tmp_path):
     units = _lines(uninterrupted / "units.jsonl")
     units[1]["correct"] = [[False] * 4, [False] * 4, [True] * 4]  # only question 3 right in the logged pool
     (d / "units.jsonl").write_text("".join(json.dumps(u) + "\n" for u in units[:2]))
-    report = run_search(_config(d), resume=True, show_progress=False)
+    report = run_search(_config(d), mode="resume", show_progress=False)
     assert report["pass@N"] == {"1": 1 / 3, "2": 1 / 3, "4": 1 / 3}
 
 
 def test_a_resume_with_other_settings_is_refused(uninterrupted, tmp_path):
     d = shutil.copytree(uninterrupted, tmp_path / "D")
     with pytest.raises(RunDirError, match=r"other settings: search.n \(run: \[1, 2, 4\], now: \[1, 2\]\)"):
-        run_search(_config(d, "search.n=[1, 2]"), resume=True, show_progress=False)
+        run_search(_config(d, "search.n=[1, 2]"), mode="resume", show_progress=False)
     with pytest.raises(RunDirError, match="already holds a run"):
         run_search(_config(d), show_progress=False)

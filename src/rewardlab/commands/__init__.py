@@ -1,10 +1,11 @@
 """The CLI verbs: one module per verb, and `COMMANDS`, the one table of verb -> (config class, runner, help).
 
-Every verb is `runner(cfg, *, resume=False, overwrite=False, show_progress=True) -> dict` over its validated config:
-it loads what the config names (`commands.common.load_inputs`), opens the run directory (`commands.common.open_run`),
-calls the library (`rewardlab.rl.trainer`, `rewardlab.sft`, `rewardlab.evaluation`, `rewardlab.search`,
-`rewardlab.rm`), writes the run's files and prints its result. Only this layer (and the training loops, which write
-their run directories step by step) imports `rewardlab.config`, `rewardlab.runs` and `rich`.
+Every verb is `runner(cfg, *, mode="new", show_progress=True) -> dict` over its validated config (`mode`, a
+`rewardlab.runs.RunMode`: "new", "resume" or "overwrite", which the CLI's --resume and --overwrite select): it loads
+what the config names (`commands.common.load_inputs`), opens the run directory (`commands.common.open_run`), calls
+the library (`rewardlab.rl.trainer`, `rewardlab.sft`, `rewardlab.evaluation`, `rewardlab.search`, `rewardlab.rm`),
+writes the run's files and prints its result. Only this layer (and the training loops, which write their run
+directories step by step) imports `rewardlab.config`, `rewardlab.runs` and `rich`.
 
 `rewardlab.cli` builds its parser and dispatches from `COMMANDS`; runners are imported when called, so `--help` does
 not load torch.
@@ -55,7 +56,7 @@ class Command:
     prints_summary: bool = True
 
     def run(self, cfg: Any, **kwargs: Any) -> dict[str, Any]:
-        """Import the runner and call it on `cfg` (kwargs: resume, overwrite, show_progress)."""
+        """Import the runner and call it on `cfg` (kwargs: mode, show_progress)."""
         module, name = self.runner.split(":")
         fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), name)
         return fn(cfg, **kwargs)

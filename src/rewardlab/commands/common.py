@@ -10,7 +10,7 @@ import torch
 
 from rewardlab.config import dump_config
 from rewardlab.policy import Policy, load_policy
-from rewardlab.runs import RunDir, warn
+from rewardlab.runs import RunDir, RunMode, warn
 from rewardlab.tasks import Task, check_prompt_lengths, check_task_for_policy, describe_task
 from rewardlab.tasks import load as load_task
 from rewardlab.threads import apply_threads
@@ -65,18 +65,18 @@ def announce_task(task: Task, enabled: bool = True) -> None:
         note(describe_task(task))
 
 
-def open_run(cfg: Any, *, resume: bool = False, overwrite: bool = False, may_change: Iterable[str] = ()) -> RunDir:
+def open_run(cfg: Any, *, mode: RunMode = "new", may_change: Iterable[str] = ()) -> RunDir:
     """Open `cfg.out` with `RunDir.start` and record `cfg` in its config.yaml (a resume checks it instead: only the
     dotted keys in `may_change` may differ). Call it once the inputs load, so that bad input creates or deletes
     nothing. Use the result as a context manager; it is closed again if recording the config fails.
 
     Raises:
-        RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with
+        RunDirError (a ValueError): `cfg.out` holds a run and `mode` is "new", is in use, or "resume" with
             other settings.
     """
-    run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
+    run = RunDir.start(cfg.out, mode=mode)
     try:
-        run.record_config(dump_config(cfg), resume=resume, may_change=may_change)
+        run.record_config(dump_config(cfg), resume=mode == "resume", may_change=may_change)
     except BaseException:
         run.close()
         raise

@@ -13,7 +13,7 @@ from rewardlab.config import EvaluateConfig
 from rewardlab.evaluation.policy import describe_rows, evaluate_policy
 from rewardlab.progress import console, stage
 from rewardlab.rewards import build_reward
-from rewardlab.runs import atomic_write_text, warn
+from rewardlab.runs import RunMode, atomic_write_text, warn
 
 #: The log of finished evaluation batches in an `evaluate` run directory (one JSON line per batch).
 BATCH_LOG = "batches.jsonl"
@@ -21,13 +21,13 @@ BATCH_LOG = "batches.jsonl"
 PREDICTIONS = "predictions.jsonl"
 
 
-def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
+def run(cfg: EvaluateConfig, *, mode: RunMode = "new",
         show_progress: bool = True, announce: bool = True) -> dict[str, Any]:
     """`rewardlab evaluate`: greedy accuracy and pass@k of `cfg.model` on `cfg.split` of `cfg.task`.
 
     The split defaults to the task's `eval_split`: a `jsonl:PATH` file is evaluated whole, a generated task on its
     held-out test split (see `EvaluateConfig.split`). Writes the run directory `cfg.out` (opened with
-    `RunDir.start`, so one that already holds a run is refused unless `resume` or `overwrite`): config.yaml,
+    `RunDir.start`, so one that already holds a run is refused unless "resume" or "overwrite"): config.yaml,
     batches.jsonl (each finished batch, see `evaluate_policy`), predictions.jsonl (one line per question: question,
     answer, greedy prediction, correct, score, error and the n samples with their rewards; written at the end) and
     summary.json (the result of `evaluate_policy` plus
@@ -36,17 +36,16 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
     under the env section's budgets (eval.max_new_tokens per model turn; one line on stderr warns when it is below
     the environment's `min_turn_tokens`, `turn_budget_warning`): predictions.jsonl also holds each greedy
     episode's messages, termination, turns and tool calls, and the summary its episode figures (turns_mean,
-    termination fractions, tool_call_rate, tool_errors_mean; `evaluate_policy`). With `resume`, the batches logged by an interrupted run with the same settings
-    are not evaluated again and the summary equals the uninterrupted run's (but for wall_s). When `cfg.model` is
-    a checkpoint of a rewardlab run and no task is given, the task (and its options) is the run's, unless its
-    reward is MODULE:FUNCTION code or its spec an environment class env:MODULE:CLASS, which a run directory is
-    never trusted to run (refused); a task that
-    differs from it is warned about; summary.json records `trained_on`, `task_differs` and `task_from`
-    (`with_trained_task`). With `announce`, one
-    line on stderr says how many rows of which split were evaluated.
+    termination fractions, tool_call_rate, tool_errors_mean; `evaluate_policy`). With `mode="resume"`, the batches
+    logged by an interrupted run with the same settings are not evaluated again and the summary equals the
+    uninterrupted run's (but for wall_s). When `cfg.model` is a checkpoint of a rewardlab run and no task is given,
+    the task (and its options) is the run's, unless its reward is MODULE:FUNCTION code or its spec an environment
+    class env:MODULE:CLASS, which a run directory is never trusted to run (refused); a task that differs from it is
+    warned about; summary.json records `trained_on`, `task_differs` and `task_from` (`with_trained_task`). With
+    `announce`, one line on stderr says how many rows of which split were evaluated.
 
     Raises:
-        RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with other
+        RunDirError (a ValueError): `cfg.out` holds a run and `mode` is "new", is in use, or "resume" with other
             settings; ValueError: the split has no rows; a prompt that does not fit the model's context window with
             eval.max_new_tokens, named by its FILE:LINE (`check_prompts`; eval.max_prompt_length cuts long prompts
             instead); and what `with_trained_task`, `tasks.load`, `load_policy` and `evaluate_policy` raise.
@@ -67,8 +66,8 @@ def run(cfg: EvaluateConfig, *, resume: bool = False, overwrite: bool = False,
         warn(short)
     announce_task(task, show_progress)
     try:
-        with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the inputs load
-            done = run.read_jsonl(BATCH_LOG) if resume else []
+        with open_run(cfg, mode=mode) as run:  # once the inputs load
+            done = run.read_jsonl(BATCH_LOG) if mode == "resume" else []
             e = cfg.eval
             t0 = time.perf_counter()
             with stage("evaluate", len(rows), enabled=show_progress) as bar:

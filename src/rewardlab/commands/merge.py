@@ -12,13 +12,14 @@ from rewardlab.config import MergeConfig
 from rewardlab.modeldir import check_model_dir
 from rewardlab.policy.hf import torch_dtype
 from rewardlab.policy.lora import base_chain, is_adapter_dir, load_merged
+from rewardlab.runs import RunMode
 from rewardlab.threads import apply_threads
 
 #: The temp directory inside --out the merged model is written to before its files are moved into place.
 STAGING = ".merging"
 
 
-def run(cfg: MergeConfig, *, resume: bool = False, overwrite: bool = False,
+def run(cfg: MergeConfig, *, mode: RunMode = "new",
         show_progress: bool = True) -> dict[str, Any]:
     """Merge the LoRA checkpoint `cfg.model.path` into its base (`rewardlab.policy.lora.load_merged`: every adapter
     of its chain loaded with peft and merged, W + (alpha / r) B A, in `cfg.model.dtype`) and write the result to
@@ -27,8 +28,8 @@ def run(cfg: MergeConfig, *, resume: bool = False, overwrite: bool = False,
     merged model computes the adapter model's log-probs to float rounding.
 
     `cfg.out` is opened with `RunDir.start` once the checkpoint has loaded (so bad input creates nothing): a
-    directory that holds anything is refused unless `overwrite` (a previous merge or run there is replaced) or
-    `resume` (the merge is done again, same settings). The model is written to `cfg.out`/.merging first and its
+    directory that holds anything is refused unless "overwrite" (a previous merge or run there is replaced) or
+    "resume" (the merge is done again, same settings). The model is written to `cfg.out`/.merging first and its
     files moved into place one by one, config.json last, then summary.json: a merge that stops half way leaves no
     config.json (nothing loads it as a model) and no summary.
 
@@ -52,7 +53,7 @@ def run(cfg: MergeConfig, *, resume: bool = False, overwrite: bool = False,
     t0 = time.perf_counter()
     chain = base_chain(path)
     model, tokenizer = load_merged(path, dtype=torch_dtype(cfg.model.dtype), device=cfg.model.device)
-    with open_run(cfg, resume=resume, overwrite=overwrite) as run:
+    with open_run(cfg, mode=mode) as run:
         out = run.path
         staging = out / STAGING
         shutil.rmtree(staging, ignore_errors=True)

@@ -23,11 +23,11 @@ from rewardlab.rm.labels import (METHODS, PrefixEstimator, Solution, label_solut
 from rewardlab.rm.prm import encode_rows, evaluate_steps, prm_loss, step_logits
 from rewardlab.tasks import check_task_for_policy
 from rewardlab.threads import apply_threads
-from rewardlab.runs import RunDir
+from rewardlab.runs import RunDir, RunMode
 from rewardlab.train_state import load_state, rng_state, save_state, set_rng_state
 
 
-def label(cfg: PrmLabelConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def label(cfg: PrmLabelConfig, *, mode: RunMode = "new", show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab prm label`: sample solutions of `cfg.task` questions from `cfg.model`, split them into steps and label
     them with `cfg.label.method`; write the PRM-training JSONL.
 
@@ -40,16 +40,15 @@ def label(cfg: PrmLabelConfig, *, resume: bool = False, overwrite: bool = False,
     `+`/`-` chain, the agreement of the labels' first errors with the exact ones, `reference_first_error`).
 
     The directory is opened with `RunDir.start` once the task, the policy and the method's needs are checked. With
-    `resume`, the rows written after the newest valid checkpoint are rolled back (kept in rolled_back/) and
+    "resume", the rows written after the newest valid checkpoint are rolled back (kept in rolled_back/) and
     labelling goes on from the next question with the saved RNG states and budget, so labels.jsonl ends up equal to
-    the uninterrupted run's; `overwrite` replaces the run there.
+    the uninterrupted run's; "overwrite" replaces the run there.
 
     Raises:
         ValueError: an unknown method, a chat-format policy, "reference" on a task without an integer +/- chain
             expression (see `reference_first_error`), a prompt that does not fit the model's context window with
             label.max_new_tokens (named by its FILE:LINE, `check_prompts`); `RunDirError`: the directory holds a run
-            and neither `resume`
-            nor `overwrite` is given, is in use, or has nothing to resume; a resume with another
+            and `mode` is "new", is in use, or has nothing to resume; a resume with another
             `label.question_batch`.
     """
     p = cfg.label
@@ -70,8 +69,8 @@ def label(cfg: PrmLabelConfig, *, resume: bool = False, overwrite: bool = False,
     estimator = PrefixEstimator(policy, verifier, k=p.k, temperature=p.temperature, top_p=p.top_p,
                                 max_new_tokens=p.max_new_tokens, separator=p.separator, batch_size=p.batch_size)
     announce_task(task, show_progress)
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:  # only once the inputs are checked
-        return _label(cfg, rows, policy, estimator, run, resume, show_progress)
+    with RunDir.start(cfg.out, mode=mode) as run:  # only once the inputs are checked
+        return _label(cfg, rows, policy, estimator, run, mode == "resume", show_progress)
 
 
 LABELS = "labels.jsonl"
@@ -162,20 +161,20 @@ def _label(cfg, rows, policy, estimator: PrefixEstimator, run: RunDir, resume: b
     return summary
 
 
-def train(cfg: PrmTrainConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def train(cfg: PrmTrainConfig, *, mode: RunMode = "new", show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab prm train`: fit a PRM on `cfg.data` step-labelled rows; evaluate on `cfg.eval_data`.
 
     Writes the run directory `cfg.out`: config.yaml, metrics.jsonl (`train/loss`, `train/step_accuracy`, `lr`,
     `time/step_s`, `eval/*`), checkpoints/step-K every `cfg.save_every` steps and at the end (HF format with
     `step_tag` and `step_separator` in config.json, loads with `process_reward_model`, plus trainer_state.pt; the
     `cfg.keep_checkpoints` most recent kept), plots/prm_train.png and summary.json. The directory is opened with
-    `RunDir.start` once the data and backbone load; `resume` continues from its newest valid checkpoint and logs what
-    the uninterrupted run logs (see `rm.fit.fit`), `overwrite` replaces the run there.
+    `RunDir.start` once the data and backbone load; "resume" continues from its newest valid checkpoint and logs what
+    the uninterrupted run logs (see `rm.fit.fit`), "overwrite" replaces the run there.
 
     Raises:
         ValueError / FileNotFoundError: bad data (FILE:LINE), a bad step tag, an unknown backbone, or no row that
-            fits `train.max_length`; `RunDirError`: the directory holds a run and neither `resume` nor `overwrite` is
-            given, is in use, or has nothing to resume.
+            fits `train.max_length`; `RunDirError`: the directory holds a run and `mode` is "new", is in use, or has
+            nothing to resume.
     """
     t = cfg.train
     check_step_tag(t.step_tag)
@@ -193,7 +192,7 @@ def train(cfg: PrmTrainConfig, *, resume: bool = False, overwrite: bool = False,
     model.config.step_tag = t.step_tag
     model.config.step_separator = t.separator
     # Opened only once the data and backbone load.
-    with open_fit_run(cfg, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
+    with open_fit_run(cfg, mode=mode) as (run, start_step, checkpoint, rng):
 
         def evaluate() -> dict[str, float]:
             res = evaluate_steps(model, tokenizer, eval_rows, eval_enc, batch_size=t.batch_size)
@@ -223,6 +222,6 @@ def train(cfg: PrmTrainConfig, *, resume: bool = False, overwrite: bool = False,
                    "step_tag": t.step_tag, "wall_s": time.perf_counter() - wall0,
                    "final_train": {k: v for k, v in last.items() if not k.startswith("eval/")},
                    "final_eval": last_eval, "final_checkpoint": str(final),
-                   "resumed_from": start_step if resume else None}
+                   "resumed_from": start_step if mode == "resume" else None}
         run.write_summary(summary)
     return summary

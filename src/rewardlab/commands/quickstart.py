@@ -16,42 +16,41 @@ from rewardlab.commands import sft as sft_command
 from rewardlab.commands import train as train_command
 from rewardlab.commands.common import open_run
 from rewardlab.config import EvaluateConfig, QuickstartConfig, SFTConfig, TaskConfig, TrainConfig
-from rewardlab.runs import RunDir, warn
+from rewardlab.runs import RunDir, RunMode, warn
 
 def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
-    """How to run a stage in `path`: its summary when it finished (resume), else the runner's resume/overwrite."""
+    """How to run a stage in `path`: its summary when it finished (resume), else the runner's `mode`."""
     if not resume:
-        return {"resume": False, "overwrite": False}  # a new or just emptied quickstart directory
+        return {"mode": "new"}  # a new or just emptied quickstart directory
     stage_run = RunDir(path)
     if (path / "summary.json").is_file():
         summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
         if not summary.get("interrupted"):  # an sft/train stage stopped by Ctrl-C is resumed below
             return {"summary": summary}
     if not stage_run.holds_run():
-        return {"resume": False, "overwrite": False}
+        return {"mode": "new"}
     if path.name in ("sft", "grpo", "no_tool_sft", "no_tool_grpo") and not stage_run.list_checkpoints():
         warn(f"--resume: {path} was interrupted before its first checkpoint; starting that stage again")
-        return {"resume": False, "overwrite": True}
-    return {"resume": True, "overwrite": False}
+        return {"mode": "overwrite"}
+    return {"mode": "resume"}
 
 
-def run(cfg: QuickstartConfig, *, resume: bool = False, overwrite: bool = False,
-        show_progress: bool = True) -> dict[str, Any]:
+def run(cfg: QuickstartConfig, *, mode: RunMode = "new", show_progress: bool = True) -> dict[str, Any]:
     """Run the four stages under `cfg.out` (sft/, eval_sft/, grpo/, eval_grpo/) and write summary.json.
 
     `cfg.out` is opened with `RunDir.start` (config.yaml at its top): a directory that already holds a run is
-    refused unless `overwrite` (the whole quickstart directory is replaced) or `resume`, which reuses each finished
-    stage (summary.json present), resumes an unfinished one (from its last checkpoint; an evaluation from its last
-    finished batch) and starts the missing ones. GRPO checkpoints every 25 steps so that it can be resumed.
+    refused unless `mode` is "overwrite" (the whole quickstart directory is replaced) or "resume", which reuses each
+    finished stage (summary.json present), resumes an unfinished one (from its last checkpoint; an evaluation from
+    its last finished batch) and starts the missing ones. GRPO checkpoints every 25 steps so that it can be resumed.
 
     Returns:
         {"sft": {...}, "grpo": {...}} with held-out accuracy, pass@k and wall seconds per stage.
     Raises:
-        RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, `resume` with other
+        RunDirError (a ValueError): `cfg.out` holds a run and `mode` is "new", is in use, "resume" with other
             settings; and what the stages raise.
     """
-    with open_run(cfg, resume=resume, overwrite=overwrite) as top:
-        return _quickstart(cfg, top, resume, show_progress)
+    with open_run(cfg, mode=mode) as top:
+        return _quickstart(cfg, top, mode == "resume", show_progress)
 
 
 def _stager(out: Path, resume: bool, show_progress: bool, times: dict[str, float]):
@@ -59,12 +58,12 @@ def _stager(out: Path, resume: bool, show_progress: bool, times: dict[str, float
     `times[name]`."""
 
     def stage(name: str, runner, stage_cfg) -> dict[str, Any]:
-        mode = _stage_mode(out / name, resume)
-        if "summary" in mode:  # finished before the interruption
-            times[name] = mode["summary"].get("wall_s", 0.0)
-            return mode["summary"]
+        how = _stage_mode(out / name, resume)
+        if "summary" in how:  # finished before the interruption
+            times[name] = how["summary"].get("wall_s", 0.0)
+            return how["summary"]
         t = time.perf_counter()
-        res = runner(stage_cfg, **mode, show_progress=show_progress)
+        res = runner(stage_cfg, mode=how["mode"], show_progress=show_progress)
         times[name] = time.perf_counter() - t
         return res
 
@@ -147,8 +146,8 @@ def episode_accuracy(policy: Any, rows: list[dict[str, Any]], reward_spec: Any, 
     return out
 
 
-def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str, resume: bool = False,
-                overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str, mode: RunMode = "new",
+                show_progress: bool = True) -> dict[str, Any]:
     """The held-out evaluation of one model (greedy episodes in the calculator environment with `tools`, else greedy
     single completions of the same questions), written to `out`/summary.json."""
     from rewardlab.commands.common import load_model
@@ -166,7 +165,8 @@ def _eval_stage(cfg: QuickstartConfig, model_path: str, *, tools: bool, out: str
     episodes = load_episodes(task, cfg.env, policy) if tools else None  # the env keys checked, as every verb does
     t0 = time.perf_counter()
     try:
-        with RunDir.start(out, overwrite=overwrite or resume) as run:  # an unfinished evaluation runs again whole
+        # an unfinished evaluation runs again whole
+        with RunDir.start(out, mode="new" if mode == "new" else "overwrite") as run:
             run.write_config(json.dumps({"model": model_path, "task": task_cfg.model_dump(), "episodes": tools,
                                          "eval": cfg.eval.model_dump(), "env": cfg.env.model_dump()}, indent=2))
             with progress("evaluate", 1, enabled=show_progress) as bar:
@@ -204,8 +204,8 @@ def _tools_quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_pro
     direct_sft = cfg.sft.model_copy(update={"tool_frac": None})
 
     def evaluate(model_path: str, name: str, tools: bool) -> dict[str, Any]:
-        def runner(_: Any, **mode: Any) -> dict[str, Any]:
-            return _eval_stage(cfg, model_path, tools=tools, out=str(out / name), **mode)
+        def runner(_: Any, **how: Any) -> dict[str, Any]:
+            return _eval_stage(cfg, model_path, tools=tools, out=str(out / name), **how)
 
         return stage(name, runner, None)
 

@@ -26,11 +26,11 @@ from rewardlab.rm.evaluate import build_scorer, evaluate_best_of_k, evaluate_fir
 from rewardlab.rm.fit import fit, open_fit_run
 from rewardlab.rm.pairs import check_code_rows, code_row_gap, generate_pairs, mutant_pairs
 from rewardlab.threads import apply_threads
-from rewardlab.runs import RunDir, atomic_write_text
+from rewardlab.runs import RunDir, RunMode, atomic_write_text
 from rewardlab.tasks import check_task_for_policy
 
 
-def train(cfg: RmTrainConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def train(cfg: RmTrainConfig, *, mode: RunMode = "new", show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab rm train`: fit a Bradley–Terry reward model on `cfg.data` pairs; evaluate on `cfg.eval_data`.
 
     Writes the run directory `cfg.out`: config.yaml, metrics.jsonl (`train/loss`, `train/accuracy`,
@@ -38,14 +38,14 @@ def train(cfg: RmTrainConfig, *, resume: bool = False, overwrite: bool = False, 
     `train.eval_every` steps and at the end), checkpoints/step-K every `cfg.save_every` steps and at the end (HF
     format, loads with `reward_model`, plus trainer_state.pt; the `cfg.keep_checkpoints` most recent kept),
     plots/rm_train.png and summary.json. The directory is opened with `RunDir.start` once the data and backbone
-    load; `resume` continues from its newest valid checkpoint and logs what the uninterrupted run logs (see
-    `rm.fit.fit`), `overwrite` replaces the run there.
+    load; "resume" continues from its newest valid checkpoint and logs what the uninterrupted run logs (see
+    `rm.fit.fit`), "overwrite" replaces the run there.
 
     Returns:
         the summary: steps, pairs, wall seconds, final train and eval metrics, `final_checkpoint`, `resumed_from`.
     Raises:
         ValueError / FileNotFoundError: bad data files (naming FILE:LINE), an unknown backbone; `RunDirError`: the
-            directory holds a run and neither `resume` nor `overwrite` is given, is in use, or has nothing to resume.
+            directory holds a run and `mode` is "new", is in use, or has nothing to resume.
     """
     t = cfg.train
     train_pairs = load_pairs(cfg.data)
@@ -54,7 +54,7 @@ def train(cfg: RmTrainConfig, *, resume: bool = False, overwrite: bool = False, 
     model, tokenizer = load_backbone(cfg.model.path, "sequence", device=cfg.model.device,
                                      tiny_arch=cfg.model.tiny.model_dump(), seed=cfg.seed)
     # Opened only once the data and backbone load.
-    with open_fit_run(cfg, resume=resume, overwrite=overwrite) as (run, start_step, checkpoint, rng):
+    with open_fit_run(cfg, mode=mode) as (run, start_step, checkpoint, rng):
 
         def evaluate() -> dict[str, float]:
             res = model_pair_stats(model, tokenizer, eval_pairs, batch_size=t.batch_size, max_length=t.max_length)
@@ -84,7 +84,7 @@ def train(cfg: RmTrainConfig, *, resume: bool = False, overwrite: bool = False, 
                    "wall_s": time.perf_counter() - wall0,
                    "final_train": {k: v for k, v in last.items() if not k.startswith("eval/")},
                    "final_eval": last_eval, "final_checkpoint": str(final),
-                   "resumed_from": start_step if resume else None}
+                   "resumed_from": start_step if mode == "resume" else None}
         run.write_summary(summary)
     return summary
 
@@ -165,11 +165,11 @@ def _table(report: dict[str, Any]) -> Table:
     return table
 
 
-def evaluate(cfg: RmEvalConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def evaluate(cfg: RmEvalConfig, *, mode: RunMode = "new", show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab rm eval`: score `cfg.data` with the scorer and write report.json, plots and a table.
 
     The run directory `cfg.out` is opened with `RunDir.start` once the data and scorer load: one that already holds
-    a run is refused unless `overwrite` (deleted first) or `resume`; a resume reruns the evaluation whole (it is
+    a run is refused unless "overwrite" (deleted first) or "resume"; a resume reruns the evaluation whole (it is
     deterministic: same settings, same report).
 
     Returns:
@@ -177,13 +177,13 @@ def evaluate(cfg: RmEvalConfig, *, resume: bool = False, overwrite: bool = False
         section is None when the data has no rows of its kind; per-response scores are kept in report.json only).
     Raises:
         ValueError / FileNotFoundError: bad data (FILE:LINE), no scorer, a bad model directory or reward spec;
-            RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume` with
+            RunDirError (a ValueError): `cfg.out` holds a run and `mode` is "new", is in use, or "resume" with
             other settings.
     """
     apply_threads(cfg.threads)
     data = load_eval_rows(cfg.data)
     scorer, name = build_scorer(cfg.model.path, cfg.scorer, cfg.model.device)
-    with open_run(cfg, resume=resume, overwrite=overwrite) as run:
+    with open_run(cfg, mode=mode) as run:
         return _rm_eval(cfg, run, data, scorer, name, show_progress)
 
 
@@ -226,7 +226,7 @@ def _rm_eval(cfg, run: RunDir, data, scorer, name: str, show_progress: bool) -> 
     return summary
 
 
-def pairs(cfg: RmPairsConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def pairs(cfg: RmPairsConfig, *, mode: RunMode = "new", show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab rm pairs`: preference pairs for `cfg.split` questions of `cfg.task`, from one of two sources
     (`cfg.pairs.source`):
 
@@ -242,7 +242,7 @@ def pairs(cfg: RmPairsConfig, *, resume: bool = False, overwrite: bool = False, 
     counts of pairs whose chosen / rejected response is strictly longer, and wall_s in seconds).
 
     The run directory is opened with `RunDir.start` once the task and model load: one that already holds a run is
-    refused unless `overwrite` (deleted first) or `resume`; a resume reruns the generation whole (seeded: same
+    refused unless "overwrite" (deleted first) or "resume"; a resume reruns the generation whole (seeded: same
     settings, same pairs).
 
     Raises:
@@ -250,12 +250,12 @@ def pairs(cfg: RmPairsConfig, *, resume: bool = False, overwrite: bool = False, 
             model's context window with pairs.max_new_tokens (named by its FILE:LINE, `check_prompts`); with source
             "mutants", a row without a canonical solution or tests; no pairs made (the policy is always or never
             right; no mutant fails);
-            RunDirError (a ValueError): `cfg.out` holds a run and neither flag is given, is in use, or `resume`
+            RunDirError (a ValueError): `cfg.out` holds a run and `mode` is "new", is in use, or "resume"
             with other settings.
     """
     prepared = _prepare_pairs(cfg)
     announce_task(prepared[0], show_progress)
-    with open_run(cfg, resume=resume, overwrite=overwrite) as run:
+    with open_run(cfg, mode=mode) as run:
         return _rm_pairs(cfg, run, show_progress, *prepared)
 
 

@@ -22,23 +22,23 @@ from rewardlab.config import SearchConfig
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.tasks import check_task_for_policy
-from rewardlab.runs import atomic_write_text, warn
+from rewardlab.runs import RunMode, atomic_write_text, warn
 from rewardlab.search.report import METHODS, Units, check_settings, compare_methods, plot_report
 
 #: The log of finished units in a search run directory (one JSON line per unit).
 UNIT_LOG = "units.jsonl"
 
 
-def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
+def run(cfg: SearchConfig, *, mode: RunMode = "new",
         show_progress: bool = True) -> dict[str, Any]:
     """Run every method in `cfg.search.methods` for every budget in `cfg.search.n` on `cfg.split` of `cfg.task`
     (default: the task's `eval_split`, i.e. a jsonl file whole, a generated task's held-out split), with
     `rewardlab.search.report.compare_methods`.
 
     Writes the run directory `cfg.out` (opened with `RunDir.start`: one that already holds a run is refused unless
-    `resume` or `overwrite`): config.yaml, units.jsonl (each finished unit), report.json (per method and N:
+    "resume" or "overwrite"): config.yaml, units.jsonl (each finished unit), report.json (per method and N:
     accuracy, tokens and scorer calls per question, wall seconds; pass@N; greedy accuracy) and accuracy_vs_n.png;
-    prints the table. With `resume`, the units an interrupted run with the same settings finished are not run again.
+    prints the table. With "resume", the units an interrupted run with the same settings finished are not run again.
 
     Correctness is always judged by the task's own verifier (`task.reward`); the scorer (`cfg.scorer`, default the
     task's verifier, i.e. an oracle) only ranks candidates. As with `evaluate`, a checkpoint of a rewardlab run
@@ -49,7 +49,7 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
         ValueError: an unknown method or equivalence, bad budgets, a prompt that does not fit the model's context
             window with search.max_new_tokens (named by its FILE:LINE, `check_prompts`), and what
             `with_trained_task`, `tasks.load`, `load_policy` and `build_reward` raise; RunDirError (a ValueError):
-            `cfg.out` holds a run and neither flag is given, is in use, or `resume` with other settings.
+            `cfg.out` holds a run and `mode` is "new", is in use, or "resume" with other settings.
     """
     s = cfg.search
     check_settings(s)
@@ -66,8 +66,9 @@ def run(cfg: SearchConfig, *, resume: bool = False, overwrite: bool = False,
     check_task_for_policy(task, policy)
     check_prompts(task, policy, max_new_tokens=s.max_new_tokens, key="search.max_new_tokens")
     announce_task(task, show_progress)
-    with open_run(cfg, resume=resume, overwrite=overwrite) as run:  # once the task, rewards and model load
-        units = Units(lambda rec: run.append_jsonl(UNIT_LOG, [rec]), run.read_jsonl(UNIT_LOG) if resume else [])
+    with open_run(cfg, mode=mode) as run:  # once the task, rewards and model load
+        done = run.read_jsonl(UNIT_LOG) if mode == "resume" else []
+        units = Units(lambda rec: run.append_jsonl(UNIT_LOG, [rec]), done)
         result = compare_methods(policy, rows, verifier, scorer, s, units=units,
                                  stage=partial(stage, enabled=show_progress))
         if cfg.scorer is None:

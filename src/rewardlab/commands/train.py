@@ -6,9 +6,10 @@ from typing import Any
 
 from rewardlab.config import TrainConfig
 from rewardlab.rl.trainer import train
+from rewardlab.runs import RunMode
 
 
-def run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def run(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True) -> dict[str, Any]:
     """`rewardlab.rl.trainer.train(cfg, ...)`: its set-up opens the run directory itself, because a resume loads the
     policy from the run's checkpoint (see `rewardlab.rl.trainer.setup`).
 
@@ -17,4 +18,4 @@ def run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, show
     Raises:
         what `train` raises.
     """
-    return train(cfg, resume=resume, overwrite=overwrite, show_progress=show_progress)
+    return train(cfg, mode=mode, show_progress=show_progress)

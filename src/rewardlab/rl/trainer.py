@@ -1,6 +1,6 @@
 """The RL training loop (GRPO family): `train` = `setup` + per step `collect` -> `assign_credit` -> `update` -> log.
 
-- `setup(cfg, resume)` -> `TrainState`: task, reward, policy, reference, critic, optimizer, schedule, prompt sampler,
+- `setup(cfg, mode)` -> `TrainState`: task, reward, policy, reference, critic, optimizer, schedule, prompt sampler,
   and for an environment task (task.spec env:NAME) its environment and budgets, and the rollout engine
   (`rewardlab.rl.engines`, rl.engine local or ray) with the policy's weights published to it; opens the run
   directory and, on a resume, restores the newest valid checkpoint.
@@ -65,7 +65,7 @@ from rewardlab.rl.info_gain import info_gain_rewards
 from rewardlab.rl.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, aggregation_weights,
                                  compute_policy_loss, kl_clamped, kl_penalty, per_token_policy_loss,
                                  split_loss_options)
-from rewardlab.runs import RunDir, warn
+from rewardlab.runs import RunDir, RunMode, warn
 from rewardlab.threads import apply_threads, freeze_heap
 from rewardlab.train_state import load_weights, restore_training_state, rng_state, save_state, set_rng_state
 from rewardlab.tasks import Task, check_prompt_lengths, check_task_for_policy, describe_task, load as load_task
@@ -512,9 +512,9 @@ def check_task_fits(task: Task, policy: Policy, rl: RLConfig) -> None:
         warn(note)
 
 
-def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> TrainState:
+def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> TrainState:
     """Check `cfg`, load the task, reward and models, check that the model can read the task and that its prompts fit
-    the context window (`check_task_fits`), open the run directory and, with `resume`, restore the newest valid
+    the context window (`check_task_fits`), open the run directory and, with "resume", restore the newest valid
     checkpoint (weights, optimizer, schedule, sampler, RNG state, critic and refreshed reference).
 
     The model is loaded before the directory is touched (an overwrite deletes the old run); the RNGs are seeded
@@ -530,7 +530,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
 
         check_reachable(cfg.rl.ray_address)  # a cluster nothing answers at, refused before the task and model load
     threads = apply_threads(cfg.threads)
-    if cfg.model.path != "tiny" and (not resume or cfg.rl.beta > 0 or cfg.model.lora is not None):
+    if cfg.model.path != "tiny" and (mode != "resume" or cfg.rl.beta > 0 or cfg.model.lora is not None):
         # a bad path is refused before the run directory is created (a LoRA run resumes on its base, so needs it)
         check_model_dir(cfg.model.path, adapters=True)
     rl = cfg.rl
@@ -544,7 +544,7 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
                          "into reasoning steps (process rewards score single completions); unset it")
     model_kw = {"seed": cfg.seed, **cfg.model.policy_options()}
     policy: Policy | None = None
-    if not resume:
+    if mode != "resume":
         policy = load_policy(cfg.model.path, **model_kw)
         check_task_fits(task, policy, rl)  # before the run directory is touched
     # the environment and the env section's budgets, its keys checked against the environment (and the model's
@@ -554,13 +554,13 @@ def setup(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) ->
     # the rollout engine (rl.engine ray: its workers, ray missing refused) before the run directory is touched
     engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads, task=task)
     try:
-        run = RunDir.start(cfg.out, resume=resume, overwrite=overwrite)
+        run = RunDir.start(cfg.out, mode=mode)
     except BaseException:
         engine.close()
         raise
     try:
         latest = None
-        if resume:  # the newest valid checkpoint, logs rolled back to it; allowed changes written to config.yaml
+        if mode == "resume":  # the newest valid checkpoint, logs rolled back to it; allowed changes to config.yaml
             latest = run.resume_training(dump_config(cfg), may_change=RESUME_MAY_CHANGE, steps=rl.steps,
                                          steps_key="rl.steps")
         else:
@@ -1102,13 +1102,13 @@ def save_checkpoint(state: TrainState) -> Path:
     return path
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, show_progress: bool = True,
+def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True,
           time_budget_s: float | None = None) -> dict[str, Any]:
     """Optimize `cfg.model` on `cfg.task` with the configured estimator and policy loss.
 
     Writes the run directory `cfg.out` (see `rewardlab.runs`), opened with `RunDir.start` once the config, task,
-    rewards and model are known to be good: a directory that already holds a run is refused unless `overwrite` (the
-    old run is deleted first) or `resume`. With `resume`, continues from the newest checkpoint there that verifies
+    rewards and model are known to be good: a directory that already holds a run is refused unless "overwrite" (the
+    old run is deleted first) or "resume". With "resume", continues from the newest checkpoint there that verifies
     against its manifest (an invalid newer one is skipped with a warning), after rolling the logs back to that
     checkpoint: weights, optimizer, schedule, prompt sampler and RNG state are restored, so step k+1 after a resume
     logs what an uninterrupted run logs, each step once; a resume whose settings differ from config.yaml in more
@@ -1136,15 +1136,15 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
             characters outside its vocabulary, chat rows without a chat template); a prompt that does not fit the
             model's context window with rl.max_new_tokens, named by its FILE:LINE (`tasks.check_prompt_lengths`;
             rl.max_prompt_length cuts long prompts instead); RunDirError (a ValueError):
-            `cfg.out` holds a run and neither flag is given, is in use by another process, `resume` with other
-            settings, or `resume` finds no valid checkpoint.
+            `cfg.out` holds a run and `mode` is "new", is in use by another process, "resume" with other
+            settings, or "resume" finds no valid checkpoint.
         OSError: a checkpoint could not be written (the message names it and the intact previous one).
         Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C or SIGTERM after a step; names the step, its
             checkpoint and the `--resume` command.
         RewardError: rl.max_reward_error_frac of a step's rollouts had a reward error (after a checkpoint of the
             step before; see `stop_on_reward_errors`), or a reward failed with on_error=raise.
     """
-    state = setup(cfg, resume=resume, overwrite=overwrite)
+    state = setup(cfg, mode=mode)
     rl, run = cfg.rl, state.run
     freeze_heap()  # the set-up's objects out of the cycle collector's full passes, until the run ends
     if show_progress:
@@ -1188,7 +1188,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, sh
                 "loss": rl.loss,
                 "steps": rl.steps,
                 "steps_done": state.step,
-                "resumed_from": state.start_step if resume else None,
+                "resumed_from": state.start_step if mode == "resume" else None,
                 "interrupted": interrupted,
                 "wall_s": time.perf_counter() - wall0,
                 "final_metrics": last or (run.read_metrics() or [{}])[-1],

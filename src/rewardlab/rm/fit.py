@@ -17,7 +17,7 @@ import torch
 from rewardlab.config import dump_config
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.progress import stage
-from rewardlab.runs import RunDir
+from rewardlab.runs import RunDir, RunMode
 from rewardlab.train_state import restore_training_state, rng_state, save_state
 
 #: Settings a resumed reward-model run may change (checkpointing, and the micro-batch, which changes the floats'
@@ -27,8 +27,7 @@ RESUME_MAY_CHANGE = ("save_every", "keep_checkpoints", "train.micro_batch_size")
 
 
 @contextmanager
-def open_fit_run(cfg: Any, *, resume: bool,
-                 overwrite: bool) -> Iterator[tuple[RunDir, int, Path | None, random.Random]]:
+def open_fit_run(cfg: Any, *, mode: RunMode) -> Iterator[tuple[RunDir, int, Path | None, random.Random]]:
     """Open `cfg.out` for a reward-model training run (`RunDir.start`), record or check its config, and on a resume
     find the newest valid checkpoint; seed torch with `cfg.seed`.
 
@@ -39,9 +38,9 @@ def open_fit_run(cfg: Any, *, resume: bool,
     Raises:
         RunDirError: as `RunDir.start`, `RunDir.record_config` and `RunDir.resume_checkpoint` raise it.
     """
-    with RunDir.start(cfg.out, resume=resume, overwrite=overwrite) as run:
-        run.record_config(dump_config(cfg), resume=resume, may_change=RESUME_MAY_CHANGE)
-        start_step, checkpoint = run.resume_checkpoint() if resume else (0, None)
+    with RunDir.start(cfg.out, mode=mode) as run:
+        run.record_config(dump_config(cfg), resume=mode == "resume", may_change=RESUME_MAY_CHANGE)
+        start_step, checkpoint = run.resume_checkpoint() if mode == "resume" else (0, None)
         torch.manual_seed(cfg.seed)
         yield run, start_step, checkpoint, random.Random(cfg.seed)
 
