@@ -34,6 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = "src/rewardlab/rl/trainer.py"
+ROLLOUTS = "src/rewardlab/rl/rollouts.py"
+CREDIT = "src/rewardlab/rl/credit.py"
+UPDATE = "src/rewardlab/rl/update.py"
 COPIED = ("src", "tests", "docs", "README.md", "pyproject.toml")
 
 SWITCH_TESTS = "tests/rl/test_trainer_switches.py"
@@ -57,39 +60,39 @@ class Break:
 
 
 BREAKS = [
-    Break("rl.mask_truncated", "every termination reason's loss weight forced to 1.0", TRAINER,
+    Break("rl.mask_truncated", "every termination reason's loss weight forced to 1.0", CREDIT,
           "torch.tensor([weight[t] for t in ends]", "torch.tensor([1.0 for t in ends]",
           (SWITCH_TESTS, TRAINER_TESTS, EPISODES, SPLIT)),
-    Break("rl.kl_in", "reward: the KL is not subtracted from the token rewards", TRAINER,
-          "token_rewards = token_rewards - rl.beta * kl_tokens", "token_rewards = token_rewards",
+    Break("rl.kl_in", "reward: the KL is not subtracted from the token rewards", CREDIT,
+          "return ref, token_rewards - rl.beta * kl_tokens, metrics", "return ref, token_rewards, metrics",
           (SWITCH_TESTS, TRAINER_TESTS)),
-    Break("rl.kl_in", "reward: the KL subtracted from the token rewards whatever rl.kl_in", TRAINER,
-          'if rl.kl_in == "reward":', "if True:", (SWITCH_TESTS, TRAINER_TESTS)),
-    Break("rl.kl_in", "loss: the KL term leaves the gradient", TRAINER,
+    Break("rl.kl_in", "reward: the KL subtracted from the token rewards whatever rl.kl_in", CREDIT,
+          'if rl.kl_in != "reward":', "if False:", (SWITCH_TESTS, TRAINER_TESTS)),
+    Break("rl.kl_in", "loss: the KL term leaves the gradient", UPDATE,
           "objective = objective + rl.beta * (kl_penalty(", "objective = objective + 0 * rl.beta * (kl_penalty(",
           (SWITCH_TESTS, GRADIENT, TRAINER_TESTS)),
-    Break("rl.entropy_coef", "the entropy bonus leaves the gradient", TRAINER,
+    Break("rl.entropy_coef", "the entropy bonus leaves the gradient", UPDATE,
           "objective = objective - rl.entropy_coef * (ent * w).sum()",
           "objective = objective - 0 * rl.entropy_coef * (ent * w).sum()",
           (SWITCH_TESTS, GRADIENT, TRAINER_TESTS)),
-    Break("rl.group_filter", "the filter keeps every group", TRAINER,
-          "        dropped += int((~keep).sum()) // rl.group_size",
-          "        keep = torch.ones_like(keep)\n        dropped += int((~keep).sum()) // rl.group_size",
+    Break("rl.group_filter", "the filter keeps every group", ROLLOUTS,
+          "        dropped += keep.count(False) // rl.group_size",
+          "        keep = [True] * len(new)\n        dropped += keep.count(False) // rl.group_size",
           (SWITCH_TESTS, TRAINER_TESTS)),
     Break("rl.curriculum", "the uniform sampler whatever the setting", TRAINER,
-          "sampler = make_curriculum(rl.curriculum, task.train, seed=cfg.seed, **rl.curriculum_options)",
+          "sampler = make_curriculum(cfg.rl.curriculum, task.train, seed=cfg.seed, **cfg.rl.curriculum_options)",
           'sampler = make_curriculum("uniform", task.train, seed=cfg.seed)',
           (SWITCH_TESTS, TRAINER_TESTS, "tests/test_train_state.py")),
-    Break("rl.curriculum", "the sampler never sees the pass rates", TRAINER,
+    Break("rl.curriculum", "the sampler never sees the pass rates", ROLLOUTS,
           "sampler.update(indices, correct.mean(dim=1).tolist())", "pass",
           (SWITCH_TESTS, TRAINER_TESTS, "tests/test_train_state.py")),
-    Break("rl.max_staleness", "the lag ignored (always synchronous)", TRAINER,
-          "self.state, self.lag = state, rl.max_staleness", "self.state, self.lag = state, 0",
+    Break("rl.max_staleness", "the lag ignored (always synchronous)", ROLLOUTS,
+          "self.run, self.lag = run, rl.max_staleness", "self.run, self.lag = run, 0",
           (ASYNC, SWITCH_TESTS)),
-    Break("rl.epochs", "one pass whatever the setting", TRAINER,
+    Break("rl.epochs", "one pass whatever the setting", UPDATE,
           "for _ in range(rl.epochs if n else 0):", "for _ in range(1 if n else 0):",
           (SWITCH_TESTS, TRAINER_TESTS, EPISODES)),
-    Break("rl.minibatch_size", "one minibatch of the whole batch", TRAINER,
+    Break("rl.minibatch_size", "one minibatch of the whole batch", UPDATE,
           "episode_minibatches(credit.episode, rl.minibatch_size, n=n)",
           "episode_minibatches(credit.episode, None, n=n)",
           (SWITCH_TESTS, TRAINER_TESTS, EPISODES)),

@@ -15,7 +15,7 @@ from rewardlab.cli import parse
 from rewardlab.commands import COMMANDS, GROUPS
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards.compose import check_specs
-from rewardlab.rl.trainer import check_names
+from rewardlab.rl.specs import resolve_specs
 from rewardlab.tasks import LOADERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def _check(cfg, verb: str) -> None:
     if getattr(cfg, "scorer", None) is not None:
         check_specs(cfg.scorer)
     if verb == "train":
-        check_names(cfg)
+        resolve_specs(cfg)
 
 
 def _verb_of(body: str) -> str:

@@ -110,3 +110,96 @@ def test_importing_tasks_loads_neither_envs_nor_rewards_yet_env_tasks_and_reward
     lines = out.stdout.split("\n")
     assert lines[0] == "[]" and lines[2] == "env:guess_number"
     assert lines[1].startswith("task.options.reward: unknown reward 'nope'; valid: ") and "exact_match" in lines[1]
+
+
+#: The layers, top to bottom: a module may import only modules of its own layer or of layers below it
+#: (docs/layout.md draws this order; `config`, `runs` and `progress` sit beside the verbs and the training loops,
+#: which `test_library_modules_import_no_verb_layer` checks).
+LAYERS = ("cli", "commands", "integrations", "rl", "sft", "rm", "search", "evaluation", "envs", "rewards", "sandbox",
+          "train_state", "policy", "tasks", "runs", "config", "progress", "interrupt", "optim", "modeldir", "threads",
+          "lifetime", "registry", "types")
+
+
+def _layer(path: Path) -> str:
+    rel = path.relative_to(SRC).as_posix()
+    return rel.split("/")[0].removesuffix(".py")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Layer -> the other layers its modules import (at the top of a module or inside a function)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "__init__.py" and path.parent == SRC:
+            continue
+        here = _layer(path)
+        graph.setdefault(here, set())
+        for name in _imports(path):
+            if name.startswith("rewardlab.") and name.split(".")[1] != here:
+                graph[here].add(name.split(".")[1])
+    return graph
+
+
+def test_imports_point_down_the_layers_and_the_drawing_is_the_graph():
+    graph = import_graph()
+    assert sorted(graph) == sorted(LAYERS), "a layer was added or removed: place it in LAYERS and docs/layout.md"
+    up = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if LAYERS.index(b) < LAYERS.index(a))
+    assert up == [], f"imports up the layers: {up}"
+    drawn = (SRC.parents[1] / "docs" / "layout.md").read_text(encoding="utf-8")
+    block = drawn.split("<!-- import graph -->\n```\n", 1)[1].split("```", 1)[0]
+    expected = "".join(f"{layer:<13}-> {' '.join(b for b in LAYERS if b in graph[layer]) or '(nothing)'}\n"
+                       for layer in LAYERS)
+    assert block == expected, "docs/layout.md's import graph is out of date; its block should read:\n" + expected
+
+
+def _module_cycles() -> list[list[str]]:
+    """Import cycles between rewardlab modules (a package's modules importing their own package excepted)."""
+    modules = {p.relative_to(SRC.parent).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__"): p
+               for p in SRC.rglob("*.py")}
+    edges = {m: {n for n in _imports(p) if n in modules and n != m and not m.startswith(n + ".")}
+             for m, p in modules.items()}
+    cycles, state, stack = [], {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(edges[m]):
+            if state.get(n) == "open":
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(modules):
+        if m not in state:
+            visit(m)
+    return cycles
+
+
+def test_no_import_cycle_between_modules():
+    assert _module_cycles() == []
+
+
+#: The folder whose functions are at most 60 lines (code and comments; the docstring is not counted).
+SHORT_FUNCTIONS = ("rl/",)
+
+
+def _functions():
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield rel, node
+
+
+def _code_lines(node) -> int:
+    """The lines of a function, its docstring not counted."""
+    first = node.body[0]
+    doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    return node.end_lineno - node.lineno + 1 - (first.end_lineno - first.lineno + 1 if doc else 0)
+
+
+def test_functions_in_rl_are_at_most_60_lines():
+    long = [f"{rel}:{node.lineno} {node.name} ({_code_lines(node)} lines)" for rel, node in _functions()
+            if rel.startswith(SHORT_FUNCTIONS) and _code_lines(node) > 60]
+    assert long == []

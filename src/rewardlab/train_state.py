@@ -68,7 +68,7 @@ def save_state(directory: Path, state: dict[str, Any]) -> None:
 
 def _safe_types() -> list[type]:
     """The classes besides tensors and plain containers a trainer_state.pt holds: the records of the batches an
-    asynchronous trainer prefetched (`rl.trainer.Prefetch.state_dict`)."""
+    asynchronous trainer prefetched (`rl.rollouts.Prefetch.state_dict`)."""
     from rewardlab.types import RewardOutput, Rollout
 
     return [Rollout, RewardOutput]

@@ -30,7 +30,7 @@ from rewardlab.rewards import executor as executor_module
 from rewardlab.rewards import math as math_module
 from rewardlab.sandbox import runner as sandbox_module
 from rewardlab.rewards.executor import shared_executor
-from rewardlab.rl.trainer import step_metrics
+from rewardlab.rl.rollouts import step_metrics
 from rewardlab.types import Rollout
 
 #: A pool of its own (shared_executor keys pools by worker count), so that other test files' pools are untouched.

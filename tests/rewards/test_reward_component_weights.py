@@ -8,7 +8,7 @@ import torch
 
 from rewardlab.rewards import REWARDS, build_reward, reward
 from rewardlab.rewards.compose import PenaltyReward, component_weights
-from rewardlab.rl.trainer import _reward_components
+from rewardlab.rl.credit import ESTIMATOR_INPUTS, CreditView
 from rewardlab.types import Rollout
 
 if "test_cw_length" not in REWARDS:
@@ -43,10 +43,17 @@ def test_any_other_reward_is_one_component_of_weight_one():
     assert component_weights(PenaltyReward(single, [single], name="pen")) == [("pen", 1.0)]
 
 
+def _components(reward, outputs):
+    """GDPO's inputs as the trainer's provider of `components` (and `weights`) computes them."""
+    view = CreditView(SimpleNamespace(reward=reward), [], [], outputs, torch.zeros(0), None)
+    assert ESTIMATOR_INPUTS["components"] is ESTIMATOR_INPUTS["weights"]  # one provider, run once
+    return ESTIMATOR_INPUTS["components"](view).inputs
+
+
 def test_gdpo_inputs_are_the_members_scores_and_weights():
     built = build_reward([{"name": "test_cw_length"}, {"name": "test_cw_half", "weight": 0.25}])
     outs = built(_rollouts("ab", "abcd"))
-    got = _reward_components(SimpleNamespace(reward=built), [], outs, None, None)
+    got = _components(built, outs)
     # columns: length (2, 4) and the constant 0.5; weights 1 and 0.25
     assert got["components"].tolist() == [[2.0, 0.5], [4.0, 0.5]]
     assert got["weights"].tolist() == [1.0, 0.25] and got["weights"].dtype == torch.float32
@@ -54,5 +61,5 @@ def test_gdpo_inputs_are_the_members_scores_and_weights():
 
 def test_gdpo_inputs_of_a_single_reward_are_its_score():
     single = build_reward("test_cw_length").members[0][0]
-    got = _reward_components(SimpleNamespace(reward=single), [], single(_rollouts("abc")), None, None)
+    got = _components(single, single(_rollouts("abc")))
     assert got["components"].tolist() == [[3.0]] and got["weights"].tolist() == [pytest.approx(1.0)]

@@ -1,7 +1,7 @@
 """Run as a script by test_memory_bound.py, in a fresh process whose allocator returns freed blocks to the system
 (MALLOC_MMAP_THRESHOLD_), so that the process's peak RSS follows the peak of live memory.
 
-One RL update (`rl.trainer.update`: micro-batched log-probs, loss, backward, AdamW step) of N rollouts of a
+One RL update (`rl.update.update`: micro-batched log-probs, loss, backward, AdamW step) of N rollouts of a
 Qwen2-style model with a 16,000-token vocabulary, for N and 2N at micro-batch M, then for N and 2N without
 micro-batches; prints, as one JSON line, the process's peak RSS (MiB) during each update: the kernel's high-water
 mark (VmHWM), reset before each update (/proc/self/clear_refs). The unsplit updates measure what N more rollouts'
@@ -21,7 +21,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from rewardlab.policy import Policy
 from rewardlab.policy.batch import collate
 from rewardlab.policy.tiny import build_tokenizer
-from rewardlab.rl.trainer import update
+from rewardlab.rl.specs import LossSpec
+from rewardlab.rl.update import update
 
 VOCAB, PROMPT, COMPLETION, GROUP = 16_000, 8, 48, 4
 
@@ -58,15 +59,16 @@ def main(n: int, micro: int) -> None:
                          ref_refresh_every=None)
     state = SimpleNamespace(cfg=SimpleNamespace(rl=rl), policy=policy, critic=None, reference=None, step=1,
                             optimizer=torch.optim.AdamW(model.parameters(), lr=1e-6), loss_options={}, agg_options={},
-                            scheduler=SimpleNamespace(step=lambda: None))
-    update(state, None, credit(micro))  # AdamW's state and one micro-batch's peak exist from here on
+                            scheduler=SimpleNamespace(step=lambda: None),
+                            specs=SimpleNamespace(loss=LossSpec("ppo_clip", "token-mean", "k3", {}, {})))
+    update(state, credit(micro), 1)  # AdamW's state and one micro-batch's peak exist from here on
     peaks = {}
     for label, size, batch in (("micro_n", micro, n), ("micro_2n", micro, 2 * n), ("whole_n", None, n),
                                ("whole_2n", None, 2 * n)):
         rl.micro_batch_size = size
         rollouts = credit(batch)
         reset_peak()
-        update(state, None, rollouts)
+        update(state, rollouts, 1)
         peaks[label] = peak_mib()
     print(json.dumps(peaks))
 

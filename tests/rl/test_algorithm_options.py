@@ -10,7 +10,8 @@ from rewardlab.cli import main
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rl.advantages import compute_advantages, register_estimator
 from rewardlab.rl.losses import aggregate, compute_policy_loss, split_loss_options
-from rewardlab.rl.trainer import check_names, resolve_loss_options
+from rewardlab.rl.specs import resolve_loss_options
+from rewardlab.rl.trainer import check_config
 
 
 def _one_token(ratio: float, advantage: float = 1.0):
@@ -126,9 +127,9 @@ def _cfg(tmp_path, *overrides):
     (["rl.group_filter_options={min_std: 0.1}"], "rl.group_filter_options: ['min_std'] given without rl.group_filter"),
     (["rl.loss=reinforce", "rl.clip_eps=0.2"], "rl.clip_eps: policy loss 'reinforce' has no clip range"),
 ])
-def test_check_names_refuses_unknown_options_at_config_time(tmp_path, overrides, message):
+def test_check_config_refuses_unknown_options_at_config_time(tmp_path, overrides, message):
     with pytest.raises(ValueError) as err:
-        check_names(_cfg(tmp_path, *overrides))
+        check_config(_cfg(tmp_path, *overrides), "new")
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
@@ -142,7 +143,8 @@ def test_clip_eps_maps_onto_the_loss_options_and_max_len_only_where_declared(tmp
     assert resolve_loss_options(rl) == {"clip": 0.2}  # loss_options take precedence
     rl = _cfg(tmp_path, "rl.loss=cispo", "rl.clip_eps=0.1").rl
     assert resolve_loss_options(rl) == {"clip_low": 0.1, "clip_high": 0.1}
-    check_names(_cfg(tmp_path, "rl.loss=gspo", "rl.loss_options={clip: 0.2}", "rl.agg=seq-mean-token-sum-norm"))
+    check_config(_cfg(tmp_path, "rl.loss=gspo", "rl.loss_options={clip: 0.2}", "rl.agg=seq-mean-token-sum-norm"),
+                 "new")
 
 
 def test_cli_unknown_loss_option_exits_2_before_any_run_directory(tmp_path, capsys):
@@ -160,4 +162,4 @@ def test_cli_unknown_loss_option_exits_2_before_any_run_directory(tmp_path, caps
 def test_reward_specs_are_checked_with_the_algorithm_options(tmp_path):
     cfg = _cfg(tmp_path, "rewards=[{name: exact_match}, {name: numeric, tolerence: 0.1}]")
     with pytest.raises(ValueError, match="^rewards\\[1\\]: unknown option 'tolerence' for reward 'numeric'; valid: "):
-        check_names(cfg)
+        check_config(cfg, "new")

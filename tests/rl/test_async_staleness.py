@@ -15,8 +15,9 @@ from conftest import TINY_OVERRIDES
 
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.config.loader import ConfigError
-from rewardlab.rl import trainer
-from rewardlab.rl.trainer import Collected, Prefetch, train
+from rewardlab.rl import rollouts, trainer
+from rewardlab.rl.rollouts import Prefetch, ScoredEpisode, StepBatch
+from rewardlab.rl.trainer import train
 from rewardlab.train_state import load_state
 from rewardlab.types import RewardOutput, Rollout
 
@@ -35,34 +36,33 @@ PER_STEP = 4  # rollouts per batch: 2 prompts x 2
 
 # -- the schedule, without Ray ---------------------------------------------------------------------------------------
 
-def _stub_state(lag: int, steps: int, start_step: int = 0):
+def _stub_run(lag: int, steps: int, start_step: int = 0):
     engine = SimpleNamespace(version=start_step)
     cfg = SimpleNamespace(rl=SimpleNamespace(max_staleness=lag, steps=steps, engine="local",
                                              max_reward_error_frac=None))
-    return SimpleNamespace(cfg=cfg, engine=engine, start_step=start_step)
+    return SimpleNamespace(cfg=cfg, engine=engine)
 
 
 def _fake_produce(made):
-    def produce(state, step, version=None):
-        made.append((step, version, state.engine.version))
+    def produce(run, step, version=None):
+        made.append((step, version, run.engine.version))
         r = Rollout(prompt="p", prompt_ids=[1], completion="c", completion_ids=[2], logprobs=[-1.0],
                     policy_version=version)
-        return Collected([r], [RewardOutput(score=1.0)], [r], [RewardOutput(score=1.0)])
+        return StepBatch([ScoredEpisode((r,), RewardOutput(score=1.0))], [0])
     return produce
 
 
 @pytest.mark.parametrize("lag", [0, 1, 2])
 def test_step_s_trains_the_batch_of_step_s_sampled_by_version_max_0_s_minus_1_minus_k(lag, monkeypatch):
     made: list[tuple[int, int, int]] = []
-    monkeypatch.setattr(trainer, "produce", _fake_produce(made))
-    monkeypatch.setattr(trainer, "finish", lambda state, batch: batch)
-    state = _stub_state(lag, steps=5)
+    monkeypatch.setattr(rollouts, "produce", _fake_produce(made))
+    state = _stub_run(lag, steps=5)
     pre = Prefetch(state)
     stale = []
     for step in range(1, 6):  # the train loop's order: take, update, publish, log, (checkpoint), submit
         batch = pre.take(step)
         stale.append(batch.metrics["async/staleness_max"])
-        assert batch.all_rollouts[0].policy_version == max(0, step - 1 - lag)
+        assert batch.episodes[0].last.policy_version == max(0, step - 1 - lag)
         state.engine.version = step  # publish
         counts = pre.counts(step)
         assert counts["async/trained"] == step  # one rollout per batch, each trained once
@@ -83,9 +83,8 @@ def test_step_s_trains_the_batch_of_step_s_sampled_by_version_max_0_s_minus_1_mi
 
 def test_a_resumed_prefetch_goes_on_from_the_checkpoint_without_older_weights(monkeypatch):
     made: list[tuple[int, int, int]] = []
-    monkeypatch.setattr(trainer, "produce", _fake_produce(made))
-    monkeypatch.setattr(trainer, "finish", lambda state, batch: batch)
-    state = _stub_state(2, steps=6)
+    monkeypatch.setattr(rollouts, "produce", _fake_produce(made))
+    state = _stub_run(2, steps=6)
     pre = Prefetch(state)
     for step in (1, 2, 3):
         pre.take(step)
@@ -94,9 +93,9 @@ def test_a_resumed_prefetch_goes_on_from_the_checkpoint_without_older_weights(mo
         saved = pre.state_dict()  # a checkpoint of step 3 at the last pass
         pre.submit()
     made.clear()
-    resumed = Prefetch(_stub_state(2, steps=6, start_step=3), saved)
+    resumed = Prefetch(_stub_run(2, steps=6, start_step=3), 3, saved)
     assert sorted(resumed.batches) == [4, 5] and resumed.next == 6 and resumed.trained == 3
-    assert resumed.take(4).all_rollouts[0].policy_version == 1  # the stored batch, sampled by version 1
+    assert resumed.take(4).episodes[0].last.policy_version == 1  # the stored batch, sampled by version 1
     assert made == [(6, 3, 3)]  # the first batch produced after the resume: step 6 on version 3, the current one
 
 
@@ -107,10 +106,11 @@ def test_max_staleness_on_engine_local_is_one_line_naming_the_key():
 
 # -- lag 0 on the asynchronous code path is the synchronous loop, byte for byte ---------------------------------------
 
-def test_lag_0_produced_in_the_prefetch_thread_logs_what_the_synchronous_collect_logs(tmp_path, monkeypatch):
+def test_lag_0_produced_in_the_prefetch_thread_logs_what_the_plain_run_logs(tmp_path, monkeypatch):
     """Episodes of env:test_turns (several turns, terminations, truncations by the episode's token budget), once
     through `Prefetch` with its background thread and version-pinned generation (engine ray's path, on engine
-    local), once through the synchronous `collect`: the same samples.jsonl bytes and metrics."""
+    local), once as engine local runs it (each batch produced in this thread when its step takes it): the same
+    samples.jsonl bytes and metrics."""
     import episode_envs  # noqa: F401  (registers env:test_turns and its reward)
 
     def run(name):
@@ -123,22 +123,19 @@ def test_lag_0_produced_in_the_prefetch_thread_logs_what_the_synchronous_collect
 
     with monkeypatch.context() as m:
         threads = []
-        real = trainer.produce
-        m.setattr(trainer, "produce", lambda *a, **kw: threads.append(__import__("threading").current_thread().name)
+        real = rollouts.produce
+        m.setattr(rollouts, "produce", lambda *a, **kw: threads.append(__import__("threading").current_thread().name)
                   or real(*a, **kw))
-        m.setattr(trainer, "Prefetch", lambda state, saved: Prefetch(state, saved, background=True))
+        m.setattr(trainer, "Prefetch", lambda run, start, saved: Prefetch(run, start, saved, background=True))
         metrics, samples = run("thread")
         assert threads == ["rewardlab-prefetch_0"] * 3  # each batch produced in the prefetch thread
-    with monkeypatch.context() as m:
-        m.setattr(Prefetch, "take", lambda self, step: trainer.collect(self.state))  # the synchronous step
-        m.setattr(Prefetch, "counts", lambda self, step: {})
-        sync_metrics, sync_samples = run("sync")
+    sync_metrics, sync_samples = run("sync")
     records = [json.loads(x) for x in samples.splitlines()]
     ends = {r["termination"] for r in records}
     assert {"max_turns", "max_new_tokens", "max_episode_tokens"} <= ends, ends  # three truncation decisions
     assert any(r["n_turns"] > 1 for r in records)
     assert samples == sync_samples  # ids, masks, log-probs, turns, terminations, rewards, advantages, versions
-    assert [{k: v for k, v in m.items() if not k.startswith(("time/", "async/"))} for m in metrics] == \
+    assert [{k: v for k, v in m.items() if not k.startswith("time/")} for m in metrics] == \
         [{k: v for k, v in m.items() if not k.startswith("time/")} for m in sync_metrics]
     assert [m["async/staleness_max"] for m in metrics] == [0.0, 0.0, 0.0]
     assert [r["policy_version"] for r in records] == [s for s in (0, 1, 2) for _ in range(8)]
@@ -200,7 +197,7 @@ def test_lag_2_on_ray_staleness_warm_up_accounting_and_the_checkpoint(tmp_path, 
                                 "async/in_flight": float(k * PER_STEP)}  # batches 5 and 6, prefetched past the end
     saved = load_state(tmp_path / "lag" / "checkpoints" / f"step-{steps}")["prefetch"]
     assert sorted(saved["batches"]) == [5, 6] and saved["next"] == 7
-    assert [r.policy_version for t in (5, 6) for r in saved["batches"][t]["all_rollouts"]] == [2] * 4 + [3] * 4
+    assert [rows[-1].policy_version for t in (5, 6) for rows in saved["batches"][t]["rows"]] == [2] * 4 + [3] * 4
 
 
 @pytest.mark.slow

@@ -66,12 +66,13 @@ def test_a_row_without_an_answer_is_refused(policy):
 def test_info_gain_turn_rewards_need_a_turn_level_estimator_and_an_environment_task(tmp_path):
     from rewardlab.config import TrainConfig
     from rewardlab.config.loader import load_config
-    from rewardlab.rl.trainer import check_names, train
+    from rewardlab.rl.specs import resolve_specs
+    from rewardlab.rl.trainer import train
 
     cfg = load_config(TrainConfig, None, ["rl.turn_rewards=info_gain"])
     with pytest.raises(ValueError, match="rl.turn_rewards: 'info_gain' sets the per-turn rewards of a turn-level "
                                          "estimator, and 'grpo' reads none; use turn_grpo or gigpo"):
-        check_names(cfg)
+        resolve_specs(cfg)
     cfg = load_config(TrainConfig, None, ["rl.turn_rewards=info_gain", "rl.estimator=turn_grpo",
                                           f"out={tmp_path / 'run'}"])
     with pytest.raises(ValueError, match="reasoning_gym:chain_sum is a single-turn task"):

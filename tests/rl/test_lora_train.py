@@ -16,7 +16,7 @@ from rewardlab.commands.sft import run as run_sft
 from rewardlab.config import EvaluateConfig, SFTConfig, TrainConfig, load_config
 from rewardlab.policy import load_policy, rollout_batch
 from rewardlab.policy.lora import adapter_parameters
-from rewardlab.rl.trainer import setup, train
+from rewardlab.rl.trainer import close, setup, train
 from rewardlab.train_state import load_weights
 
 pytest.importorskip("peft")  # the `lora` extra (in `test`)
@@ -101,7 +101,7 @@ def _without_time(records):
 
 
 def test_the_kl_reference_of_a_lora_run_is_its_base_with_the_adapter_disabled(tmp_path):
-    state = setup(_train(tmp_path, "S", "rl.steps=1", "rl.beta=0.1"))
+    state, progress = setup(_train(tmp_path, "S", "rl.steps=1", "rl.beta=0.1"))
     try:
         policy, ref = state.policy, state.reference
         assert ref.model is policy.model  # no second model: the same parameters
@@ -116,8 +116,7 @@ def test_the_kl_reference_of_a_lora_run_is_its_base_with_the_adapter_disabled(tm
         assert torch.equal(ref.scored_logprobs(batch), _logprobs(plain, batch))
         assert (_logprobs(policy, batch) - _logprobs(plain, batch)).abs().max() > 1e-3
     finally:
-        state.run.close()
-        state.engine.close()
+        close(state, progress)
 
 
 @pytest.mark.slow  # GRPO twice
@@ -216,7 +215,7 @@ def test_settings_that_cannot_apply_with_lora_are_refused_in_one_line(tmp_path):
 
 
 def test_a_lora_runs_critic_starts_from_the_base_weights(tmp_path):
-    state = setup(_train(tmp_path, "C", "rl.steps=1", "rl.estimator=gae"))
+    state, progress = setup(_train(tmp_path, "C", "rl.steps=1", "rl.estimator=gae"))
     try:
         critic = state.critic.model.state_dict()
         base = load_policy("tiny", tiny_arch=TINY_ARCH, seed=0).model.state_dict()
@@ -224,8 +223,7 @@ def test_a_lora_runs_critic_starts_from_the_base_weights(tmp_path):
         assert shared == [k for k in critic if not k.startswith("score.")]  # every weight but the value head's
         assert all(torch.equal(critic[k], base[k]) for k in shared)
     finally:
-        state.run.close()
-        state.engine.close()
+        close(state, progress)
 
 
 @pytest.mark.slow  # four stages

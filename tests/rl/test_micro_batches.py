@@ -16,7 +16,9 @@ from rewardlab.policy import load_policy, rollout_batch
 from rewardlab.policy.batch import micro_batches
 from rewardlab.rl.losses import (AGGREGATIONS, POLICY_LOSSES, aggregate, aggregation_weights, compute_policy_loss,
                                  kl_penalty, register_aggregation)
-from rewardlab.rl.trainer import accumulate_policy_gradient, train
+from rewardlab.rl.specs import LossSpec
+from rewardlab.rl.trainer import train
+from rewardlab.rl.update import accumulate_policy_gradient
 
 ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(3) for b in range(2)]  # 6 prompts
 
@@ -45,7 +47,8 @@ def _state(policy, loss: str, agg: str, micro: int | None, *, entropy_coef=0.01,
                          kl_in="loss", beta=beta, kl_estimator="k3")
     options = {"max_len": 6} if agg == "seq-mean-token-sum-norm" else {}
     return SimpleNamespace(cfg=SimpleNamespace(rl=rl), policy=policy, loss_options=dict(options),
-                           agg_options=dict(options))
+                           agg_options=dict(options), specs=SimpleNamespace(loss=LossSpec(loss, agg, "k3", options,
+                                                                                          options)))
 
 
 def _unsplit_gradient(state, credit, idx):

@@ -11,7 +11,8 @@ from rewardlab.cli import main
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, RewardError, reward
 from rewardlab.rl.advantages import ESTIMATORS, compute_advantages
-from rewardlab.rl.trainer import estimator_min_group_size, estimator_needs, train
+from rewardlab.rl.specs import estimator_min_group_size, estimator_needs
+from rewardlab.rl.trainer import train
 
 #: The test reward's switch: it raises from its `fail_from`-th call (one call per rollout) on (None: never).
 FLAKY = {"calls": 0, "fail_from": None}
@@ -253,19 +254,24 @@ def test_samples_hold_each_step_once_after_a_resume(four_steps, tmp_path):
 def test_an_asynchronous_stop_for_reward_errors_names_the_newest_checkpoint_and_saves_nothing(tmp_path):
     from types import SimpleNamespace
 
-    from rewardlab.rl.trainer import stop_on_reward_errors
+    from conftest import make_rollout
+    from rewardlab.rl.rollouts import Prefetch, ScoredEpisode, StepBatch
+    from rewardlab.rl.trainer import Progress, stop_on_reward_errors
     from rewardlab.types import RewardOutput
 
     events = []
-    state = SimpleNamespace(cfg=SimpleNamespace(rl=SimpleNamespace(max_reward_error_frac=0.5)), step=4,
-                            latest=(2, tmp_path / "step-2"), run=SimpleNamespace(log_event=lambda *a, **kw:
-                                                                                  events.append((a, kw))))
+    rl = SimpleNamespace(max_reward_error_frac=0.5, max_staleness=1, engine="ray")
+    run = SimpleNamespace(cfg=SimpleNamespace(rl=rl), rundir=SimpleNamespace(log_event=lambda *a, **kw:
+                                                                            events.append((a, kw))))
+    prefetch = Prefetch(run, 3, background=False)
+    progress = Progress(3, 4, (2, tmp_path / "step-2"), 0, prefetch)
     outputs = [RewardOutput(score=0.0, error="units: ValueError: bad"), RewardOutput(score=1.0)]
+    batch = StepBatch([ScoredEpisode((make_rollout("x"),), o) for o in outputs], [0, 1], before=({}, {}))
     with pytest.raises(RewardError) as info:
-        stop_on_reward_errors(state, outputs, None)  # before=None: nothing rolled back or saved
+        stop_on_reward_errors(run, progress, batch, 4)  # lag 1: nothing rolled back or saved
     assert str(info.value) == ("rl.max_reward_error_frac: 1 of 2 rollouts of step 4 (50%) have a reward error, the "
                                "limit is 0.5; first: units: ValueError: bad. Stopped; the newest checkpoint is "
                                f"{tmp_path / 'step-2'}")
     assert events == [(("reward_errors",), {"step": 4, "failed": 1, "rollouts": 2, "limit": 0.5,
                                             "first": "units: ValueError: bad", "checkpoint": "step-2"})]
-    assert state.step == 4
+    assert progress.step == 4 and progress.latest == (2, tmp_path / "step-2") and prefetch.next == 4

@@ -10,7 +10,9 @@ from transformers import AutoModelForCausalLM
 from conftest import TINY_OVERRIDES, make_rollout, write_jsonl
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, register_reward, reward
-from rewardlab.rl.trainer import process_reward_tensors, reward_tensors, step_metrics, train, training_rollouts
+from rewardlab.rl.credit import process_reward_tensors, reward_tensors
+from rewardlab.rl.rollouts import ScoredEpisode, step_metrics, training_episodes
+from rewardlab.rl.trainer import train
 from rewardlab.runs import RunDir, RunDirError
 from rewardlab.types import RewardOutput
 
@@ -57,7 +59,7 @@ def test_reward_tensors_put_score_on_last_token():
     assert group.tolist() == [0, 0, 1]
 
 
-def test_training_rollouts_leave_out_skipped_rollouts_and_small_groups():
+def test_training_episodes_leave_out_skipped_episodes_and_small_groups():
     # groups: 0 = [ok, ok, err], 1 = [ok, err], 2 = [err, err], 3 = [ok]
     groups = [0, 0, 0, 1, 1, 2, 2, 3]
     errors = [None, None, "r: x", None, "r: x", "r: x", "r: x", None]
@@ -65,14 +67,19 @@ def test_training_rollouts_leave_out_skipped_rollouts_and_small_groups():
     outputs = [RewardOutput(0.0, error=e) for e in errors]
     # on_error=skip, min group size 2 (rloo): the 4 errored rollouts leave; group 1 keeps 1 and group 3 has 1 -> both
     # leave; group 2 has none left. Kept: group 0's two good rollouts; dropped groups 1, 2, 3.
-    kept, outs, skipped, dropped = training_rollouts(rollouts, outputs, skip_errors=True, min_group_size=2)
-    assert kept == rollouts[:2] and outs == outputs[:2] and (skipped, dropped) == (4, 3)
+    episodes = [ScoredEpisode((r,), o) for r, o in zip(rollouts, outputs)]
+    every = list(range(len(episodes)))
+    kept, skipped, dropped = training_episodes(episodes, every, skip_errors=True, min_group_size=2)
+    assert kept == [0, 1] and (skipped, dropped) == (4, 3)
     # min group size 1 (reinforce_pp): group 1's survivor and group 3 stay
-    kept, _, skipped, dropped = training_rollouts(rollouts, outputs, skip_errors=True, min_group_size=1)
-    assert kept == [rollouts[i] for i in (0, 1, 3, 7)] and (skipped, dropped) == (4, 1)
+    kept, skipped, dropped = training_episodes(episodes, every, skip_errors=True, min_group_size=1)
+    assert kept == [0, 1, 3, 7] and (skipped, dropped) == (4, 1)
     # on_error=zero: errored rollouts stay (score 0); only group 3 (one rollout) is below 2
-    kept, _, skipped, dropped = training_rollouts(rollouts, outputs, skip_errors=False, min_group_size=2)
-    assert kept == rollouts[:7] and (skipped, dropped) == (0, 1)
+    kept, skipped, dropped = training_episodes(episodes, every, skip_errors=False, min_group_size=2)
+    assert kept == list(range(7)) and (skipped, dropped) == (0, 1)
+    # only the given indices are looked at (the group filter's survivors): group 0 alone, one error skipped
+    kept, skipped, dropped = training_episodes(episodes, [0, 1, 2], skip_errors=True, min_group_size=2)
+    assert kept == [0, 1] and (skipped, dropped) == (1, 0)
 
 
 def test_step_metrics_hand_computed():
@@ -235,7 +242,7 @@ if "test_step_digits" not in REWARDS:
 
 from rewardlab.rl.advantages import ESTIMATORS  # noqa: E402
 from rewardlab.rl.losses import POLICY_LOSSES  # noqa: E402
-from rewardlab.rl.trainer import trainable_estimators  # noqa: E402
+from rewardlab.rl.specs import trainable_estimators  # noqa: E402
 
 PROCESS = {"pure", "process_sum"}
 

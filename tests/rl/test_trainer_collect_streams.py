@@ -1,8 +1,10 @@
-"""`collect` samples each rollout from its own random stream (seed, step, index in the round's batch, round)."""
+"""`rl.rollouts.produce` samples each rollout from its own random stream (seed, step, index in the round's batch,
+round)."""
 
 import torch
 
 import rewardlab.rl.trainer as trainer
+from rewardlab.rl.rollouts import produce
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.policy import Policy
@@ -19,16 +21,15 @@ def _config(tmp_path, name, *overrides):
 
 
 def _collect(cfg, step, torch_seed):
-    state = trainer.setup(cfg)
+    run, progress = trainer.setup(cfg)
     try:
-        state.step = step
         torch.manual_seed(torch_seed)  # what the global generator holds must not matter
-        return trainer.collect(state)
+        return [e.last for e in produce(run, step).episodes]
     finally:
-        state.run.close()
+        trainer.close(run, progress)
 
 
-def test_collect_passes_one_stream_per_rollout_and_round(tmp_path, monkeypatch):
+def test_produce_passes_one_stream_per_rollout_and_round(tmp_path, monkeypatch):
     # The untrained model never answers right: every group is tied, dapo drops them all, and a second round runs.
     seen = []
     generate = Policy.generate
@@ -45,7 +46,7 @@ def test_collect_passes_one_stream_per_rollout_and_round(tmp_path, monkeypatch):
 def test_collected_rollouts_do_not_depend_on_the_global_generator(tmp_path):
     a = _collect(_config(tmp_path, "a"), step=1, torch_seed=0)
     b = _collect(_config(tmp_path, "b"), step=1, torch_seed=1)
-    assert [r.prompt for r in a.all_rollouts] == [r.prompt for r in b.all_rollouts]
-    assert [r.completion_ids for r in a.all_rollouts] == [r.completion_ids for r in b.all_rollouts]
+    assert [r.prompt for r in a] == [r.prompt for r in b]
+    assert [r.completion_ids for r in a] == [r.completion_ids for r in b]
     c = _collect(_config(tmp_path, "c"), step=2, torch_seed=0)  # another step: other streams
-    assert [r.completion_ids for r in c.all_rollouts] != [r.completion_ids for r in a.all_rollouts]
+    assert [r.completion_ids for r in c] != [r.completion_ids for r in a]

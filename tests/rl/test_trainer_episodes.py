@@ -14,7 +14,10 @@ from conftest import TINY_ARCH, TINY_OVERRIDES
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.envs import replay
 from rewardlab.policy import load_policy, rollout_batch
-from rewardlab.rl.trainer import Collected, assign_credit, train
+from rewardlab.rl.credit import assign_credit
+from rewardlab.rl.rollouts import ScoredEpisode, StepBatch
+from rewardlab.rl.specs import resolve_specs
+from rewardlab.rl.trainer import train
 from rewardlab.types import Rollout, RewardOutput
 
 import episode_envs  # noqa: E402,F401  (registers env:test_turns and its reward)
@@ -113,13 +116,13 @@ def test_an_episode_split_into_rows_gets_the_credit_it_gets_as_one_row(estimator
              (2, 1, [[57, 58], [59, 2]], [[64, 65, 66]]), (3, 1, [[70], [71], [72, 2]], [[67], [68]])]
     scores = [1.0, 0.0, 0.5, 0.25]
     cfg = load_config(TrainConfig, None, [f"rl.estimator={estimator}"])
-    state = SimpleNamespace(cfg=cfg, policy=policy, reference=None, critic=None, reward=None, episodes=object())
+    state = SimpleNamespace(cfg=cfg, specs=resolve_specs(cfg), policy=policy, reference=None, critic=None, reward=None,
+                            episodes=object())
 
     def credit(split):
         episodes = [_episode(e, g, t, o, split=split) for e, g, t, o in specs]
-        ends = [rows[-1] for rows in episodes]
-        outputs = [RewardOutput(s) for s in scores]
-        batch = Collected(ends, outputs, ends, outputs, rows_of={id(rows[-1]): rows for rows in episodes})
+        batch = StepBatch([ScoredEpisode(tuple(rows), RewardOutput(s)) for rows, s in zip(episodes, scores)],
+                          kept=list(range(len(episodes))))
         c = assign_credit(state, batch)
         # each episode's advantages on its sampled tokens, in order
         per_episode = {}

@@ -90,10 +90,10 @@ def _interrupt_at(monkeypatch, at_step):
     """SIGINT this process in the middle of step `at_step` (after its rollouts, before its update)."""
     update = trainer.update
 
-    def update_then_sigint(state, batch, credit):
-        if state.step == at_step:
+    def update_then_sigint(run, credit, step):
+        if step == at_step:
             signal.raise_signal(signal.SIGINT)
-        return update(state, batch, credit)
+        return update(run, credit, step)
 
     monkeypatch.setattr(trainer, "update", update_then_sigint)
 

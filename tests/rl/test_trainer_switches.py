@@ -19,6 +19,9 @@ from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, reward
 from rewardlab.rl import trainer
+from rewardlab.rl.credit import assign_credit, reward_tensors
+from rewardlab.rl.rollouts import produce
+from rewardlab.rl.update import accumulate_policy_gradient, update
 from rewardlab.rl.advantages import ESTIMATORS
 from rewardlab.rl.curricula import make_curriculum
 from rewardlab.rl.losses import kl_penalty
@@ -35,7 +38,8 @@ if "test_switch_any_digit" not in REWARDS:  # the module may be imported twice
 
 @pytest.fixture
 def make_state(tmp_path):
-    """`make_state(*overrides)`: a set-up run (`trainer.setup`) of the tiny model on ROWS, closed after the test."""
+    """`make_state(*overrides)`: a set-up run (`trainer.setup`, its `TrainRun`) of the tiny model on ROWS, closed
+    after the test."""
     states = []
     task = write_jsonl(tmp_path / "task.jsonl", ROWS)
 
@@ -45,19 +49,17 @@ def make_state(tmp_path):
             *TINY_OVERRIDES, "rl.prompts_per_step=4", "rl.group_size=4", "rl.max_new_tokens=3", "rl.steps=2",
             "rewards=[{name: test_switch_any_digit}]", "threads=1", *overrides])
         states.append(trainer.setup(cfg))
-        states[-1].step = 1
-        return states[-1]
+        return states[-1][0]
 
     yield make
-    for state in states:
-        state.run.close()
-        state.engine.close()
+    for run, progress in states:
+        trainer.close(run, progress)
 
 
 def _gradient(state, credit, idx):
     """The policy's gradient of minibatch `idx`'s loss, as the update accumulates it."""
     state.policy.model.zero_grad(set_to_none=True)
-    trainer.accumulate_policy_gradient(state, credit, idx)
+    accumulate_policy_gradient(state, credit, idx)
     return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in state.policy.model.parameters()]
 
 
@@ -65,7 +67,7 @@ def _gradient(state, credit, idx):
 def test_mask_truncated_weighs_the_loss_of_truncated_rollouts(make_state, setting, weight):
     # max_new_tokens 2: the untrained tiny model rarely ends a completion that early, so most are truncated
     state = make_state(f"rl.mask_truncated={setting}", "rl.max_new_tokens=2")
-    credit = trainer.assign_credit(state, trainer.produce(state, 1))
+    credit = assign_credit(state, produce(state, 1))
     truncated = torch.tensor([r.truncated for r in credit.rows])
     assert truncated.any()
     expected = credit.sampled * torch.where(truncated, weight, 1.0)[:, None]
@@ -86,11 +88,11 @@ def test_kl_in_reward_subtracts_beta_times_the_kl_from_the_token_rewards(make_st
         gen = torch.Generator().manual_seed(0)
         for p in state.reference.model.parameters():
             p.add_(0.2 * torch.randn(p.shape, generator=gen))
-    credit = trainer.assign_credit(state, trainer.produce(state, 1))
+    credit = assign_credit(state, produce(state, 1))
     with torch.no_grad():
         ref, _ = state.reference.token_logprobs(credit.packed)
     assert torch.allclose(credit.ref_logprobs, ref, atol=1e-5)
-    outcome, group = trainer.reward_tensors(credit.rows, credit.outputs, credit.sampled)
+    outcome, group = reward_tensors(credit.rows, credit.outputs, credit.sampled)
     kl = kl_penalty("k3", credit.old_logprobs, ref) * credit.sampled
     with_kl = ESTIMATORS["grpo"](token_rewards=outcome - beta * kl, mask=credit.sampled, group=group)
     without = ESTIMATORS["grpo"](token_rewards=outcome, mask=credit.sampled, group=group)
@@ -104,11 +106,11 @@ def test_the_pass_rate_curriculum_draws_the_prompts_and_learns_their_pass_rates(
     state = make_state("rl.curriculum=pass_rate", f"rl.curriculum_options={{ema: {ema}, initial: {initial}}}",
                        "rl.prompts_per_step=8")
     drawn = state.sampler.state_dict()
-    batch = trainer.produce(state, 1)
+    batch = produce(state, 1)
     index = {row["prompt"]: i for i, row in enumerate(state.task.train)}
     correct: dict[int, list[float]] = {}
-    for r, o in zip(batch.all_rollouts, batch.all_outputs):
-        correct.setdefault(index[r.row["prompt"]], []).append(float(o.correct))
+    for e in batch.episodes:
+        correct.setdefault(index[e.last.row["prompt"]], []).append(float(e.output.correct))
     expected = torch.full((len(state.task.train),), initial, dtype=torch.float64)
     for i, values in correct.items():
         expected[i] = (1 - ema) * initial + ema * sum(values) / len(values)
@@ -122,13 +124,13 @@ def test_the_pass_rate_curriculum_draws_the_prompts_and_learns_their_pass_rates(
 
 def test_the_group_filter_keeps_exactly_the_groups_whose_metric_varies(make_state):
     state = make_state("rl.group_filter=dapo", "rl.max_rounds=1", "rl.filter_metric=score", "rl.group_size=2")
-    batch = trainer.produce(state, 1)
+    batch = produce(state, 1)
     scores: dict[int, set[float]] = {}
-    for r, o in zip(batch.all_rollouts, batch.all_outputs):
-        scores.setdefault(r.group, set()).add(o.score)
+    for e in batch.episodes:
+        scores.setdefault(e.last.group, set()).add(e.output.score)
     varied = {g for g, s in scores.items() if len(s) > 1}
     assert len(varied) < len(scores)  # some group is tied (group size 2, a reward of 0 or 1): the check can fail
-    assert {r.group for r in batch.rollouts} == varied
+    assert {e.last.group for e in batch.trained} == varied
     assert batch.metrics["filter/dropped_groups"] == len(scores) - len(varied)
 
 
@@ -136,10 +138,9 @@ def test_the_group_filter_keeps_exactly_the_groups_whose_metric_varies(make_stat
 def test_an_update_takes_epochs_times_ceil_n_over_minibatch_size_optimizer_steps(make_state, epochs, minibatch_size):
     overrides = [f"rl.epochs={epochs}"] + ([f"rl.minibatch_size={minibatch_size}"] if minibatch_size else [])
     state = make_state(*overrides)
-    batch = trainer.produce(state, 1)
-    credit = trainer.assign_credit(state, batch)
+    credit = assign_credit(state, produce(state, 1))
     n = len(credit.rows)
-    stats = trainer.update(state, batch, credit)
+    stats = update(state, credit, 1)
     steps = epochs * math.ceil(n / (minibatch_size or n))
     assert stats["policy/updates"] == steps
     # AdamW's own step counter: the optimizer stepped that many times

@@ -18,7 +18,8 @@ from rewardlab.envs.episode import Episode, EpisodeLimits, run_episodes
 from rewardlab.envs.replay import episode_record, replay
 from rewardlab.envs.trace import trace_rollouts
 from rewardlab.envs.sampling import (EpisodeSettings, check_episode_keys, close_env, episode_ends, episode_metrics,
-                                     episode_rows, episode_settings, load_episodes, sample_rollouts)
+                                     episode_rows, episode_settings, load_episodes, sample_rollouts,
+                                     split_episodes)
 
 __all__ = ["Environment", "State", "StepResult",
            "CALL_STATUSES", "ENVIRONMENTS", "TOOL_PARSERS", "CalculatorEnv", "GuessNumberEnv", "MultiTurnEnv",
@@ -27,4 +28,4 @@ __all__ = ["Environment", "State", "StepResult",
            "Renderer", "RawRenderer", "ChatRenderer", "make_renderer",
            "Episode", "EpisodeLimits", "run_episodes", "episode_record", "replay",
            "EpisodeSettings", "check_episode_keys", "close_env", "episode_ends", "episode_metrics", "episode_rows",
-           "load_episodes", "episode_settings", "sample_rollouts", "trace_rollouts"]
+           "split_episodes", "load_episodes", "episode_settings", "sample_rollouts", "trace_rollouts"]

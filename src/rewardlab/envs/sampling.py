@@ -239,31 +239,41 @@ def episode_ends(rollouts: Sequence[Rollout]) -> list[Rollout]:
     return [r for r in rollouts if r.episode_id is None or r.termination is not None]
 
 
-def episode_rows(rollouts: Sequence[Rollout]) -> dict[int, list[Rollout]]:
-    """id(last row) -> the rows of its episode, in order (rows of one episode are consecutive, as `run_episodes`
-    returns them; a rollout without `episode_id` maps to [itself]).
+def split_episodes(rollouts: Sequence[Rollout]) -> list[list[Rollout]]:
+    """The rows of each episode, in episode order (the order of `episode_ends`); rows of one episode are consecutive,
+    as `run_episodes` returns them; a rollout without `episode_id` is an episode of one row.
 
     Raises:
         ValueError: an episode whose rows are not consecutive or that has no last row (termination unset).
     """
-    out: dict[int, list[Rollout]] = {}
+    out: list[list[Rollout]] = []
     pending: list[Rollout] = []
     for r in rollouts:
         if r.episode_id is None:
             if pending:
                 raise ValueError(f"episode {pending[0].episode_id}: its rows are not followed by its last row")
-            out[id(r)] = [r]
+            out.append([r])
             continue
         if pending and pending[0].episode_id != r.episode_id:
             raise ValueError(f"episode {pending[0].episode_id}: no last row (termination unset) before episode "
                              f"{r.episode_id} begins")
         pending.append(r)
         if r.termination is not None:
-            out[id(r)] = pending
+            out.append(pending)
             pending = []
     if pending:
         raise ValueError(f"episode {pending[0].episode_id}: no last row (termination unset)")
     return out
+
+
+def episode_rows(rollouts: Sequence[Rollout]) -> dict[int, list[Rollout]]:
+    """id(last row) -> the rows of its episode, in order (`split_episodes`; a rollout without `episode_id` maps to
+    [itself]).
+
+    Raises:
+        ValueError: as `split_episodes`.
+    """
+    return {id(rows[-1]): rows for rows in split_episodes(rollouts)}
 
 
 def _episode_tokens(rows: Sequence[Rollout]) -> int:

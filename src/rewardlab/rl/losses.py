@@ -54,6 +54,7 @@ __all__ = [
     "per_token_policy_loss",
     "aggregation_weights",
     "split_loss_options",
+    "check_loss_options",
     "kl_penalty",
     "kl_clamped",
     "aggregate",
@@ -75,16 +76,19 @@ K3_BOUND = 10.0
 KL_VALUE_BOUNDS: dict[str, float] = {"k3": K3_BOUND}
 
 
-def register_policy_loss(name: str) -> Callable:
+def register_policy_loss(name: str, *, check: Callable[..., Any] | None = None) -> Callable:
     """Register ``fn(*, logprobs, old_logprobs, advantages, mask, episode=None, <options>) -> (loss [N, T], stats)``
     in ``POLICY_LOSSES``; every option is declared by name (no ``**kwargs``). A loss that reads whole sequences
     must use ``episode`` ([N] int64 or None) to treat the rows of one episode as one sequence; one without an
     ``episode`` parameter is refused episode ids by ``compute_policy_loss``.
 
+    ``check(**options)``, when given, raises a one-line ValueError for option values the loss refuses (e.g. a
+    negative clip epsilon); ``check_loss_options`` runs it before any tensor exists, and the loss calls it too.
+
     Raises:
         ValueError: if ``name`` is already registered.
     """
-    return POLICY_LOSSES.register(name)
+    return POLICY_LOSSES.register(name, **({"check": check} if check is not None else {}))
 
 
 def register_kl_estimator(name: str) -> Callable:
@@ -96,14 +100,14 @@ def register_kl_estimator(name: str) -> Callable:
     return KL_ESTIMATORS.register(name)
 
 
-def register_aggregation(name: str) -> Callable:
+def register_aggregation(name: str, *, check: Callable[..., Any] | None = None) -> Callable:
     """Register ``fn(*, per_token_loss, mask, episode=None, <options>) -> 0-dim Tensor`` in ``AGGREGATIONS``; every
-    option is declared by name (no ``**kwargs``); ``episode`` as for ``register_policy_loss``.
+    option is declared by name (no ``**kwargs``); ``episode`` and ``check`` as for ``register_policy_loss``.
 
     Raises:
         ValueError: if ``name`` is already registered.
     """
-    return AGGREGATIONS.register(name)
+    return AGGREGATIONS.register(name, **({"check": check} if check is not None else {}))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -138,6 +142,34 @@ def split_loss_options(name: str, agg: str, options: Mapping[str, Any], *,
         owner = f"policy loss {name!r}" + (f" or aggregation mode {agg!r}" if agg_names else "")
         raise ValueError(unknown_options(unknown, owner, [*(loss_names or ()), *(agg_names or ())], field))
     return to_loss, to_agg
+
+
+def check_loss_options(name: str, agg: str, options: Mapping[str, Any], *,
+                       field: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check ``options`` of policy loss ``name`` and aggregation ``agg`` without computing anything: split them
+    (``split_loss_options``), read each value against its parameter's annotation (``Registry.validate``), then run
+    the value checks the loss and the aggregation registered (``check=``; one registered without a check gets the
+    annotation check only).
+
+    Returns:
+        (loss options, aggregation options), each value as its annotation reads it.
+    Raises:
+        ValueError: one line starting with ``field``: an unknown name or option (``split_loss_options``), a value of
+            the wrong type ("rl.loss_options.clip_low: expected a number, got 'x'"), or a value the loss refuses
+            ("rl.loss_options: ppo_clip: dual_clip must be > 1, got 0.5").
+    """
+    to_loss, to_agg = split_loss_options(name, agg, options, field=field)
+    checked = []
+    for registry, entry, given in ((POLICY_LOSSES, name, to_loss), (AGGREGATIONS, agg, to_agg)):
+        values = registry.validate(entry, given, field=field)
+        check = registry.meta(entry).get("check")
+        if check is not None:
+            try:
+                check(**values)
+            except ValueError as exc:
+                raise ValueError(f"{field}: {exc}" if field else str(exc)) from None
+        checked.append(values)
+    return checked[0], checked[1]
 
 
 def compute_policy_loss(name: str, *, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
@@ -367,7 +399,14 @@ def _no_clip(m: Tensor) -> Tensor:
 # policy losses
 
 
-@register_policy_loss("ppo_clip")
+def _check_ppo_clip(*, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None) -> None:
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"ppo_clip: clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"ppo_clip: dual_clip must be > 1, got {dual_clip}")
+
+
+@register_policy_loss("ppo_clip", check=_check_ppo_clip)
 def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
              episode: Tensor | None = None, clip_low: float = 0.2, clip_high: float = 0.2,
              dual_clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
@@ -392,10 +431,7 @@ def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     Raises:
         ValueError: if a clip epsilon is negative, ``dual_clip`` <= 1, or shapes differ.
     """
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"ppo_clip: clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
-    if dual_clip is not None and not dual_clip > 1:
-        raise ValueError(f"ppo_clip: dual_clip must be > 1, got {dual_clip}")
+    _check_ppo_clip(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
     m, _lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
@@ -420,7 +456,21 @@ def ppo_clip(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
 GSPO_CLIP_LOW, GSPO_CLIP_HIGH = 3e-4, 4e-4
 
 
-@register_policy_loss("gspo")
+def _gspo_clip_range(*, clip: float | None = None, clip_low: float | None = None,
+                     clip_high: float | None = None) -> tuple[float, float]:
+    """GSPO's (clip_low, clip_high) from its options (``clip`` symmetric; the paper's range by default)."""
+    if clip is not None:
+        if clip_low is not None or clip_high is not None:
+            raise ValueError("gspo: give clip (symmetric) or clip_low/clip_high, not both")
+        clip_low = clip_high = clip
+    clip_low = GSPO_CLIP_LOW if clip_low is None else clip_low
+    clip_high = GSPO_CLIP_HIGH if clip_high is None else clip_high
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"gspo: clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    return clip_low, clip_high
+
+
+@register_policy_loss("gspo", check=_gspo_clip_range)
 def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, episode: Tensor | None = None,
          clip: float | None = None, clip_low: float | None = None,
          clip_high: float | None = None) -> tuple[Tensor, dict[str, float]]:
@@ -450,14 +500,7 @@ def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Te
         ValueError: if ``clip`` is given together with ``clip_low`` or ``clip_high``, a clip epsilon is negative,
             or shapes differ.
     """
-    if clip is not None:
-        if clip_low is not None or clip_high is not None:
-            raise ValueError("gspo: give clip (symmetric) or clip_low/clip_high, not both")
-        clip_low = clip_high = clip
-    clip_low = GSPO_CLIP_LOW if clip_low is None else clip_low
-    clip_high = GSPO_CLIP_HIGH if clip_high is None else clip_high
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"gspo: clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    clip_low, clip_high = _gspo_clip_range(clip=clip, clip_low=clip_low, clip_high=clip_high)
     m, _lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
     if episode is None:
         lengths = m.sum(dim=1).clamp(min=1)
@@ -479,7 +522,14 @@ def gspo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Te
     return loss, _stats(ratio_tokens, log_ratio, m, low, high, _no_clip(m))
 
 
-@register_policy_loss("cispo")
+def _check_cispo(*, clip_high: float = 0.2, clip_low: float | None = None) -> None:
+    if clip_high < 0:
+        raise ValueError(f"cispo: clip_high must be >= 0, got {clip_high}")
+    if clip_low is not None and not 0 <= clip_low <= 1:
+        raise ValueError(f"cispo: clip_low must be in [0, 1], got {clip_low}")
+
+
+@register_policy_loss("cispo", check=_check_cispo)
 def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
           episode: Tensor | None = None, clip_high: float = 0.2,
           clip_low: float | None = None) -> tuple[Tensor, dict[str, float]]:
@@ -504,10 +554,7 @@ def cispo(*, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
     Raises:
         ValueError: if ``clip_high`` < 0, ``clip_low`` is outside [0, 1], or shapes differ.
     """
-    if clip_high < 0:
-        raise ValueError(f"cispo: clip_high must be >= 0, got {clip_high}")
-    if clip_low is not None and not 0 <= clip_low <= 1:
-        raise ValueError(f"cispo: clip_low must be in [0, 1], got {clip_low}")
+    _check_cispo(clip_high=clip_high, clip_low=clip_low)
     m, lp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, mask)
     ratio = torch.exp(log_ratio)
     with torch.no_grad():
@@ -653,7 +700,12 @@ def seq_mean_token_sum(*, per_token_loss: Tensor, mask: Tensor, episode: Tensor 
     return _episodes(episode, lm.shape[0]).sum(lm.sum(dim=1)).mean()
 
 
-@register_aggregation("seq-mean-token-sum-norm")
+def _check_max_len(*, max_len: int | None = None) -> None:
+    if max_len is not None and not max_len > 0:
+        raise ValueError(f"seq-mean-token-sum-norm: max_len must be > 0, got {max_len}")
+
+
+@register_aggregation("seq-mean-token-sum-norm", check=_check_max_len)
 def seq_mean_token_sum_norm(*, per_token_loss: Tensor, mask: Tensor, episode: Tensor | None = None,
                             max_len: int | None = None) -> Tensor:
     """sum_{i,t} l*m / (N * max_len): a constant normalizer, free of length bias (Liu et al., 2025, Dr. GRPO).

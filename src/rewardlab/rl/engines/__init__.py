@@ -1,4 +1,4 @@
-"""Rollout engines: where the trainer's `collect` generates rollouts (episodes) and scores them.
+"""Rollout engines: where the trainer's `rl.rollouts.produce` generates rollouts (episodes) and scores them.
 
     engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads)
     engine.publish(policy, version=0)                           # the weights the next rollouts are sampled with
@@ -22,7 +22,7 @@ metrics on either engine and any worker count.
 A policy version (`Rollout.policy_version`) counts published weights: `publish(policy, version=s)` after step s's
 update (0 for the initial weights), so a synchronous step s samples with version s - 1. `generate(..., version=v)`
 samples with version v: engine ray keeps the last rl.max_staleness + 1 published versions for batches prefetched
-with older weights (`rewardlab.rl.trainer.Prefetch`); engine local holds only the current one.
+with older weights (`rewardlab.rl.rollouts.Prefetch`); engine local holds only the current one.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def row_spans(rows: int, n: int, chunk: int | None) -> list[tuple[int, int]]:
 
 
 class Engine(Protocol):
-    """What the trainer's `collect` calls (see the module doc). `version` is the last published policy version."""
+    """What `rl.rollouts.produce` calls (see the module doc). `version` is the last published policy version."""
 
     version: int
 
