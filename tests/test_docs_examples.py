@@ -14,7 +14,7 @@ import yaml
 from rewardlab.cli import parse
 from rewardlab.commands import COMMANDS, GROUPS
 from rewardlab.config import TrainConfig, load_config
-from rewardlab.rewards.compose import check_specs
+from rewardlab.rewards.compose import parse_rewards
 from rewardlab.rl.specs import resolve_specs
 from rewardlab.tasks import LOADERS
 
@@ -65,9 +65,9 @@ def _check(cfg, verb: str) -> None:
         LOADERS.get(kind)
         LOADERS.check(kind, task.options, field="task.options")
     if getattr(cfg, "rewards", None) is not None:
-        check_specs(cfg.rewards, on_error=cfg.on_error)
+        parse_rewards(cfg.rewards, on_error=cfg.on_error)
     if getattr(cfg, "scorer", None) is not None:
-        check_specs(cfg.scorer)
+        parse_rewards(cfg.scorer)
     if verb == "train":
         resolve_specs(cfg)
 

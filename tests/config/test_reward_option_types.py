@@ -10,7 +10,7 @@ from rewardlab.config import load_config
 from rewardlab.config.schema import TrainConfig
 from rewardlab.registry import option_annotations
 from rewardlab.rewards import REWARDS, build_reward
-from rewardlab.rewards.compose import COMPOSITIONS, check_specs
+from rewardlab.rewards.compose import COMPOSITIONS, parse_rewards
 from rewardlab.rewards.shaping import SHAPINGS
 
 
@@ -59,7 +59,7 @@ def test_a_value_of_the_wrong_type_names_its_path(kind, key, name, option):
     if key == "shape":
         spec["reward"] = "exact_match"
     with pytest.raises(ValueError) as err:
-        check_specs([{"compose": "sum", "rewards": ["exact_match", spec]}])
+        parse_rewards([{"compose": "sum", "rewards": ["exact_match", spec]}])
     assert str(err.value).startswith(f"rewards[0].rewards[1].{option}: expected ")
     assert str(err.value).endswith("got <no type>")
 
@@ -77,7 +77,7 @@ def test_a_value_of_the_wrong_type_names_its_path(kind, key, name, option):
 ])
 def test_wrong_types_are_one_line_errors(spec, message):
     with pytest.raises(ValueError) as err:
-        check_specs([spec])
+        parse_rewards([spec])
     assert str(err.value) == message
 
 

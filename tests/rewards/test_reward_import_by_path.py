@@ -8,7 +8,7 @@ from conftest import make_rollout
 from rewardlab.config import load_config
 from rewardlab.config.schema import TrainConfig
 from rewardlab.rewards import REWARDS, build_reward
-from rewardlab.rewards.compose import check_specs
+from rewardlab.rewards.compose import parse_rewards
 
 PLAIN = '''
 def units_match(completion, answer, unit: str = "m"):
@@ -68,12 +68,12 @@ def test_an_imported_rewards_options_are_checked_like_any_others(tmp_path, monke
     _write(tmp_path, "my_rewards.py", PLAIN)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError) as err:
-        check_specs([{"name": "./my_rewards.py:units_match", "unit": 3}])
+        parse_rewards([{"name": "./my_rewards.py:units_match", "unit": 3}])
     assert str(err.value) == "rewards[0].unit: expected a string, got 3"
     with pytest.raises(ValueError, match=r"^rewards\[0\]: unknown option 'units' for reward '.*my_rewards.py:"
                                          r"units_match'; valid: answer, completion, item_timeout, max_concurrency, "
                                          r"unit, workers$"):
-        check_specs([{"name": "./my_rewards.py:units_match", "units": "km"}])
+        parse_rewards([{"name": "./my_rewards.py:units_match", "units": "km"}])
 
 
 @pytest.mark.parametrize("files, name, message", [
@@ -93,7 +93,7 @@ def test_a_bad_module_file_or_attribute_is_one_line_naming_it(tmp_path, monkeypa
         _write(tmp_path, filename, text)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError) as err:
-        check_specs(["exact_match", {"name": name}])
+        parse_rewards(["exact_match", {"name": name}])
     text = str(err.value)
     assert text.startswith(f"rewards[1].name: cannot import reward {name!r}: "
                            + message.format(tmp=tmp_path.resolve())), text
@@ -116,7 +116,7 @@ def test_a_class_is_a_reward_factory_and_a_config_names_it_as_a_bare_string(tmp_
     monkeypatch.chdir(tmp_path)
     cfg = load_config(TrainConfig, overrides=["rewards=[exact_match, ./cls_reward.py:Length]"])
     with pytest.raises(ValueError, match=r"^rewards\[0\]\.scale: expected a number, got 'big'$"):
-        check_specs([{"name": "./cls_reward.py:Length", "scale": "big"}])
+        parse_rewards([{"name": "./cls_reward.py:Length", "scale": "big"}])
     built = build_reward(cfg.rewards)
     (out,) = built([make_rollout("abc", {"answer": "x"})])
     assert built.labels == ["exact_match", "length"] and out.score == 3.0  # exact_match 0 + length 3
@@ -144,6 +144,6 @@ def test_the_file_is_executed_once_per_process(tmp_path, monkeypatch):
 ])
 def test_an_unknown_name_that_looks_like_a_path_says_how_to_write_it(name, hint):
     with pytest.raises(ValueError) as err:
-        check_specs([name])
+        parse_rewards([name])
     assert str(err.value).startswith(f"rewards[0].name: unknown reward {name!r}; valid: ")
     assert str(err.value).endswith(f"; to import your own reward {hint}")

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import make_rollout
 from rewardlab.rewards import build_reward
-from rewardlab.rewards.compose import check_specs
+from rewardlab.rewards.compose import parse_rewards
 
 README_OVERLONG = {"shape": "overlong", "reward": {"name": "exact_match", "weight": 0}, "max_len": 4, "buffer": 2,
                    "factor": 1.0}
@@ -40,6 +40,6 @@ def test_a_nonzero_weight_scales_the_shaped_reward_before_the_penalty():
 
 def test_a_weight_outside_a_sum_or_a_shaping_is_still_refused():
     with pytest.raises(ValueError, match=r"^rewards\[0\]\.gate\.weight: a weight belongs to a member of a sum"):
-        check_specs([{"compose": "gated", "gate": {"name": "exact_match", "weight": 0}, "reward": "exact_match"}])
+        parse_rewards([{"compose": "gated", "gate": {"name": "exact_match", "weight": 0}, "reward": "exact_match"}])
     with pytest.raises(ValueError, match=r"^rewards\[0\]\.reward\.weight: expected a number, got 'none'$"):
-        check_specs([{**README_OVERLONG, "reward": {"name": "exact_match", "weight": "none"}}])
+        parse_rewards([{**README_OVERLONG, "reward": {"name": "exact_match", "weight": "none"}}])

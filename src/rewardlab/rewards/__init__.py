@@ -1,4 +1,4 @@
-"""The reward layer: `Reward` protocol, `@reward`, the `REWARDS` registry and `build_reward`."""
+"""The reward layer: `Reward` protocol, `@reward`, the `REWARDS` registry, `parse_rewards` and `build_reward`."""
 
 from rewardlab.rewards.base import (
     REWARDS,
@@ -8,7 +8,7 @@ from rewardlab.rewards.base import (
     register_reward,
     reward,
 )
-from rewardlab.rewards.compose import WeightedSum, build_reward
+from rewardlab.rewards.compose import RewardTree, WeightedSum, build_reward, parse_rewards
 
 # Registration imports (no other side effects).
 from rewardlab.rewards import text as _text  # noqa: E402,F401
@@ -27,13 +27,15 @@ __all__ = [
     "FunctionReward",
     "Reward",
     "RewardError",
+    "RewardTree",
     "WeightedSum",
     "build_reward",
+    "parse_rewards",
     "register_reward",
     "reward",
 ]
 
-# Composition and shaping nodes (built from config by build_reward) and the LLM judge (registers `judge`).
+# Composition and shaping nodes (parsed from config by parse_rewards, built by build_reward) and the LLM judge (registers `judge`).
 from rewardlab.rewards import judge as _judge  # noqa: E402,F401
 from rewardlab.rewards.compose import GatedReward, PenaltyReward, TieredReward  # noqa: E402
 

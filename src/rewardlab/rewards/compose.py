@@ -1,10 +1,14 @@
-"""Composed rewards: weighted sum, gated, tiered (lexicographic) and multiplicative penalties, and the config builder.
+"""Composed rewards: weighted sum, gated, tiered (lexicographic) and multiplicative penalties; config parse and build.
 
-Every node is a `Reward` (a batch of rollouts in, one `RewardOutput` per rollout out) built from config by
-`build_reward` (below), so nodes nest. A node's components hold each child's score under the child's label
-and the child's own components under "<label>/<key>"; the first child component named `correct` is also kept as
-`correct` (the accuracy metric reads it). A child's error makes the node's output an error (score 0, the texts
-joined with "; "); the top-level `WeightedSum` then applies `on_error`.
+Every node is a `Reward` (a batch of rollouts in, one `RewardOutput` per rollout out), so nodes nest. A node's
+components hold each child's score under the child's label and the child's own components under "<label>/<key>";
+the first child component named `correct` is also kept as `correct` (the accuracy metric reads it). A child's error
+makes the node's output an error (score 0, the texts joined with "; "); the top-level `WeightedSum` then applies
+`on_error`.
+
+A config becomes a reward in two steps (below): `parse_rewards` checks the whole spec tree and returns it as a
+`RewardTree` of frozen `LeafSpec` / `ComposeSpec` / `ShapeSpec` nodes, constructing nothing; `build_reward`
+constructs the reward from that tree without checking anything again (given a raw config, it parses it first).
 
 Config (the `rewards:` list of a `rewardlab train` config; docs/rewards-compose.md has worked examples):
 
@@ -21,25 +25,27 @@ label of the reward it shapes. `weight` belongs to members of a sum and to the r
 reward before the shaping adds its term: `{shape: overlong, reward: {name: r, weight: 0}, ...}` is the overlong
 penalty alone, with r logged); `threshold` belongs to tiers; anywhere else these keys are the reward's own options
 (`weight` is never one). Every option's value is checked against the annotation of the parameter it goes to
-(`Registry.validate`) before anything is built.
+(`Registry.validate`) when the tree is parsed, before anything is built.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from rewardlab.registry import Registry
 from rewardlab.rewards.base import ON_ERROR, REWARDS, Reward, RewardError
 from rewardlab.rewards.importing import is_import_name, resolve_reward
-from rewardlab.rewards.shaping import SHAPINGS, build_shaped
+from rewardlab.rewards.shaping import SHAPINGS, build_shaping, parse_shaping
 from rewardlab.types import Rollout, RewardOutput, parse_errors
 
-#: compose kind -> builder(path, label, <the node's keys>) -> Reward.
-COMPOSITIONS: Registry[Callable[..., Reward]] = Registry("composition", reserved=("path", "label"))
+#: compose kind -> parser(path, <the node's keys>) -> (child nodes, the node's own checked values), registered with
+#: meta `build`: build(child rewards, child labels, name, <those values>) -> Reward (`ComposeSpec`).
+COMPOSITIONS: Registry[Callable[..., tuple[list[Any], dict[str, Any]]]] = Registry("composition", reserved=("path",))
 
 
 # ---------------------------------------------------------------------------------------------- shared helpers
@@ -374,7 +380,95 @@ class PenaltyReward:
         return outputs
 
 
-# ---------------------------------------------------------------------------------------------- config builder
+# ---------------------------------------------------------------------------------------------- parsed specs
+@dataclass(frozen=True)
+class LeafSpec:
+    """A parsed leaf: a registered reward and its checked options; nothing constructed.
+
+    Attributes:
+        name: the reward's `REWARDS` name (for MODULE:FUNCTION, the canonical name it was imported and registered
+            under, `rewards.importing.canonical_name`).
+        options: its options (read-only), each value as its parameter's annotation reads it (`Registry.validate`:
+            `{"rel_tol": "1e-3"}` -> `{"rel_tol": 0.001}`), passed as they are to the reward's factory.
+        label: the `label` given, or None (the built reward's `name` then labels it).
+        path: where the spec sits in the config ("rewards[1].gate"), for messages.
+    """
+
+    name: str
+    options: Mapping[str, Any]
+    label: str | None
+    path: str
+
+
+@dataclass(frozen=True)
+class ComposeSpec:
+    """A parsed composition node `{compose: KIND, ...}`.
+
+    Attributes:
+        kind: a `COMPOSITIONS` name: sum, gated, tiered, penalty.
+        children: the parsed child nodes in order: sum: the members; gated: (gate, reward); tiered: the tiers;
+            penalty: (reward, *penalties).
+        options: the node's own checked values (read-only): sum: `weights` (a float per member); gated:
+            `threshold`, `gate_weight`; tiered: `thresholds` (a float in [0, 1] per tier but the last); penalty:
+            none.
+        label: the `label` given, or None (the kind then labels it).
+        path: where the spec sits in the config.
+    """
+
+    kind: str
+    children: tuple[NodeSpec, ...]
+    options: Mapping[str, Any]
+    label: str | None
+    path: str
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    """A parsed shaping node `{shape: KIND, reward: SPEC, ...}`.
+
+    Attributes:
+        kind: a `SHAPINGS` name: length, overlong, par, clip, delta.
+        reward: the parsed node it shapes.
+        weight: the `weight` given with that reward (it then scores weight * reward before the shaping adds its
+            term), or None.
+        options: the shaping's checked options (read-only, `shaping.parse_shaping`); a nested spec option (PAR's
+            `ref_reward`) holds its parsed node.
+        label: the `label` given, or None (the label of the reward it shapes then labels it).
+        path: where the spec sits in the config.
+    """
+
+    kind: str
+    reward: NodeSpec
+    weight: float | None
+    options: Mapping[str, Any]
+    label: str | None
+    path: str
+
+
+NodeSpec = LeafSpec | ComposeSpec | ShapeSpec
+
+
+@dataclass(frozen=True)
+class RewardTree:
+    """A parsed `rewards:` config (`parse_rewards`): the top-level weighted sum, checked whole, nothing constructed;
+    `build_reward(tree)` constructs it.
+
+    Attributes:
+        members: the parsed member nodes, in config order.
+        weights: each member's weight (the `weight` given, else a leaf's default weight, else 1.0).
+        on_error: "zero", "skip" or "raise" (see `WeightedSum`).
+    """
+
+    members: tuple[NodeSpec, ...]
+    weights: tuple[float, ...]
+    on_error: str
+
+
+# ---------------------------------------------------------------------------------------------- parse
+def _frozen(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(options))
+
+
 def _number(value: Any, key: str, path: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{path}.{key}: expected a number, got {value!r}")
@@ -387,28 +481,27 @@ def _list(value: Any, key: str, path: str) -> list[Any]:
     return list(value)
 
 
-def _members(items: Sequence[Any], path: str) -> tuple[list[tuple[Reward, float]], list[str]]:
+def _members(items: Sequence[Any], path: str) -> tuple[list[NodeSpec], list[float]]:
     """Members of a sum: each spec may carry `weight` (default: the reward's default weight, else 1)."""
-    members, labels = [], []
+    nodes, weights = [], []
     for i, item in enumerate(items):
         item_path = f"{path}[{i}]"
         spec = _as_spec(item, item_path)
-        weight = spec.pop("weight") if "weight" in spec else _default_weight(spec, item_path)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        given = "weight" in spec
+        weight = spec.pop("weight", None)
+        if given and (isinstance(weight, bool) or not isinstance(weight, (int, float))):
             raise ValueError(f"{item_path}.weight: expected a number, got {weight!r}")
-        reward, label = build_node(spec, item_path)
-        members.append((reward, float(weight)))
-        labels.append(label)
-    return members, labels
+        node = parse_node(spec, item_path)
+        nodes.append(node)
+        weights.append(float(weight) if given else _default_weight(node))
+    return nodes, weights
 
 
-def _default_weight(spec: Mapping[str, Any], path: str) -> float:
+def _default_weight(node: NodeSpec) -> float:
     """A leaf's default weight is its factory's `default_weight` (from `@reward(weight=...)`); a node's is 1."""
-    name = spec.get("name")
-    if is_import_name(name) and not any(k in spec for k in ("compose", "shape")):
-        name = _resolve(name, path)
-    factory = REWARDS.get(name, None) if isinstance(name, str) else None
-    return getattr(factory, "default_weight", 1.0)
+    if isinstance(node, LeafSpec):
+        return float(getattr(REWARDS[node.name], "default_weight", 1.0))
+    return 1.0
 
 
 def _resolve(name: Any, path: str) -> str:
@@ -421,50 +514,6 @@ def _resolve(name: Any, path: str) -> str:
         raise ValueError(f"{path}.name: {exc}") from None
 
 
-@COMPOSITIONS.register("sum")
-def _compose_sum(path: str, label: str | None, *, rewards: Sequence[Any]) -> Reward:
-    members, labels = _members(_list(rewards, "rewards", path), f"{path}.rewards")
-    return WeightedSum(members, name=label or "sum", labels=labels)
-
-
-@COMPOSITIONS.register("gated")
-def _compose_gated(path: str, label: str | None, *, gate: Any, reward: Any, threshold: float = 1.0,
-                   gate_weight: float = 0.0) -> Reward:
-    gate_node, gate_label = build_node(gate, f"{path}.gate")
-    inner, inner_label = build_node(reward, f"{path}.reward")
-    return GatedReward(gate_node, inner, threshold=_number(threshold, "threshold", path),
-                       gate_weight=_number(gate_weight, "gate_weight", path), name=label or "gated",
-                       labels=(gate_label, inner_label))
-
-
-@COMPOSITIONS.register("tiered")
-def _compose_tiered(path: str, label: str | None, *, tiers: Sequence[Any]) -> Reward:
-    items = _list(tiers, "tiers", path)
-    if len(items) < 2:
-        raise ValueError(f"{path}.tiers: needs at least 2 tiers, got {len(items)}")
-    built, thresholds, labels = [], [], []
-    for j, item in enumerate(items):
-        tier_path = f"{path}.tiers[{j}]"
-        tier_spec = _as_spec(item, tier_path)
-        threshold = _number(tier_spec.pop("threshold", 1.0), "threshold", tier_path)
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"{tier_path}.threshold: must be in [0, 1] (tier scores are in [0, 1]), got {threshold}")
-        reward, tier_label = build_node(tier_spec, tier_path)
-        built.append(reward)
-        labels.append(tier_label)
-        if j < len(items) - 1:
-            thresholds.append(threshold)
-    return TieredReward(built, thresholds, name=label or "tiered", labels=labels)
-
-
-@COMPOSITIONS.register("penalty")
-def _compose_penalty(path: str, label: str | None, *, reward: Any, penalties: Sequence[Any]) -> Reward:
-    inner, inner_label = build_node(reward, f"{path}.reward")
-    built = [build_node(p, f"{path}.penalties[{j}]") for j, p in enumerate(_list(penalties, "penalties", path))]
-    return PenaltyReward(inner, [b[0] for b in built], name=label or "penalty",
-                         labels=[inner_label, *(b[1] for b in built)])
-
-
 def _as_spec(item: Any, path: str) -> dict[str, Any]:
     if isinstance(item, str):
         return {"name": item}
@@ -473,23 +522,9 @@ def _as_spec(item: Any, path: str) -> dict[str, Any]:
     return dict(item)
 
 
-#: True while `check_specs` walks a spec tree: leaves are checked, not constructed.
-_CHECKING: contextvars.ContextVar[bool] = contextvars.ContextVar("rewardlab_checking_reward_specs", default=False)
-
-
-class _Unbuilt:
-    """Stands in for a leaf reward while `check_specs` walks a spec tree: it has a name and is never called."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
-        raise RuntimeError(f"reward {self.name}: a spec being checked is never scored")
-
-
 @contextlib.contextmanager
 def _located(path: str, where: str):
-    """Re-raise a ValueError from building the node at `path` as "WHERE: cause", unless it names `path` already."""
+    """Re-raise a ValueError from parsing the node at `path` as "WHERE: cause", unless it names `path` already."""
     try:
         yield
     except ValueError as exc:
@@ -498,11 +533,12 @@ def _located(path: str, where: str):
         raise ValueError(f"{where}: {exc}") from None
 
 
-def build_node(item: Any, path: str) -> tuple[Reward, str]:
-    """Build one spec (leaf, `compose` or `shape` node) found at `path`; returns the reward and its label.
+def parse_node(item: Any, path: str) -> NodeSpec:
+    """Parse one spec (leaf, `compose` or `shape` node) found at `path`, and every node under it; nothing is
+    constructed (a MODULE:FUNCTION leaf's module is imported, to read its options).
 
     Raises:
-        ValueError: one line naming `path` and the problem.
+        ValueError: one line naming `path` and the problem (see `parse_rewards`).
     """
     spec = _as_spec(item, path)
     label = spec.pop("label", None)
@@ -519,12 +555,13 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
     if "compose" in spec:
         kind = spec.pop("compose")
         try:
-            builder = COMPOSITIONS.get(kind)
+            parse = COMPOSITIONS.get(kind)
         except ValueError as exc:
             raise ValueError(f"{path}.compose: {exc}") from None
         spec = COMPOSITIONS.validate(kind, spec, field=path, complete=True)
         with _located(path, path):
-            return builder(path, label, **spec), label or kind
+            children, options = parse(path, **spec)
+        return ComposeSpec(kind, tuple(children), _frozen(options), label, path)
     if "shape" in spec:
         kind = spec.pop("shape")
         try:
@@ -533,24 +570,16 @@ def build_node(item: Any, path: str) -> tuple[Reward, str]:
             raise ValueError(f"{path}.shape: {exc}") from None
         if "reward" not in spec:
             raise ValueError(f"{path}: missing 'reward' (shape: {kind})")
-        inner, inner_label = _shaped_member(spec.pop("reward"), f"{path}.reward")
+        inner, weight = _shaped_member(spec.pop("reward"), f"{path}.reward")
         with _located(path, f"{path} (shape: {kind})"):
-            shaped = build_shaped(kind, inner, spec, path, build_node)
-        shaped.name = label or inner_label
-        return shaped, shaped.name
+            options = parse_shaping(kind, spec, path, parse_node)
+        return ShapeSpec(kind, inner, weight, _frozen(options), label, path)
     name = _resolve(spec.pop("name"), path)
     try:
-        factory = REWARDS.get(name)
+        REWARDS.get(name)
     except ValueError as exc:
         raise ValueError(f"{path}.name: {exc}{_import_hint(name)}") from None
-    spec = REWARDS.validate(name, spec, field=path, complete=True)
-    if _CHECKING.get():
-        return _Unbuilt(name), label or _leaf_label(name, factory)
-    try:
-        reward = factory(**spec)
-    except (TypeError, ValueError, OSError) as exc:  # OSError: a model path that does not load
-        raise ValueError(f"{path} ({name}): {exc}".splitlines()[0]) from None
-    return reward, label or reward.name
+    return LeafSpec(name, _frozen(REWARDS.validate(name, spec, field=path, complete=True)), label, path)
 
 
 def _import_hint(name: Any) -> str:
@@ -563,72 +592,160 @@ def _import_hint(name: Any) -> str:
     return f"; to import your own reward write MODULE:FUNCTION, e.g. {':'.join(name.rsplit('.', 1))}"
 
 
-def _leaf_label(name: str, factory: Any) -> str:
-    """A leaf's default label before it is built: its registered name, or for an imported reward the name the
-    built reward will have (a `@reward`'s own name, else the function's)."""
-    if not is_import_name(name):
-        return name
-    for candidate in (getattr(factory, "reward_name", None), getattr(factory, "name", None)):
-        if isinstance(candidate, str) and candidate:
-            return candidate
-    return name.rpartition(":")[2]
-
-
-def _shaped_member(item: Any, path: str) -> tuple[Reward, str]:
-    """The reward a shaping node wraps. With a `weight`, it is a one-member weighted sum (weight * score, its
-    components logged bare): weight 0 keeps the reward as a logged metric and leaves the shaping's term alone."""
+def _shaped_member(item: Any, path: str) -> tuple[NodeSpec, float | None]:
+    """The reward a shaping node wraps, and its `weight` (None when not given)."""
     if not isinstance(item, Mapping) or "weight" not in item:
-        return build_node(item, path)
+        return parse_node(item, path), None
     spec = dict(item)
     weight = spec.pop("weight")
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
         raise ValueError(f"{path}.weight: expected a number, got {weight!r}")
-    inner, label = build_node(spec, path)
-    return WeightedSum([(inner, float(weight))], name=label, labels=[label]), label
+    return parse_node(spec, path), float(weight)
 
 
-def check_specs(specs: Sequence[Any] | Mapping[str, Any] | str, *, on_error: str = "zero") -> None:
-    """Check a `rewards:` spec tree without constructing any leaf reward (nothing loads a model or opens a
-    connection): every reward name (importing MODULE:FUNCTION names), composition and shaping kind, key and option,
-    each option's value against its parameter's type annotation (`Registry.validate`), and the nodes' own values.
+# ------------------------------------------------------------------------------------- compositions: parse, build
+def _build_sum(children: Sequence[Reward], labels: Sequence[str], name: str, *, weights: Sequence[float]) -> Reward:
+    return WeightedSum(list(zip(children, weights)), name=name, labels=labels)
+
+
+@COMPOSITIONS.register("sum", build=_build_sum)
+def _compose_sum(path: str, *, rewards: Sequence[Any]) -> tuple[list[NodeSpec], dict[str, Any]]:
+    children, weights = _members(_list(rewards, "rewards", path), f"{path}.rewards")
+    return children, {"weights": tuple(weights)}
+
+
+def _build_gated(children: Sequence[Reward], labels: Sequence[str], name: str, *, threshold: float,
+                 gate_weight: float) -> Reward:
+    return GatedReward(children[0], children[1], threshold=threshold, gate_weight=gate_weight, name=name,
+                       labels=(labels[0], labels[1]))
+
+
+@COMPOSITIONS.register("gated", build=_build_gated)
+def _compose_gated(path: str, *, gate: Any, reward: Any, threshold: float = 1.0,
+                   gate_weight: float = 0.0) -> tuple[list[NodeSpec], dict[str, Any]]:
+    children = [parse_node(gate, f"{path}.gate"), parse_node(reward, f"{path}.reward")]
+    return children, {"threshold": _number(threshold, "threshold", path),
+                      "gate_weight": _number(gate_weight, "gate_weight", path)}
+
+
+def _build_tiered(children: Sequence[Reward], labels: Sequence[str], name: str, *,
+                  thresholds: Sequence[float]) -> Reward:
+    return TieredReward(children, thresholds, name=name, labels=labels)
+
+
+@COMPOSITIONS.register("tiered", build=_build_tiered)
+def _compose_tiered(path: str, *, tiers: Sequence[Any]) -> tuple[list[NodeSpec], dict[str, Any]]:
+    items = _list(tiers, "tiers", path)
+    if len(items) < 2:
+        raise ValueError(f"{path}.tiers: needs at least 2 tiers, got {len(items)}")
+    children, thresholds = [], []
+    for j, item in enumerate(items):
+        tier_path = f"{path}.tiers[{j}]"
+        tier_spec = _as_spec(item, tier_path)
+        threshold = _number(tier_spec.pop("threshold", 1.0), "threshold", tier_path)
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"{tier_path}.threshold: must be in [0, 1] (tier scores are in [0, 1]), got {threshold}")
+        children.append(parse_node(tier_spec, tier_path))
+        if j < len(items) - 1:
+            thresholds.append(threshold)
+    return children, {"thresholds": tuple(thresholds)}
+
+
+def _build_penalty(children: Sequence[Reward], labels: Sequence[str], name: str) -> Reward:
+    return PenaltyReward(children[0], children[1:], name=name, labels=labels)
+
+
+@COMPOSITIONS.register("penalty", build=_build_penalty)
+def _compose_penalty(path: str, *, reward: Any, penalties: Sequence[Any]) -> tuple[list[NodeSpec], dict[str, Any]]:
+    inner = parse_node(reward, f"{path}.reward")
+    return [inner, *(parse_node(p, f"{path}.penalties[{j}]")
+                     for j, p in enumerate(_list(penalties, "penalties", path)))], {}
+
+
+# ---------------------------------------------------------------------------------------------- build
+def build_node(node: NodeSpec) -> tuple[Reward, str]:
+    """Construct the reward of a parsed node and of every node under it, in config order (each leaf once); returns
+    the reward and its label (the node's `label`, else a leaf reward's `name`, a composition's kind, or the label of
+    the reward a shaping wraps). Nothing is checked or read again: `parse_node` did that.
 
     Raises:
-        ValueError: the first problem, in one line naming its path (as `build_reward` would raise it).
+        ValueError: "PATH (NAME): cause" (first line) when a leaf's factory raises TypeError, ValueError or OSError
+            (e.g. a model path that does not load).
     """
-    token = _CHECKING.set(True)
-    try:
-        _build_sum(specs, on_error)
-    finally:
-        _CHECKING.reset(token)
+    if isinstance(node, LeafSpec):
+        try:
+            reward = REWARDS[node.name](**node.options)
+        except (TypeError, ValueError, OSError) as exc:  # OSError: a model path that does not load
+            raise ValueError(f"{node.path} ({node.name}): {exc}".splitlines()[0]) from None
+        return reward, node.label or reward.name
+    if isinstance(node, ComposeSpec):
+        built = [build_node(child) for child in node.children]
+        name = node.label or node.kind
+        build = COMPOSITIONS.meta(node.kind)["build"]
+        return build([r for r, _ in built], [lab for _, lab in built], name, **node.options), name
+    inner, inner_label = build_node(node.reward)
+    if node.weight is not None:  # weight * score, its components logged bare; weight 0 leaves the shaping's term
+        inner = WeightedSum([(inner, node.weight)], name=inner_label, labels=[inner_label])
+    shaped = build_shaping(node.kind, inner, node.options, lambda n: build_node(n)[0])
+    shaped.name = node.label or inner_label
+    return shaped, shaped.name
 
 
-def build_reward(specs: Sequence[Mapping[str, Any] | str] | Mapping[str, Any] | str, *,
-                 on_error: str = "zero") -> WeightedSum:
-    """Build the reward of a `rewards:` config: a weighted sum over a list of specs.
+# ---------------------------------------------------------------------------------------------- entry points
+def parse_rewards(specs: Sequence[Mapping[str, Any] | str] | Mapping[str, Any] | str, *,
+                  on_error: str = "zero") -> RewardTree:
+    """Parse and check a `rewards:` config into a `RewardTree`, constructing no reward (nothing loads a model or
+    opens a connection); `build_reward(tree)` constructs it.
 
-    A bare string is one reward with its default weight; a single mapping is a one-element list. Each list item is
-    a leaf `{name, weight, label, ...options}` (a registered reward), a composition node `{compose: sum | gated |
-    tiered | penalty, ...}` or a shaping node `{shape: length | overlong | par | clip | delta, reward: {...}, ...}`;
-    nodes nest. Returns a `WeightedSum` whose `on_error` ("zero", "skip", "raise") decides the score of a rollout
-    with an error anywhere in the tree.
-
-    The whole tree is checked first (`check_specs`), so a bad option anywhere is reported before any leaf is
-    constructed (e.g. before a reward model earlier in the list loads).
+    A bare string is one reward with its default weight; a single mapping is a one-element list. Checked, for the
+    whole tree: every reward name (a MODULE:FUNCTION or PATH.py:FUNCTION name is imported and registered, its
+    function not called), composition and shaping kind; the keys of each node (one of name/compose/shape, `label`,
+    `weight` only on a member of a sum or the reward a shaping wraps); each option's name and value against the
+    annotation of the parameter it goes to (`Registry.validate`, which also reads "1e-3" as 0.001 for a float); the
+    nodes' own values (weights, thresholds, at least 2 tiers, the shaping's bounds such as a length `coef` >= 0); and
+    `on_error`.
 
     Raises:
-        ValueError: a bad spec, in one line naming its path (e.g. "rewards[1].tiers[0]: missing 'name'"): an unknown
-            reward name or node kind (the message lists valid ones), a missing or unknown key, an option the reward
-            does not take, an option value its annotation refuses ("rewards[0].rel_tol: expected a number, got
-            'abc'"), a MODULE:FUNCTION that does not import (`rewards.importing.resolve_reward`).
+        ValueError: the first problem, in one line naming its path (e.g. "rewards[1].tiers[0]: missing 'name'"): an
+            unknown reward name or node kind (the message lists valid ones), a missing or unknown key, an option the
+            reward does not take, an option value its annotation refuses ("rewards[0].rel_tol: expected a number, got
+            'abc'"), a MODULE:FUNCTION that does not import (`rewards.importing.resolve_reward`), an `on_error` not
+            in ("zero", "skip", "raise").
     """
-    check_specs(specs, on_error=on_error)
-    return _build_sum(specs, on_error)
-
-
-def _build_sum(specs: Sequence[Any] | Mapping[str, Any] | str, on_error: str) -> WeightedSum:
     if isinstance(specs, (str, Mapping)):
         specs = [specs]
     if not isinstance(specs, Sequence) or not specs:
         raise ValueError(f"rewards: expected a non-empty list of reward specs, got {specs!r}")
-    members, labels = _members(specs, "rewards")
-    return WeightedSum(members, on_error=on_error, labels=labels)
+    members, weights = _members(specs, "rewards")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error: expected one of {ON_ERROR}, got {on_error!r}")
+    return RewardTree(tuple(members), tuple(weights), on_error)
+
+
+def build_reward(specs: RewardTree | Sequence[Mapping[str, Any] | str] | Mapping[str, Any] | str, *,
+                 on_error: str | None = None) -> WeightedSum:
+    """Build the reward of a `rewards:` config: a weighted sum over its members.
+
+    `specs` is a `RewardTree` from `parse_rewards` (only constructed: nothing is checked again), or the config
+    itself (a list of specs, a single spec or a reward name), parsed first with `parse_rewards(specs,
+    on_error=on_error or "zero")`, so a bad option anywhere is reported before any leaf is constructed (e.g. before a
+    reward model earlier in the list loads). Each leaf's factory is called once, in config order. Returns a
+    `WeightedSum` named "reward" whose `on_error` ("zero", "skip", "raise") decides the score of a rollout with an
+    error anywhere in the tree; its members' labels and weights are `component_weights`.
+
+    Args:
+        specs: a parsed tree, or the config (see `parse_rewards`).
+        on_error: for a config, its `on_error` (default "zero"); for a tree, None or the tree's own.
+    Raises:
+        ValueError: what `parse_rewards` raises; `on_error` given with a tree parsed with another; "PATH (NAME):
+            cause" when a leaf's factory raises (see `build_node`).
+    """
+    if isinstance(specs, RewardTree):
+        tree = specs
+        if on_error is not None and on_error != tree.on_error:
+            raise ValueError(f"on_error: {on_error!r} given for a reward tree parsed with on_error={tree.on_error!r}")
+    else:
+        tree = parse_rewards(specs, on_error="zero" if on_error is None else on_error)
+    built = [build_node(node) for node in tree.members]
+    return WeightedSum([(r, w) for (r, _), w in zip(built, tree.weights)], on_error=tree.on_error,
+                       labels=[lab for _, lab in built])

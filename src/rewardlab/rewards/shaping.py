@@ -1,7 +1,8 @@
 """Reward shaping: length and overlong penalties, PAR, and the clip and delta transforms of process rewards.
 
 Each rule is a pure function (callable from the trainer or a test on plain numbers) and a config node that wraps a
-reward: `{shape: KIND, reward: SPEC, ...options}` (built by `build_reward`, see `rewards.compose`). A shaped output
+reward: `{shape: KIND, reward: SPEC, ...options}` (checked by `parse_shaping` when `rewards.compose.parse_rewards`
+parses a spec tree, constructed by `build_shaping` when `build_reward` builds it). A shaped output
 keeps the reward's components, adds the shaping's own, and keeps the score before shaping in
 `components["unshaped"]`; only the innermost shaping sets it (when absent), so it is the score no shaping touched
 (dynamic sampling filters on it). An output with an error passes through unchanged.
@@ -16,8 +17,9 @@ from typing import Any
 from rewardlab.registry import Registry
 from rewardlab.types import Rollout, RewardOutput
 
-#: shape kind -> the shaping node's class, `cls(reward, <options>, name=)`. Its options are numbers unless its
-#: registration meta names them as `fields` (row field names, strings) or `specs` (nested reward specs).
+#: shape kind -> the shaping node's class, `cls(reward, <options>, name=)`; `cls.check(<options>)` makes the checks
+#: of its constructor without constructing it. Its options are numbers unless its registration meta names them as
+#: `fields` (row field names, strings) or `specs` (nested reward specs).
 SHAPINGS: Registry[Callable[..., Any]] = Registry("shaping", reserved=("reward", "name"))
 
 
@@ -134,10 +136,15 @@ class ShapedReward:
     """Base of the shaping nodes: score the wrapped reward, then reshape each output without an error.
 
     Subclasses implement `shape(rollouts, outputs) -> list[tuple[score, step_scores, extra components] | str]`
-    (a string is that rollout's error).
+    (a string is that rollout's error), and `check(<options>)` when their options have bounds (their constructor
+    calls it; `parse_shaping` calls it on a spec's options, constructing nothing).
     """
 
     kind = "shaping"
+
+    @classmethod
+    def check(cls, **options: Any) -> None:
+        """Check option values beyond their types (nothing here). Raises ValueError: one line, the cause."""
 
     def __init__(self, reward: Any, name: str | None = None) -> None:
         self.reward = reward
@@ -176,8 +183,13 @@ class LengthShaped(ShapedReward):
 
     def __init__(self, reward: Any, coef: float, free_len: float = 0.0, name: str | None = None) -> None:
         super().__init__(reward, name)
-        length_penalty([], coef, free_len)  # validates
+        self.check(coef, free_len)
         self.coef, self.free_len = coef, free_len
+
+    @classmethod
+    def check(cls, coef: float, free_len: float = 0.0) -> None:
+        """Raises ValueError: a negative `coef` or `free_len` (see `length_penalty`)."""
+        length_penalty([], coef, free_len)
 
     def shape(self, rollouts, outputs):
         pens = length_penalty([len(r.completion_ids) for r in rollouts], self.coef, self.free_len)
@@ -193,8 +205,13 @@ class OverlongShaped(ShapedReward):
     def __init__(self, reward: Any, max_len: float, buffer: float, factor: float = 1.0,
                  name: str | None = None) -> None:
         super().__init__(reward, name)
-        overlong_penalty([], max_len, buffer, factor)  # validates
+        self.check(max_len, buffer, factor)
         self.max_len, self.buffer, self.factor = max_len, buffer, factor
+
+    @classmethod
+    def check(cls, max_len: float, buffer: float, factor: float = 1.0) -> None:
+        """Raises ValueError: max_len <= 0, buffer outside (0, max_len], or factor < 0 (see `overlong_penalty`)."""
+        overlong_penalty([], max_len, buffer, factor)
 
     def shape(self, rollouts, outputs):
         pens = overlong_penalty([len(r.completion_ids) for r in rollouts], self.max_len, self.buffer, self.factor)
@@ -217,6 +234,15 @@ class PARShaped(ShapedReward):
     def __init__(self, reward: Any, *, ref: float | None = None, ref_field: str | None = None,
                  ref_completion_field: str | None = None, ref_reward: Any = None, name: str | None = None) -> None:
         super().__init__(reward, name)
+        self.check(ref=ref, ref_field=ref_field, ref_completion_field=ref_completion_field, ref_reward=ref_reward)
+        self.ref, self.ref_field, self.ref_completion_field = ref, ref_field, ref_completion_field
+        self.ref_reward = ref_reward if ref_reward is not None else reward
+
+    @classmethod
+    def check(cls, *, ref: float | None = None, ref_field: str | None = None, ref_completion_field: str | None = None,
+              ref_reward: Any = None) -> None:
+        """Raises ValueError: not exactly one of `ref`, `ref_field`, `ref_completion_field`, or `ref_reward`
+        without `ref_completion_field` (`ref_reward` is only looked at for None)."""
         given = [k for k, v in (("ref", ref), ("ref_field", ref_field), ("ref_completion_field",
                                                                            ref_completion_field)) if v is not None]
         if len(given) != 1:
@@ -224,8 +250,6 @@ class PARShaped(ShapedReward):
                              f"(got {', '.join(given) or 'none'})")
         if ref_reward is not None and ref_completion_field is None:
             raise ValueError("'ref_reward' scores reference responses: it needs 'ref_completion_field'")
-        self.ref, self.ref_field, self.ref_completion_field = ref, ref_field, ref_completion_field
-        self.ref_reward = ref_reward if ref_reward is not None else reward
 
     def _references(self, rollouts: Sequence[Rollout]) -> list[list[float] | str]:
         if self.ref is not None:
@@ -308,33 +332,50 @@ class DeltaShaped(ShapedReward):
                 for o in outputs]
 
 
-# ---------------------------------------------------------------------------------------------- config builder
-Build = Callable[[Any, str], tuple[Any, str]]
+# ---------------------------------------------------------------------------------------------- config parse, build
+#: (a nested spec, its path) -> its parsed node (`rewards.compose.parse_node`).
+Parse = Callable[[Any, str], Any]
+#: a parsed node -> the reward built from it (`rewards.compose`'s build step).
+Build = Callable[[Any], Any]
 
 
-def build_shaped(kind: str, inner: Any, spec: Mapping[str, Any], path: str, build: Build) -> Any:
-    """The shaping node `{shape: kind, ...spec}` found at `path`, wrapping the built reward `inner`.
+def parse_shaping(kind: str, spec: Mapping[str, Any], path: str, parse: Parse) -> dict[str, Any]:
+    """The checked options of the shaping node `{shape: kind, reward: ..., ...spec}` found at `path` (`spec`: its keys
+    less `shape`, `reward` and `label`); nothing is constructed.
 
     Every key of `spec` must be an option of `SHAPINGS[kind]` (and its required options present) whose value its
-    annotation accepts (`Registry.validate`); a number option must be a finite number, a `fields` option a string; a
-    `specs` option is built with `build(spec, path)`.
+    annotation accepts (`Registry.validate`, which also reads each value as its annotation says); a number option
+    must be a finite number, a `fields` option a string; a `specs` option is parsed with `parse(spec, path)` (its
+    value in the result is the parsed node); then the class's own `check` runs on the options.
 
+    Args:
+        kind: a registered shaping (the caller reports an unknown one with its path).
     Raises:
-        ValueError: one line naming `path`: an unknown kind (listing the valid ones), an unknown or missing option
-            (listing the valid ones), a value of the wrong type, or what the node's constructor raises.
+        ValueError: one line naming `path`: an unknown or missing option (listing the valid ones), a value of the
+            wrong type, what parsing a nested spec raises, or what the class's `check` raises (that one bare: the
+            caller adds where it is).
     """
-    try:
-        cls = SHAPINGS.get(kind)
-    except ValueError as exc:
-        raise ValueError(f"{path}.shape: {exc}") from None
     options = SHAPINGS.validate(kind, spec, field=path, complete=True)
     meta = SHAPINGS.meta(kind)
     for key, value in options.items():
         if key in meta.get("specs", ()):
-            options[key] = build(value, f"{path}.{key}")[0]
+            options[key] = parse(value, f"{path}.{key}")
         elif key in meta.get("fields", ()):
             if not isinstance(value, str):
                 raise ValueError(f"{path}.{key}: expected a row field name, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{path}.{key}: expected a number, got {value!r}")
-    return cls(inner, **options)
+    SHAPINGS[kind].check(**options)
+    return options
+
+
+def build_shaping(kind: str, reward: Any, options: Mapping[str, Any], build: Build) -> ShapedReward:
+    """The shaping node `SHAPINGS[kind]` around the built `reward`, from the options `parse_shaping` returned (a
+    `specs` option holds a parsed node: it is built with `build(node)`). No option is looked up or read again; the
+    class's constructor repeats only its own `check`.
+
+    Raises:
+        ValueError: what building a nested spec raises (one line naming its path).
+    """
+    specs = SHAPINGS.meta(kind).get("specs", ())
+    return SHAPINGS[kind](reward, **{k: build(v) if k in specs else v for k, v in options.items()})

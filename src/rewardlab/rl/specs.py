@@ -9,6 +9,8 @@
   values included, no tensor evaluated), `rl.clip_eps` and the trainer's `max_len` folded in
   (`resolve_loss_options`), and the KL estimator.
 - the curriculum's and the group filter's options, checked against what they declare.
+- the `rewards` tree, when the config gives one, parsed (`rewards.parse_rewards`: every name, key and option checked,
+  nothing constructed); `setup` builds it (`build_reward(tree)`) without checking it again.
 
 `setup` consumes the specs; nothing here is computed again there. `rl` is a `config.RLConfig` and `cfg` a
 `config.TrainConfig` (read, not imported: library modules do not import the config layer).
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewardlab.registry import Registry
+from rewardlab.rewards import RewardTree, parse_rewards
 from rewardlab.rl.advantages import ESTIMATORS
 from rewardlab.rl.credit import ESTIMATOR_INPUTS, TURN_REWARD_SOURCES
 from rewardlab.rl.curricula import CURRICULA
@@ -70,10 +73,12 @@ class LossSpec:
 
 @dataclass(frozen=True)
 class TrainSpecs:
-    """The `rl` section resolved (`resolve_specs`): the estimator and the loss as the trainer runs them."""
+    """The config resolved (`resolve_specs`): the estimator and the loss as the trainer runs them, and the parsed
+    `rewards` tree (None: the task's own reward)."""
 
     estimator: EstimatorSpec
     loss: LossSpec
+    rewards: RewardTree | None = None
 
 
 def estimator_needs(name: str) -> tuple[str, ...]:
@@ -181,9 +186,10 @@ def resolve_loss(rl: Any) -> LossSpec:
 
 
 def resolve_specs(cfg: Any) -> TrainSpecs:
-    """Check every algorithm name and option of `cfg.rl` and resolve them into specs, before anything is loaded or
-    written: the names (`check_names`), the estimator (`resolve_estimator`), the loss (`resolve_loss`), and the
-    options of the curriculum and the group filter against what they declare.
+    """Check every algorithm name and option of `cfg.rl` and the `cfg.rewards` tree, and resolve them into specs,
+    before anything is loaded or written: the names (`check_names`), the estimator (`resolve_estimator`), the loss
+    (`resolve_loss`), the options of the curriculum and the group filter against what they declare, and the rewards
+    (`rewards.parse_rewards`, with `cfg.on_error`).
 
     Raises:
         ValueError: one line naming the config key and the option, listing the valid ones, e.g.
@@ -197,4 +203,6 @@ def resolve_specs(cfg: Any) -> TrainSpecs:
         GROUP_FILTERS.check(rl.group_filter, rl.group_filter_options, field="rl.group_filter_options")
     elif rl.group_filter_options:
         raise ValueError(f"rl.group_filter_options: {sorted(rl.group_filter_options)} given without rl.group_filter")
-    return TrainSpecs(estimator, resolve_loss(rl))
+    loss = resolve_loss(rl)
+    rewards = parse_rewards(cfg.rewards, on_error=cfg.on_error) if cfg.rewards is not None else None
+    return TrainSpecs(estimator, loss, rewards)

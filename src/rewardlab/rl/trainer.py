@@ -45,7 +45,6 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy
 from rewardlab.progress import stage
 from rewardlab.rewards import Reward, RewardError, build_reward
-from rewardlab.rewards.compose import check_specs
 from rewardlab.rl.credit import assign_credit
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.curricula import make_curriculum
@@ -134,11 +133,9 @@ def check_task_fits(task: Task, policy: Policy, rl: RLConfig) -> None:
 
 def check_config(cfg: TrainConfig, mode: RunMode) -> TrainSpecs:
     """Everything about `cfg` that can be checked before the task or a model loads: the `rl` section resolved into
-    specs (`rl.specs.resolve_specs`), the `rewards` tree (names, keys, options), rl.ray_address answering (engine
-    ray), a local model path. Raises the one-line ValueError of the first problem."""
+    specs with the parsed `rewards` tree (`rl.specs.resolve_specs`), rl.ray_address answering (engine ray), a local
+    model path. Raises the one-line ValueError of the first problem."""
     specs = resolve_specs(cfg)
-    if cfg.rewards is not None:
-        check_specs(cfg.rewards, on_error=cfg.on_error)
     if cfg.rl.engine == "ray" and cfg.rl.ray_address is not None:
         from rewardlab.rl.engines.ray_engine import check_reachable
 
@@ -149,15 +146,15 @@ def check_config(cfg: TrainConfig, mode: RunMode) -> TrainSpecs:
     return specs
 
 
-def load_task_and_reward(cfg: TrainConfig) -> tuple[Task, Reward]:
-    """The task and the reward the run trains on (`cfg.rewards`, else the task's own).
+def load_task_and_reward(cfg: TrainConfig, specs: TrainSpecs) -> tuple[Task, Reward]:
+    """The task and the reward the run trains on (the parsed `cfg.rewards`, `specs.rewards`, else the task's own).
 
     Raises:
         ValueError: one line: what loading them raises, rl.turn_rewards other than env on a single-turn task, or
             rl.step_separator on an environment task.
     """
     task = load_task(cfg.task.spec, **cfg.task.options)
-    reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
+    reward = build_reward(specs.rewards if specs.rewards is not None else task.reward, on_error=cfg.on_error)
     if task.env is None and cfg.rl.turn_rewards != "env":
         raise ValueError(f"rl.turn_rewards: {cfg.rl.turn_rewards!r} scores the turns of an episode, and "
                          f"{cfg.task.spec} is a single-turn task (use an environment task, task.spec env:NAME)")
@@ -232,7 +229,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
     """
     specs = check_config(cfg, mode)
     threads = apply_threads(cfg.threads)
-    task, reward = load_task_and_reward(cfg)
+    task, reward = load_task_and_reward(cfg, specs)
     policy = None
     if mode != "resume":
         policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
