@@ -607,24 +607,34 @@ def _wait(pid: int, deadline: float, status_fd: int | None = None) -> bool:
     except (AttributeError, OSError):
         pidfd = None
     while True:
-        left = deadline - time.monotonic()
-        if pidfd is not None:
-            ready = select.select([pidfd], [], [], max(0.0, left))[0]
-        else:
-            time.sleep(min(0.005, max(0.0, left)))
-            ready = True
-        if ready:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done == pid:
-                if status_fd is not None:
-                    _report(status_fd, status=status)
-                if pidfd is not None:
-                    os.close(pidfd)
-                return True
+        if _reaped(pid, pidfd, deadline, status_fd):
+            exited = True
+            break
         if time.monotonic() >= deadline:
-            if pidfd is not None:
-                os.close(pidfd)
-            return False
+            exited = False
+            break
+    if pidfd is not None:
+        os.close(pidfd)
+    return exited
+
+
+def _reaped(pid: int, pidfd: int | None, deadline: float, status_fd: int | None) -> bool:
+    """Wait until child `pid` may have exited (its `pidfd` readable; without one, 5 ms) or `deadline`, then reap it
+    if it has; True when reaped (its status reported to `status_fd` when given)."""
+    left = deadline - time.monotonic()
+    if pidfd is not None:
+        ready = select.select([pidfd], [], [], max(0.0, left))[0]
+    else:
+        time.sleep(min(0.005, max(0.0, left)))
+        ready = True
+    if not ready:
+        return False
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done != pid:
+        return False
+    if status_fd is not None:
+        _report(status_fd, status=status)
+    return True
 
 
 def _kill_descendants() -> None:
@@ -638,32 +648,44 @@ def _kill_descendants() -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
+        _reap_exited()
         time.sleep(0.001)
 
 
+def _reap_exited() -> None:
+    """Reap every child that has exited, without waiting for the others."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
 def _descendants(pid: int) -> list[int]:
+    """Every descendant of process `pid` (from /proc), children before their own children."""
     found, todo = [], [pid]
     while todo:
-        parent = todo.pop()
+        kids = _children(todo.pop())
+        found.extend(kids)
+        todo.extend(kids)
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of process `pid` (from /proc; none when it is gone)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for tid in tids:
         try:
-            tids = os.listdir(f"/proc/{parent}/task")
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids += [int(x) for x in fh.read().split()]
         except OSError:
             continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as fh:
-                    kids = [int(x) for x in fh.read().split()]
-            except OSError:
-                continue
-            found.extend(kids)
-            todo.extend(kids)
-    return found
+    return kids
 
 
 def _report(fd: int, **fields) -> None:
@@ -747,16 +769,21 @@ class _Launcher:
             if self.jobs:
                 wait_ms = max(0, int(1000 * (min(j["deadline"] for j in self.jobs.values()) - time.monotonic())) + 1)
             for fd, _ in self.poller.poll(wait_ms):
-                if fd == self.caller:  # the caller is gone, however it ended: take every sandbox down with us
+                if not self.handle(fd):  # the caller is gone, however it ended: take every sandbox down with us
                     self.kill_all()
                     return
-                if fd == self.sock.fileno():
-                    if not self.receive():  # the caller is gone: take every sandbox down with us
-                        self.kill_all()
-                        return
-                elif fd in self.jobs:
-                    self.finish(fd)
             self.kill_overdue()
+
+    def handle(self, fd: int) -> bool:
+        """One ready descriptor: the caller's pidfd (it has ended), the socket (a request, or the caller's EOF) or a
+        job's pidfd (it has exited). False when the caller is gone."""
+        if fd == self.caller:
+            return False
+        if fd == self.sock.fileno():
+            return self.receive()
+        if fd in self.jobs:
+            self.finish(fd)
+        return True
 
     def receive(self) -> bool:
         """Queue the request waiting on the socket and start what its batch allows; False at the caller's EOF."""
