@@ -13,6 +13,7 @@ During training:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from rewardlab.tasks import Task, check_target_lengths, check_task_for_policy
 from rewardlab.tasks.sampler import RowSampler
 from rewardlab.threads import apply_threads
 from rewardlab.train_state import restore_training_state, rng_state, save_state
+from rewardlab.types import ProgressBar
 
 
 def sft_loss(policy: Policy, prompt_ids: list[list[int]], target_ids: list[list[int]],
@@ -125,34 +127,13 @@ def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_
         ValueError: `tool_frac` given for a task whose rows get no generated traces, or for an environment that
             has no tool choice; an environment without a trace generator; a malformed trace (naming the row).
     """
-    env = renderer = None
-    stop: list[str] = []
     needs_traces = task.env is not None and any("trace" not in r for r in task.train)
-    if task.env is not None or any("trace" in r for r in task.train):
-        from rewardlab.envs import make_env, make_renderer
-        from rewardlab.envs.base import env_stop
-
-        if task.env is not None:
-            env = make_env(task.env["name"], **dict(task.env.get("options") or {}))
-        renderer = make_renderer(policy.tokenizer, policy.prompt_format, tools=getattr(env, "tools", None),
-                                 raw_text=getattr(env, "raw_text", None))
-        stop = list(env_stop(env))
+    env, renderer, stop = _trace_renderer(task, policy)
     if tool_frac is not None and not needs_traces:
         raise ValueError(f"sft.tool_frac: applies to environment tasks whose rows get generated traces; task "
                          f"{task.name} has none")
     try:
-        traces: dict[int, list[dict]] = {}
-        if needs_traces:
-            generate = getattr(env, "traces", None)
-            if generate is None:
-                raise ValueError(f"sft: environment {task.env['name']!r} has no trace generator; give each training "
-                                 "row a 'trace' (chat messages)")
-            todo = [i for i, r in enumerate(task.train) if "trace" not in r]
-            if tool_frac is not None and "tool_frac" not in inspect.signature(generate).parameters:
-                raise ValueError(f"sft.tool_frac: environment {task.env['name']!r} has no tool choice in its "
-                                 "traces; unset it")
-            options = {} if tool_frac is None else {"tool_frac": tool_frac}
-            traces = dict(zip(todo, generate([task.train[i] for i in todo], seed=seed, **options)))
+        traces = _generated_traces(task, env, seed, tool_frac) if needs_traces else {}
     finally:
         close = getattr(env, "close", None)
         if callable(close):
@@ -179,6 +160,41 @@ def encode_rows(task: Task, policy: Policy, target: str, *, seed: int = 0, tool_
                      f"context window {limits.context_window}); each is cut where its episode would end (first: "
                      f"training row {cut[0][0]}, {cut[0][1]})")
     return out
+
+
+def _trace_renderer(task: Task, policy: Policy) -> tuple[Any, Any, list[str]]:
+    """(the task's environment or None, the renderer its traces are encoded with, its stop strings); (None, None,
+    []) for a task with neither an environment nor a row with a trace. The caller closes the environment."""
+    env = renderer = None
+    stop: list[str] = []
+    if task.env is not None or any("trace" in r for r in task.train):
+        from rewardlab.envs import make_env, make_renderer
+        from rewardlab.envs.base import env_stop
+
+        if task.env is not None:
+            env = make_env(task.env["name"], **dict(task.env.get("options") or {}))
+        renderer = make_renderer(policy.tokenizer, policy.prompt_format, tools=getattr(env, "tools", None),
+                                 raw_text=getattr(env, "raw_text", None))
+        stop = list(env_stop(env))
+    return env, renderer, stop
+
+
+def _generated_traces(task: Task, env: Any, seed: int, tool_frac: float | None) -> dict[int, list[dict]]:
+    """Traces from `env`'s generator for the training rows without one, by row index.
+
+    Raises:
+        ValueError: an environment without a trace generator; `tool_frac` for one whose traces have no tool choice.
+    """
+    generate = getattr(env, "traces", None)
+    if generate is None:
+        raise ValueError(f"sft: environment {task.env['name']!r} has no trace generator; give each training "
+                         "row a 'trace' (chat messages)")
+    todo = [i for i, r in enumerate(task.train) if "trace" not in r]
+    if tool_frac is not None and "tool_frac" not in inspect.signature(generate).parameters:
+        raise ValueError(f"sft.tool_frac: environment {task.env['name']!r} has no tool choice in its "
+                         "traces; unset it")
+    options = {} if tool_frac is None else {"tool_frac": tool_frac}
+    return dict(zip(todo, generate([task.train[i] for i in todo], seed=seed, **options)))
 
 
 def check_target(task: Task, target: str, spec: str) -> None:
@@ -234,62 +250,110 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
                                                      steps_key="sft.steps")
     else:
         run.write_config(dump_config(cfg))
-    limits = None if task.env is None else EpisodeLimits(
-        max_turns=cfg.env.max_turns, max_new_tokens=cfg.env.max_episode_tokens,
-        max_episode_tokens=cfg.env.max_episode_tokens, context_window=policy.context_window,
-        max_tool_tokens=cfg.env.max_tool_tokens, tool_keep=cfg.env.tool_keep)
-    notes: list[str] = []
-    encoded = encode_rows(task, policy, p.target, seed=cfg.seed, tool_frac=p.tool_frac, limits=limits, notes=notes)
-    for note in notes:
-        warn(note)
-    sampler = RowSampler(list(range(len(encoded))), seed=cfg.seed)  # type: ignore[arg-type]
-    optimizer = make_optimizer(policy.model, p.lr, p.weight_decay)
-    scheduler = make_scheduler(optimizer, warmup_steps=p.warmup_steps, total_steps=p.steps, kind="cosine")
-    loss_value = float("nan")
+    training = _SFTTraining.create(cfg, task, policy, run)
     if checkpoint is not None:
-        state = restore_training_state(checkpoint, optimizer, scheduler, model=policy.model, sampler=sampler)
-        loss_value = state["loss"]
-
-    def save(step: int) -> Path:
-        def write(tmp: Path) -> None:
-            policy.save(tmp)
-            save_state(tmp, {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                             "sampler": sampler.state_dict(), "rng": rng_state(), "loss": loss_value})
-
-        return run.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
-
+        state = restore_training_state(checkpoint, training.optimizer, training.scheduler, model=policy.model,
+                                       sampler=training.sampler)
+        training.loss = state["loss"]
     heldout = HeldOutEval(rows, task.reward, every=p.eval_every, last_step=p.steps,
-                          max_new_tokens=max((len(t) for _, t, _ in encoded), default=1))
+                          max_new_tokens=max((len(t) for _, t, _ in training.encoded), default=1))
     policy.model.train()
-    start, final, step = time.perf_counter(), checkpoint, start_step
+    start = time.perf_counter()
     with StopRequest() as stop:  # a first Ctrl-C or SIGTERM ends the run after the current step
         with stage("SFT", p.steps, enabled=show_progress) as bar:
             bar.advance(start_step)
-            for step in range(start_step + 1, p.steps + 1):
-                t0 = time.perf_counter()
-                idx = sampler.next(p.batch_size)
-                optimizer.zero_grad(set_to_none=True)
-                loss_value, n_tokens = sft_gradient(policy, [encoded[i] for i in idx], p.micro_batch_size)
-                torch.nn.utils.clip_grad_norm_(policy.model.parameters(), p.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                dt = time.perf_counter() - t0
-                evals = heldout(policy) if heldout.due(step) else {}
-                run.log_metrics(step, {"sft/loss": loss_value, "lr": scheduler.get_last_lr()[0],
-                                       "time/step_s": dt, "time/tokens_per_s": n_tokens / dt, **evals})
-                bar.advance(1, loss=loss_value)
-                if step % cfg.save_every == 0 or step == p.steps or stop.requested:
-                    final = save(step)
-                if stop.requested:
-                    break
+            step, saved = training.run_steps(start_step, heldout, stop, bar)
+        final = saved if saved is not None else checkpoint
         if final is None:  # sft.steps=0: the initial model is the result
-            final = save(0)
+            final = training.save(0)
         run.plot(["sft/loss", "eval/accuracy"], "sft_loss.png")
         interrupted = stop.requested and step < p.steps
-        summary = {"stage": "sft", "steps": p.steps, "final_loss": loss_value, "wall_s": time.perf_counter() - start,
-                   "train_rows": len(task.train), "final_checkpoint": str(final),
+        summary = {"stage": "sft", "steps": p.steps, "final_loss": training.loss,
+                   "wall_s": time.perf_counter() - start, "train_rows": len(task.train), "final_checkpoint": str(final),
                    "resumed_from": start_step if resume else None, "steps_done": step, "interrupted": interrupted}
         run.write_summary(summary)
     if interrupted:
         raise Interrupted("sft", cfg.out, step, final, signum=stop.signum)
     return summary
+
+
+def _env_limits(cfg: SFTConfig, task: Task, policy: Policy) -> EpisodeLimits | None:
+    """The episode budgets an environment task's traces are cut to (`encode_rows`); None for other tasks."""
+    if task.env is None:
+        return None
+    return EpisodeLimits(max_turns=cfg.env.max_turns, max_new_tokens=cfg.env.max_episode_tokens,
+                         max_episode_tokens=cfg.env.max_episode_tokens, context_window=policy.context_window,
+                         max_tool_tokens=cfg.env.max_tool_tokens, tool_keep=cfg.env.tool_keep)
+
+
+@dataclasses.dataclass
+class _SFTTraining:
+    """What an SFT run trains with: the encoded rows (`encode_rows`), the row sampler, AdamW with warm-up and a
+    cosine schedule, the loss of the last step (nats per trained token; nan before the first), and what a
+    checkpoint saves them into."""
+
+    cfg: SFTConfig
+    policy: Policy
+    run: RunDir
+    encoded: list[tuple[list[int], list[int], list[int] | None]]
+    sampler: RowSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loss: float = float("nan")
+
+    @classmethod
+    def create(cls, cfg: SFTConfig, task: Task, policy: Policy, run: RunDir) -> _SFTTraining:
+        """Encode `task`'s training rows (the notes about cut traces printed as warnings) and build the sampler,
+        optimizer and schedule."""
+        p, notes = cfg.sft, []
+        encoded = encode_rows(task, policy, p.target, seed=cfg.seed, tool_frac=p.tool_frac,
+                              limits=_env_limits(cfg, task, policy), notes=notes)
+        for note in notes:
+            warn(note)
+        sampler = RowSampler(list(range(len(encoded))), seed=cfg.seed)  # type: ignore[arg-type]
+        optimizer = make_optimizer(policy.model, p.lr, p.weight_decay)
+        scheduler = make_scheduler(optimizer, warmup_steps=p.warmup_steps, total_steps=p.steps, kind="cosine")
+        return cls(cfg, policy, run, encoded, sampler, optimizer, scheduler)
+
+    def step(self) -> int:
+        """One optimizer step on the sampler's next `sft.batch_size` rows (gradient clipped to `sft.grad_clip`);
+        sets `loss`, returns the step's trained tokens."""
+        p = self.cfg.sft
+        idx = self.sampler.next(p.batch_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.loss, n_tokens = sft_gradient(self.policy, [self.encoded[i] for i in idx], p.micro_batch_size)
+        torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), p.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return n_tokens
+
+    def run_steps(self, start_step: int, heldout: HeldOutEval, stop: StopRequest,
+                  bar: ProgressBar) -> tuple[int, Path | None]:
+        """Steps start_step+1 .. sft.steps, each logged (and evaluated when `heldout` is due) and checkpointed every
+        `save_every` steps, at the last and when `stop` is requested (the loop then ends). Returns (the last step
+        run, or `start_step` when none; the last checkpoint saved, or None)."""
+        p, step, saved = self.cfg.sft, start_step, None
+        for step in range(start_step + 1, p.steps + 1):
+            t0 = time.perf_counter()
+            n_tokens = self.step()
+            dt = time.perf_counter() - t0
+            evals = heldout(self.policy) if heldout.due(step) else {}
+            self.run.log_metrics(step, {"sft/loss": self.loss, "lr": self.scheduler.get_last_lr()[0],
+                                        "time/step_s": dt, "time/tokens_per_s": n_tokens / dt, **evals})
+            bar.advance(1, loss=self.loss)
+            if step % self.cfg.save_every == 0 or step == p.steps or stop.requested:
+                saved = self.save(step)
+            if stop.requested:
+                break
+        return step, saved
+
+    def save(self, step: int) -> Path:
+        """Checkpoint step-`step`: the policy and trainer_state.pt (optimizer, schedule, sampler, RNG states, loss)."""
+
+        def write(tmp: Path) -> None:
+            self.policy.save(tmp)
+            save_state(tmp, {"step": step, "optimizer": self.optimizer.state_dict(),
+                             "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
+                             "rng": rng_state(), "loss": self.loss})
+
+        return self.run.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)

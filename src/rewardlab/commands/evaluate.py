@@ -13,7 +13,7 @@ from rewardlab.config import EvaluateConfig
 from rewardlab.evaluation.policy import describe_rows, evaluate_policy
 from rewardlab.progress import console, stage
 from rewardlab.rewards import build_reward
-from rewardlab.runs import RunMode, atomic_write_text, warn
+from rewardlab.runs import RunDir, RunMode, atomic_write_text, warn
 
 #: The log of finished evaluation batches in an `evaluate` run directory (one JSON line per batch).
 BATCH_LOG = "batches.jsonl"
@@ -68,24 +68,39 @@ def run(cfg: EvaluateConfig, *, mode: RunMode = "new",
     try:
         with open_run(cfg, mode=mode) as run:  # once the inputs load
             done = run.read_jsonl(BATCH_LOG) if mode == "resume" else []
-            e = cfg.eval
             t0 = time.perf_counter()
-            with stage("evaluate", len(rows), enabled=show_progress) as bar:
-                result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature,
-                                         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
-                                         bar=bar, done=done, on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]),
-                                         episodes=episodes, seed=cfg.seed, max_prompt_length=e.max_prompt_length)
-            predictions = result.pop("predictions")
-            atomic_write_text(run.path / PREDICTIONS, "".join(json.dumps(p, ensure_ascii=False) + "\n"
-                                                              for p in predictions))
+            result = _evaluate_rows(cfg, run, policy, rows, reward, episodes, done, show_progress)
+            _write_predictions(run, result.pop("predictions"))
             result = {"model": cfg.model.path, "task": cfg.task.spec, "split": split, "split_rows": len(pool),
                       "wall_s": time.perf_counter() - t0, **result, **trained, "predictions_file": PREDICTIONS}
             run.write_summary(result)
     finally:
-        close = getattr(episodes.env, "close", None) if episodes is not None else None
-        if callable(close):  # the tool workers
-            close()
+        _close_env(episodes)
     if announce:
         console.print(f"evaluated {describe_rows(len(rows), len(pool), split, cfg.task.spec)}", highlight=False,
                       markup=False, soft_wrap=True)
     return result
+
+
+def _evaluate_rows(cfg: EvaluateConfig, run: RunDir, policy: Any, rows: list[dict[str, Any]], reward: Any,
+                   episodes: Any, done: list[dict[str, Any]], show_progress: bool) -> dict[str, Any]:
+    """`evaluate_policy` on `rows` with the eval section's settings, skipping the batches in `done` and appending
+    each new one to `run`'s batches.jsonl; returns its result (predictions included)."""
+    e = cfg.eval
+    with stage("evaluate", len(rows), enabled=show_progress) as bar:
+        return evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature,
+                               top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
+                               bar=bar, done=done, on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]),
+                               episodes=episodes, seed=cfg.seed, max_prompt_length=e.max_prompt_length)
+
+
+def _write_predictions(run: RunDir, predictions: list[dict[str, Any]]) -> None:
+    """predictions.jsonl in `run`, one JSON line per question, written atomically."""
+    atomic_write_text(run.path / PREDICTIONS, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
+
+
+def _close_env(episodes: Any) -> None:
+    """Close the environment of `episodes` (its tool workers), when there is one with a `close`."""
+    close = getattr(episodes.env, "close", None) if episodes is not None else None
+    if callable(close):
+        close()

@@ -224,25 +224,41 @@ def _tools_quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_pro
                                 out=str(out / "no_tool_grpo"), **plain))
     eval_nt = evaluate(grpo_nt["final_checkpoint"], "eval_no_tool", False)
 
+    summary = _tools_summary(cfg, plain["task"].spec, (eval_sft, sft["final_checkpoint"]),
+                             (eval_grpo, grpo["final_checkpoint"]), (eval_nt, grpo_nt["final_checkpoint"]), times)
+    top.write_summary(summary)
+    _print_tools_table(cfg, eval_sft, eval_grpo, eval_nt, times, out)
+    return summary
+
+
+def _tools_summary(cfg: QuickstartConfig, no_tool_spec: str, sft: tuple[dict[str, Any], str],
+                   grpo: tuple[dict[str, Any], str], no_tool: tuple[dict[str, Any], str],
+                   times: dict[str, float]) -> dict[str, Any]:
+    """summary.json of the `tools` preset from each model's (evaluation, checkpoint) and the stages' seconds."""
+
     def figures(ev: dict[str, Any], checkpoint: str) -> dict[str, Any]:
         keep = ("accuracy", "tool_call_rate", "tool_calls_per_episode", "tool_errors_per_episode", "turns_mean",
                 "terminations")
         return {**{k: ev[k] for k in keep if k in ev}, "checkpoint": checkpoint}
 
-    summary = {
+    return {
         "preset": "tools",
         "task": cfg.task.spec,
-        "no_tool_task": plain["task"].spec,
-        "held_out_questions": eval_grpo["n_questions"],
-        "sft": figures(eval_sft, sft["final_checkpoint"]),
-        "grpo": figures(eval_grpo, grpo["final_checkpoint"]),
-        "no_tool": figures(eval_nt, grpo_nt["final_checkpoint"]),
-        "improvement_points": 100 * (eval_grpo["accuracy"] - eval_sft["accuracy"]),
-        "over_no_tool_points": 100 * (eval_grpo["accuracy"] - eval_nt["accuracy"]),
+        "no_tool_task": no_tool_spec,
+        "held_out_questions": grpo[0]["n_questions"],
+        "sft": figures(*sft),
+        "grpo": figures(*grpo),
+        "no_tool": figures(*no_tool),
+        "improvement_points": 100 * (grpo[0]["accuracy"] - sft[0]["accuracy"]),
+        "over_no_tool_points": 100 * (grpo[0]["accuracy"] - no_tool[0]["accuracy"]),
         "stage_seconds": times,
         "total_seconds": sum(times.values()),
     }
-    top.write_summary(summary)
+
+
+def _print_tools_table(cfg: QuickstartConfig, eval_sft: dict[str, Any], eval_grpo: dict[str, Any],
+                       eval_nt: dict[str, Any], times: dict[str, float], out: Path) -> None:
+    """The `tools` preset's table of held-out figures per model, then the total time, on stdout."""
     table = Table(title=f"held-out {cfg.task.spec} ({eval_grpo['n_questions']} questions, greedy episodes)")
     for col in ("model", "accuracy", "tool-call rate", "tool errors / episode"):
         table.add_column(col, justify="left" if col == "model" else "right")
@@ -254,4 +270,3 @@ def _tools_quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_pro
     stdout = Console()
     stdout.print(table)
     stdout.print(f"total {sum(times.values()):.0f} s; summary: {out / 'summary.json'}")
-    return summary

@@ -23,7 +23,7 @@ from rewardlab.rm.backbone import load_backbone
 from rewardlab.rm.bradley_terry import bradley_terry_loss, model_pair_stats, pair_rewards, pair_stats
 from rewardlab.rm.data import json_safe, load_eval_rows, load_pairs, load_step_rows
 from rewardlab.rm.evaluate import build_scorer, evaluate_best_of_k, evaluate_first_error, evaluate_pairs
-from rewardlab.rm.fit import fit, open_fit_run
+from rewardlab.rm.fit import FitCheckpoints, FitObjective, fit, open_fit_run
 from rewardlab.rm.pairs import check_code_rows, code_row_gap, generate_pairs, mutant_pairs
 from rewardlab.threads import apply_threads
 from rewardlab.runs import RunDir, RunMode, atomic_write_text
@@ -72,12 +72,12 @@ def train(cfg: RmTrainConfig, *, mode: RunMode = "new", show_progress: bool = Tr
             return {f"train/{k}": v for k, v in stats.items()}
 
         wall0 = time.perf_counter()
-        step, last, last_eval, final = fit(
-            model, t, len(train_pairs), batch_loss, batch_metrics=batch_metrics, rng=rng, run=run, name="RM train",
-            progress_key="train/accuracy",
-            save_model=lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)),
-            save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, resume_from=checkpoint,
-            evaluate=evaluate if eval_pairs else None, show_progress=show_progress)
+        objective = FitObjective(batch_loss, batch_metrics, progress_key="train/accuracy",
+                                 evaluate=evaluate if eval_pairs else None)
+        checkpoints = FitCheckpoints(run, lambda d: (model.save_pretrained(d), tokenizer.save_pretrained(d)),
+                                     save_every=cfg.save_every, keep=cfg.keep_checkpoints, resume_from=checkpoint)
+        step, last, last_eval, final = fit(model, t, len(train_pairs), objective, checkpoints, rng=rng,
+                                           name="RM train", show_progress=show_progress)
         run.plot(["train/loss", "train/accuracy", "eval/accuracy"], "rm_train.png")
         summary = {"stage": "rm_train", "loss": "bradley_terry", "backbone": cfg.model.path, "steps": step,
                    "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs),

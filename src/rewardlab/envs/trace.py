@@ -81,49 +81,9 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
             or an empty one; a `stop` that is a str or holds an empty or non-string item; a prompt that leaves no
             room in `limits.context_window`.
     """
-    msgs = [dict(m) for m in messages]
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}: message {i} must be a dict with a str 'role' and a str 'content'")
-    first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), None)
-    if first is None:
-        raise ValueError(f"{where}: has no assistant message (nothing to train on)")
-    if first == 0:
-        raise ValueError(f"{where}: message 0 is an assistant turn; a trace starts with its prompt messages")
-    if msgs[-1]["role"] != "assistant":
-        raise ValueError(f"{where}: message {len(msgs) - 1} ({msgs[-1]['role']}) ends the trace; a trace ends with "
-                         "the model's final assistant turn")
+    msgs, first = _checked_messages(messages, where)
     stops = list(stop_strings(stop, f"{where}: stop"))
-    tokenizer = renderer.tokenizer
-    turns: list[tuple[list[int], bool]] = []  # per assistant turn: its ids (EOS included) and whether at a stop
-    steps: list[list[dict[str, Any]]] = []  # per assistant turn: the observation messages after it
-    i = first
-    while i < len(msgs):
-        m = msgs[i]
-        if m["role"] != "assistant":
-            raise ValueError(f"{where}: message {i} has role {m['role']!r} where an assistant turn is due")
-        text = m["content"]
-        if not text:
-            raise ValueError(f"{where}: message {i} is an empty assistant turn")
-        ends_at_stop = any(text.endswith(s) for s in stops)
-        for s in stops:
-            at = text.find(s)
-            if at != -1 and at + len(s) < len(text):
-                raise ValueError(f"{where}: message {i} goes on after the stop string {s!r}; the model's turn ends "
-                                 "there")
-        turns.append((_encode(tokenizer, text) + ([] if ends_at_stop else [eos_id]), ends_at_stop))
-        i += 1
-        new = []
-        while i < len(msgs) and msgs[i]["role"] != "assistant":
-            if msgs[i]["role"] not in OBSERVATION_ROLES:
-                raise ValueError(f"{where}: message {i} has role {msgs[i]['role']!r}; an observation is one of "
-                                 f"{', '.join(OBSERVATION_ROLES)}")
-            new.append(msgs[i])
-            i += 1
-        if i < len(msgs) and not new:
-            raise ValueError(f"{where}: message {i} is an assistant turn right after another (no observation "
-                             "between them)")
-        steps.append(new)
+    turns, steps = _split_turns(msgs, first, renderer.tokenizer, eos_id, stops, where)
     if limits is None:  # no budget binds: the whole trace
         longest = max(len(ids) for ids, _ in turns)
         limits = EpisodeLimits(max_turns=len(turns), max_new_tokens=longest, max_episode_tokens=10**12)
@@ -144,6 +104,65 @@ def trace_rollouts(renderer: Any, messages: Sequence[dict[str, Any]], *, eos_id:
             ro.messages = msgs[:len(ro.messages)]
         rows[-1].completion = msgs[-1]["content"]
     return rows
+
+
+def _checked_messages(messages: Sequence[dict[str, Any]], where: str) -> tuple[list[dict[str, Any]], int]:
+    """Copies of the trace's messages and the index of its first assistant turn, after checking that each message
+    has a str role and content, that prompt messages come first and that an assistant turn ends the trace."""
+    msgs = [dict(m) for m in messages]
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"{where}: message {i} must be a dict with a str 'role' and a str 'content'")
+    first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), None)
+    if first is None:
+        raise ValueError(f"{where}: has no assistant message (nothing to train on)")
+    if first == 0:
+        raise ValueError(f"{where}: message 0 is an assistant turn; a trace starts with its prompt messages")
+    if msgs[-1]["role"] != "assistant":
+        raise ValueError(f"{where}: message {len(msgs) - 1} ({msgs[-1]['role']}) ends the trace; a trace ends with "
+                         "the model's final assistant turn")
+    return msgs, first
+
+
+def _split_turns(msgs: list[dict[str, Any]], first: int, tokenizer: Any, eos_id: int, stops: list[str],
+                 where: str) -> tuple[list[tuple[list[int], bool]], list[list[dict[str, Any]]]]:
+    """The trace from message `first` on as (turns, steps): per assistant turn its ids (EOS included) and whether
+    it ends at a stop string, and the observation messages after it."""
+    turns: list[tuple[list[int], bool]] = []
+    steps: list[list[dict[str, Any]]] = []
+    i = first
+    while i < len(msgs):
+        if msgs[i]["role"] != "assistant":
+            raise ValueError(f"{where}: message {i} has role {msgs[i]['role']!r} where an assistant turn is due")
+        turns.append(_turn_ids(msgs[i]["content"], i, tokenizer, eos_id, stops, where))
+        i += 1
+        new = []
+        while i < len(msgs) and msgs[i]["role"] != "assistant":
+            if msgs[i]["role"] not in OBSERVATION_ROLES:
+                raise ValueError(f"{where}: message {i} has role {msgs[i]['role']!r}; an observation is one of "
+                                 f"{', '.join(OBSERVATION_ROLES)}")
+            new.append(msgs[i])
+            i += 1
+        if i < len(msgs) and not new:
+            raise ValueError(f"{where}: message {i} is an assistant turn right after another (no observation "
+                             "between them)")
+        steps.append(new)
+    return turns, steps
+
+
+def _turn_ids(text: str, i: int, tokenizer: Any, eos_id: int, stops: list[str],
+              where: str) -> tuple[list[int], bool]:
+    """Assistant turn `text` (message `i`) as the sampler would have produced it: (its ids, EOS appended unless it
+    ends at a stop string; whether it ends at one)."""
+    if not text:
+        raise ValueError(f"{where}: message {i} is an empty assistant turn")
+    ends_at_stop = any(text.endswith(s) for s in stops)
+    for s in stops:
+        at = text.find(s)
+        if at != -1 and at + len(s) < len(text):
+            raise ValueError(f"{where}: message {i} goes on after the stop string {s!r}; the model's turn ends "
+                             "there")
+    return _encode(tokenizer, text) + ([] if ends_at_stop else [eos_id]), ends_at_stop
 
 
 class _TraceEnv:

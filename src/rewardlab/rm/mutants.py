@@ -127,39 +127,47 @@ def _mutations(tree: ast.AST, data: bytes, offsets: list[int]) -> list[Mutation]
     for node in ast.walk(tree):
         if id(node) in in_fstring:
             continue
-        if isinstance(node, ast.Compare):
-            left = node.left
-            for op, right in zip(node.ops, node.comparators):
-                span = _token_in_gap(data, _end(left, offsets), _start(right, offsets), _COMPARE_TOKEN)
-                if span is not None and type(op) in _FLIP:
-                    found.append(Mutation("compare", *span, _FLIP[type(op)]))
-                left = right
-        elif isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
-            pattern, text = _ARITH[type(node.op)]
-            span = _token_in_gap(data, _end(node.left, offsets), _start(node.right, offsets), pattern)
-            if span is not None:
-                found.append(Mutation("arith", *span, text))
-        elif isinstance(node, ast.AugAssign) and type(node.op) in _ARITH:
-            pattern, text = _ARITH[type(node.op)]
-            span = _token_in_gap(data, _end(node.target, offsets), _start(node.value, offsets), pattern + rb"=")
-            if span is not None:
-                found.append(Mutation("arith", *span, text + "="))
-        elif isinstance(node, ast.BoolOp):
-            pattern, text = _BOOL[type(node.op)]
-            for left, right in zip(node.values, node.values[1:]):
-                span = _token_in_gap(data, _end(left, offsets), _start(right, offsets), pattern)
-                if span is not None:
-                    found.append(Mutation("boolean", *span, text))
-        elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            for delta in (1, -1):
-                found.append(Mutation("constant", _start(node, offsets), _end(node, offsets), repr(node.value + delta)))
-        elif isinstance(node, ast.Return) and node.value is not None:
-            if not (isinstance(node.value, ast.Constant) and node.value.value is None):
-                found.append(Mutation("return", _start(node.value, offsets), _end(node.value, offsets), "None"))
+        found.extend(_node_mutations(node, data, offsets))
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if isinstance(block, list) and len(block) > 1 and isinstance(node, (ast.stmt, ast.Module)):
                 found.extend(_drops(block, data, offsets))
+    return found
+
+
+def _node_mutations(node: ast.AST, data: bytes, offsets: list[int]) -> list[Mutation]:
+    """The mutations of `node` itself: a flipped comparison, another arithmetic or boolean operator, a numeric
+    constant +-1, a value returned as None (statement drops: `_drops`)."""
+    found: list[Mutation] = []
+    if isinstance(node, ast.Compare):
+        left = node.left
+        for op, right in zip(node.ops, node.comparators):
+            span = _token_in_gap(data, _end(left, offsets), _start(right, offsets), _COMPARE_TOKEN)
+            if span is not None and type(op) in _FLIP:
+                found.append(Mutation("compare", *span, _FLIP[type(op)]))
+            left = right
+    elif isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
+        pattern, text = _ARITH[type(node.op)]
+        span = _token_in_gap(data, _end(node.left, offsets), _start(node.right, offsets), pattern)
+        if span is not None:
+            found.append(Mutation("arith", *span, text))
+    elif isinstance(node, ast.AugAssign) and type(node.op) in _ARITH:
+        pattern, text = _ARITH[type(node.op)]
+        span = _token_in_gap(data, _end(node.target, offsets), _start(node.value, offsets), pattern + rb"=")
+        if span is not None:
+            found.append(Mutation("arith", *span, text + "="))
+    elif isinstance(node, ast.BoolOp):
+        pattern, text = _BOOL[type(node.op)]
+        for left, right in zip(node.values, node.values[1:]):
+            span = _token_in_gap(data, _end(left, offsets), _start(right, offsets), pattern)
+            if span is not None:
+                found.append(Mutation("boolean", *span, text))
+    elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        for delta in (1, -1):
+            found.append(Mutation("constant", _start(node, offsets), _end(node, offsets), repr(node.value + delta)))
+    elif isinstance(node, ast.Return) and node.value is not None:
+        if not (isinstance(node.value, ast.Constant) and node.value.value is None):
+            found.append(Mutation("return", _start(node.value, offsets), _end(node.value, offsets), "None"))
     return found
 
 
@@ -213,24 +221,10 @@ def failing_variants(
         ValueError: a row lacks its canonical solution, or it does not parse.
     """
     reward = reward or CodeReward(timeout=3.0, test_timeout=1.0)
-    queues = []
-    for i, row in enumerate(rows):
-        canonical = row.get("canonical_solution", row.get("answer"))
-        if not isinstance(canonical, str):
-            raise ValueError(f"failing_variants: rows[{i}] has no 'canonical_solution' or 'answer'")
-        queues.append(mutate(canonical, seed))
+    queues = _mutant_queues(rows, seed)
     found: list[list[str]] = [[] for _ in rows]
     cursor = [0] * len(rows)
-    while True:
-        jobs = []
-        for i, queue in enumerate(queues):
-            wanted = None if limit is None else limit - len(found[i])
-            if (wanted is None or wanted > 0) and cursor[i] < len(queue):
-                take = batch if wanted is None else max(batch, wanted)
-                jobs.extend((i, text) for text in queue[cursor[i] : cursor[i] + take])
-                cursor[i] += take
-        if not jobs:
-            return found
+    while jobs := _next_round(queues, found, cursor, limit, batch):
         if stats is not None:
             stats["tried"] = stats.get("tried", 0) + len(jobs)
         results = reward.evaluate([rows[i] for i, _ in jobs], [text for _, text in jobs])
@@ -240,6 +234,36 @@ def failing_variants(
                 stats[outcome] = stats.get(outcome, 0) + 1
             if outcome == "failing" and (limit is None or len(found[i]) < limit):
                 found[i].append(text)
+    return found
+
+
+def _mutant_queues(rows: Sequence[Mapping[str, Any]], seed: int) -> list[list[str]]:
+    """Per row, the mutants of its canonical solution in `mutate(canonical, seed)` order.
+
+    Raises:
+        ValueError: a row lacks its canonical solution, or it does not parse.
+    """
+    queues = []
+    for i, row in enumerate(rows):
+        canonical = row.get("canonical_solution", row.get("answer"))
+        if not isinstance(canonical, str):
+            raise ValueError(f"failing_variants: rows[{i}] has no 'canonical_solution' or 'answer'")
+        queues.append(mutate(canonical, seed))
+    return queues
+
+
+def _next_round(queues: list[list[str]], found: list[list[str]], cursor: list[int], limit: int | None,
+                batch: int) -> list[tuple[int, str]]:
+    """The next round's (row, mutant) jobs: for each row still short of `limit` failing mutants, its next
+    max(`batch`, still wanted) untried mutants (`batch` when `limit` is None); advances `cursor`. Empty: done."""
+    jobs = []
+    for i, queue in enumerate(queues):
+        wanted = None if limit is None else limit - len(found[i])
+        if (wanted is None or wanted > 0) and cursor[i] < len(queue):
+            take = batch if wanted is None else max(batch, wanted)
+            jobs.extend((i, text) for text in queue[cursor[i] : cursor[i] + take])
+            cursor[i] += take
+    return jobs
 
 
 def _outcome(result: Any) -> str:

@@ -5,6 +5,7 @@ question), or from a code task's canonical solution vs sandbox-confirmed failing
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -135,6 +136,27 @@ def check_code_rows(rows: Sequence[dict[str, Any]]) -> None:
             raise ValueError(f"row {i} ({str(row.get('task_id', row.get('prompt', '')))[:40]!r}) has no {gap}")
 
 
+def _canonical_vs_mutants(chunk: list[dict[str, Any]], *, reward: Any, seed: int, pairs_per_question: int,
+                          sandbox: dict[str, int]) -> list[tuple[list[tuple[str, str]], dict[str, int]]]:
+    """`mutant_pairs`' judgement of one batch of rows: per row, its (canonical, failing mutant) pairs and its counts
+    (questions_no_failing_mutant, questions_fewer_mutants, canonical_failures). The canonical solutions run with
+    `reward`; those that pass every test get `failing_variants`; `sandbox` counts the runs ("canonical" and
+    `failing_variants`' stats)."""
+    from rewardlab.rm.mutants import failing_variants
+
+    canonical = [r.get("canonical_solution", r.get("answer")) for r in chunk]
+    checked = reward.evaluate(chunk, canonical)
+    sandbox["canonical"] += len(chunk)
+    passing = [i for i, res in enumerate(checked) if not isinstance(res, str) and res.score == 1.0]
+    found = failing_variants([chunk[i] for i in passing], seed=seed, limit=pairs_per_question, stats=sandbox)
+    mutants = dict(zip(passing, found))
+    return [([(canonical[i], m) for m in mutants.get(i, [])],
+             {"questions_no_failing_mutant": int(i in mutants and not mutants[i]),
+              "questions_fewer_mutants": int(0 < len(mutants.get(i, [])) < pairs_per_question),
+              "canonical_failures": int(i not in mutants)})
+            for i in range(len(chunk))]
+
+
 def mutant_pairs(
     rows: Sequence[dict[str, Any]],
     *,
@@ -173,25 +195,11 @@ def mutant_pairs(
         ValueError: a row lacks a canonical solution or tests (naming the row).
     """
     from rewardlab.rewards.code import CodeReward
-    from rewardlab.rm.mutants import failing_variants
 
     check_code_rows(rows)
-    canonical_reward = CodeReward()
     sandbox: dict[str, int] = {"canonical": 0}
-
-    def judge(chunk: list[dict[str, Any]]) -> list[tuple[list[tuple[str, str]], dict[str, int]]]:
-        canonical = [r.get("canonical_solution", r.get("answer")) for r in chunk]
-        checked = canonical_reward.evaluate(chunk, canonical)
-        sandbox["canonical"] += len(chunk)
-        passing = [i for i, res in enumerate(checked) if not isinstance(res, str) and res.score == 1.0]
-        found = failing_variants([chunk[i] for i in passing], seed=seed, limit=pairs_per_question, stats=sandbox)
-        mutants = dict(zip(passing, found))
-        return [([(canonical[i], m) for m in mutants.get(i, [])],
-                 {"questions_no_failing_mutant": int(i in mutants and not mutants[i]),
-                  "questions_fewer_mutants": int(0 < len(mutants.get(i, [])) < pairs_per_question),
-                  "canonical_failures": int(i not in mutants)})
-                for i in range(len(chunk))]
-
+    judge = functools.partial(_canonical_vs_mutants, reward=CodeReward(), seed=seed,
+                              pairs_per_question=pairs_per_question, sandbox=sandbox)
     pairs, stats = _pairs_in_batches(
         rows, judge, {"questions_no_failing_mutant": 0, "questions_fewer_mutants": 0, "canonical_failures": 0},
         subset=subset, batch_size=batch_size, max_pairs=max_pairs, on_batch=on_batch,

@@ -275,82 +275,126 @@ def _run_program(req: dict, isolation: str) -> None:
     Expects the descriptors _keep_only leaves. A set-up failure is reported on REPORT_FD (the caller gets a
     SandboxError) and the program does not run.
     """
-    code = 1
     try:
-        os.dup2(OUT_FD, 1)
-        os.dup2(ERR_FD, 2)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        os.close(OUT_FD)
-        os.close(ERR_FD)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGALRM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as at interpreter start
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        root = os.geteuid() == 0
-        extra_processes = 0
-        if isolation == "namespaces" and not req["root_caller"]:
-            # inner uid = the caller's uid; drop every capability the user namespace gave
-            _drop_bounding_set(0)
-            _set_capabilities(0)
-        elif root:
-            # Become an unprivileged uid (inner uid 1 = NOBODY in the namespace, NOBODY itself without one), so
-            # RLIMIT_NPROC applies (the kernel never enforces it for uid 0) and file permissions protect root's
-            # files. Keep CAP_DAC_READ_SEARCH so an interpreter installed under a private home (/root) stays
-            # readable. Order: bounding set (needs CAP_SETPCAP), then ids (need CAP_SETUID/SETGID), then capset.
-            new_id = INNER_ID if isolation == "namespaces" else NOBODY
-            _drop_bounding_set(1 << CAP_DAC_READ_SEARCH)
-            _prctl(PR_SET_KEEPCAPS, 1, "PR_SET_KEEPCAPS")
-            os.setgroups([])
-            os.setresgid(new_id, new_id, new_id)
-            os.setresuid(new_id, new_id, new_id)
-            _set_capabilities(1 << CAP_DAC_READ_SEARCH)
-            _prctl(PR_SET_DUMPABLE, 1, "PR_SET_DUMPABLE")  # a uid change made /proc/self/* root-only
-        # A uid change clears the parent-death signal: set it (again) and check the parent is still there.
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")
-        if isolation == "namespaces" and select.select([ALIVE_FD], [], [], 0)[0]:  # EOF: the launcher is gone
-            os._exit(1)
-        if isolation == "process" and os.getppid() != req["supervisor_pid"]:
-            os._exit(1)
-        os.close(ALIVE_FD)
-        if isolation == "process":
-            # RLIMIT_NPROC counts every process of this real uid on the machine: allow the others running now.
-            extra_processes = _count_tasks(os.getuid()) - 1
-        _prctl(PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS")
-        if isolation == "process":
-            _landlock(req["work_dir"])
-        _refuse_sockets()
-        work = NAMESPACED_WORK if isolation == "namespaces" else req["work_dir"]
-        os.chdir(work)
-        os.environ.clear()
-        os.environ.update(req["env"], HOME=work, TMPDIR=work)
-        source = _read_all(SOURCE_FD)
-        os.close(SOURCE_FD)
-        path = os.path.join(work, "main.py")
-        with open(path, "wb") as fh:  # a real file, as for `python main.py` (before RLIMIT_FSIZE applies)
-            fh.write(source)
-        cpu = int(req["cpu_seconds"])
-        limits = [
-            (resource.RLIMIT_CPU, cpu, cpu),  # SIGKILL at the limit (an init ignores SIGXCPU)
-            (resource.RLIMIT_AS, req["memory_bytes"], req["memory_bytes"]),
-            (resource.RLIMIT_FSIZE, req["file_size_bytes"], req["file_size_bytes"]),
-            (resource.RLIMIT_NOFILE, req["open_files"], req["open_files"]),
-            (resource.RLIMIT_NPROC, req["max_processes"] + extra_processes, req["max_processes"] + extra_processes),
-            (resource.RLIMIT_CORE, 0, 0),
-        ]
-        for which, soft, hard in limits:
-            resource.setrlimit(which, (soft, hard))
-        sys.argv[:] = [path]
-        sys.path[0] = work
-        main = types.ModuleType("__main__")
-        main.__file__ = path
-        main.__builtins__ = builtins
-        sys.modules["__main__"] = main
+        source, path, main = _set_up_program(req, isolation)
     except BaseException:  # noqa: BLE001 - a setup failure must not run the program
         _report(REPORT_FD, error="sandbox: program set-up failed: " + traceback.format_exc().splitlines()[-1])
         os._exit(126)
     os.close(REPORT_FD)
+    _exec_main(source, path, main)
+
+
+def _set_up_program(req: dict, isolation: str) -> tuple[bytes, str, types.ModuleType]:
+    """Every step of the program's set-up, in this order: standard streams, signals, privileges, death with the
+    parent, no new privileges, Landlock (process isolation), the socket filter, working directory, environment
+    and main.py, rlimits, `__main__`. Returns (source, path of main.py, the `__main__` module). Raises on any
+    failure (the program must then not run)."""
+    _redirect_streams()
+    _reset_signals()
+    _drop_privileges(req, isolation)
+    _die_with_parent(req, isolation)
+    os.close(ALIVE_FD)
+    extra_processes = 0
+    if isolation == "process":
+        # RLIMIT_NPROC counts every process of this real uid on the machine: allow the others running now.
+        extra_processes = _count_tasks(os.getuid()) - 1
+    _prctl(PR_SET_NO_NEW_PRIVS, 1, "PR_SET_NO_NEW_PRIVS")
+    if isolation == "process":
+        _landlock(req["work_dir"])
+    _refuse_sockets()
+    work = NAMESPACED_WORK if isolation == "namespaces" else req["work_dir"]
+    source, path = _write_main(req, work)
+    _set_limits(req, extra_processes)
+    sys.argv[:] = [path]
+    sys.path[0] = work
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    return source, path, main
+
+
+def _redirect_streams() -> None:
+    """stdout and stderr to the program's output memfds, stdin from /dev/null; the memfds' own descriptors closed."""
+    os.dup2(OUT_FD, 1)
+    os.dup2(ERR_FD, 2)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.close(OUT_FD)
+    os.close(ERR_FD)
+
+
+def _reset_signals() -> None:
+    """Signal dispositions as at interpreter start (the launcher's and the supervisor's changed some)."""
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGALRM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as at interpreter start
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
+def _drop_privileges(req: dict, isolation: str) -> None:
+    """Drop the capabilities a user namespace gave, or, for a root caller, switch to an unprivileged uid."""
+    if isolation == "namespaces" and not req["root_caller"]:
+        # inner uid = the caller's uid; drop every capability the user namespace gave
+        _drop_bounding_set(0)
+        _set_capabilities(0)
+    elif os.geteuid() == 0:
+        # Become an unprivileged uid (inner uid 1 = NOBODY in the namespace, NOBODY itself without one), so
+        # RLIMIT_NPROC applies (the kernel never enforces it for uid 0) and file permissions protect root's
+        # files. Keep CAP_DAC_READ_SEARCH so an interpreter installed under a private home (/root) stays
+        # readable. Order: bounding set (needs CAP_SETPCAP), then ids (need CAP_SETUID/SETGID), then capset.
+        new_id = INNER_ID if isolation == "namespaces" else NOBODY
+        _drop_bounding_set(1 << CAP_DAC_READ_SEARCH)
+        _prctl(PR_SET_KEEPCAPS, 1, "PR_SET_KEEPCAPS")
+        os.setgroups([])
+        os.setresgid(new_id, new_id, new_id)
+        os.setresuid(new_id, new_id, new_id)
+        _set_capabilities(1 << CAP_DAC_READ_SEARCH)
+        _prctl(PR_SET_DUMPABLE, 1, "PR_SET_DUMPABLE")  # a uid change made /proc/self/* root-only
+
+
+def _die_with_parent(req: dict, isolation: str) -> None:
+    """Set the parent-death signal (a uid change clears it) and exit at once when the parent is already gone."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")
+    if isolation == "namespaces" and select.select([ALIVE_FD], [], [], 0)[0]:  # EOF: the launcher is gone
+        os._exit(1)
+    if isolation == "process" and os.getppid() != req["supervisor_pid"]:
+        os._exit(1)
+
+
+def _write_main(req: dict, work: str) -> tuple[bytes, str]:
+    """Enter `work`, set the program's environment and write its source to `work`/main.py; returns (source, path)."""
+    os.chdir(work)
+    os.environ.clear()
+    os.environ.update(req["env"], HOME=work, TMPDIR=work)
+    source = _read_all(SOURCE_FD)
+    os.close(SOURCE_FD)
+    path = os.path.join(work, "main.py")
+    with open(path, "wb") as fh:  # a real file, as for `python main.py` (before RLIMIT_FSIZE applies)
+        fh.write(source)
+    return source, path
+
+
+def _set_limits(req: dict, extra_processes: int) -> None:
+    """The request's rlimits: CPU seconds, address space, file size, open files, processes (+ `extra_processes`
+    of the same uid already running), no core dumps."""
+    cpu = int(req["cpu_seconds"])
+    limits = [
+        (resource.RLIMIT_CPU, cpu, cpu),  # SIGKILL at the limit (an init ignores SIGXCPU)
+        (resource.RLIMIT_AS, req["memory_bytes"], req["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, req["file_size_bytes"], req["file_size_bytes"]),
+        (resource.RLIMIT_NOFILE, req["open_files"], req["open_files"]),
+        (resource.RLIMIT_NPROC, req["max_processes"] + extra_processes, req["max_processes"] + extra_processes),
+        (resource.RLIMIT_CORE, 0, 0),
+    ]
+    for which, soft, hard in limits:
+        resource.setrlimit(which, (soft, hard))
+
+
+def _exec_main(source: bytes, path: str, main: types.ModuleType) -> None:
+    """Run `source` as `main`, then exit with the code `python main.py` exits with. Never returns."""
+    code = 1
     try:
         exec(compile(source, path, "exec"), main.__dict__)
         code = 0
@@ -563,24 +607,34 @@ def _wait(pid: int, deadline: float, status_fd: int | None = None) -> bool:
     except (AttributeError, OSError):
         pidfd = None
     while True:
-        left = deadline - time.monotonic()
-        if pidfd is not None:
-            ready = select.select([pidfd], [], [], max(0.0, left))[0]
-        else:
-            time.sleep(min(0.005, max(0.0, left)))
-            ready = True
-        if ready:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done == pid:
-                if status_fd is not None:
-                    _report(status_fd, status=status)
-                if pidfd is not None:
-                    os.close(pidfd)
-                return True
+        if _reaped(pid, pidfd, deadline, status_fd):
+            exited = True
+            break
         if time.monotonic() >= deadline:
-            if pidfd is not None:
-                os.close(pidfd)
-            return False
+            exited = False
+            break
+    if pidfd is not None:
+        os.close(pidfd)
+    return exited
+
+
+def _reaped(pid: int, pidfd: int | None, deadline: float, status_fd: int | None) -> bool:
+    """Wait until child `pid` may have exited (its `pidfd` readable; without one, 5 ms) or `deadline`, then reap it
+    if it has; True when reaped (its status reported to `status_fd` when given)."""
+    left = deadline - time.monotonic()
+    if pidfd is not None:
+        ready = select.select([pidfd], [], [], max(0.0, left))[0]
+    else:
+        time.sleep(min(0.005, max(0.0, left)))
+        ready = True
+    if not ready:
+        return False
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done != pid:
+        return False
+    if status_fd is not None:
+        _report(status_fd, status=status)
+    return True
 
 
 def _kill_descendants() -> None:
@@ -594,32 +648,44 @@ def _kill_descendants() -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
+        _reap_exited()
         time.sleep(0.001)
 
 
+def _reap_exited() -> None:
+    """Reap every child that has exited, without waiting for the others."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
 def _descendants(pid: int) -> list[int]:
+    """Every descendant of process `pid` (from /proc), children before their own children."""
     found, todo = [], [pid]
     while todo:
-        parent = todo.pop()
+        kids = _children(todo.pop())
+        found.extend(kids)
+        todo.extend(kids)
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of process `pid` (from /proc; none when it is gone)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for tid in tids:
         try:
-            tids = os.listdir(f"/proc/{parent}/task")
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                kids += [int(x) for x in fh.read().split()]
         except OSError:
             continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as fh:
-                    kids = [int(x) for x in fh.read().split()]
-            except OSError:
-                continue
-            found.extend(kids)
-            todo.extend(kids)
-    return found
+    return kids
 
 
 def _report(fd: int, **fields) -> None:
@@ -675,75 +741,112 @@ def main(sock_fd: int, caller_pid: int | None = None) -> None:
     gc.collect()
     gc.freeze()  # children's garbage collections then skip (and so do not copy-on-write) the launcher's objects
     sock.send(json.dumps({"namespaces": not refused, "reason": refused, "pid": launcher_pid}).encode())
-    jobs: dict[int, dict] = {}  # pidfd -> running job
-    queues: dict[object, collections.deque] = {}  # batch -> (request, source fd) not started yet
-    running: dict[object, int] = collections.Counter()  # batch -> jobs running
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    if caller >= 0:
-        poller.register(caller, select.POLLIN)  # readable once the caller process has ended
+    _Launcher(sock, caller, launcher_pid, not refused).serve()
 
-    def reply(message: dict, fds: Sequence[int] = ()) -> None:
-        socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
-        for fd in fds:
-            os.close(fd)
 
-    def pump(batch: object) -> None:
+class _Launcher:
+    """The launcher's loop: requests queued per batch and started while fewer than the batch's limit run, replies
+    sent as programs exit, programs killed at their deadline, every sandbox killed when the caller is gone.
+
+    `caller`: a pidfd of the caller process (readable once it has ended), or -1 when not watched.
+    """
+
+    def __init__(self, sock: socket.socket, caller: int, launcher_pid: int, namespaces_ok: bool) -> None:
+        self.sock, self.caller = sock, caller
+        self.launcher_pid, self.namespaces_ok = launcher_pid, namespaces_ok
+        self.jobs: dict[int, dict] = {}  # pidfd -> running job
+        self.queues: dict[object, collections.deque] = {}  # batch -> (request, source fd) not started yet
+        self.running: dict[object, int] = collections.Counter()  # batch -> jobs running
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
+        if caller >= 0:
+            self.poller.register(caller, select.POLLIN)  # readable once the caller process has ended
+
+    def serve(self) -> None:
+        """Handle events until the caller is gone (then every sandbox is killed)."""
+        while True:
+            wait_ms = None
+            if self.jobs:
+                wait_ms = max(0, int(1000 * (min(j["deadline"] for j in self.jobs.values()) - time.monotonic())) + 1)
+            for fd, _ in self.poller.poll(wait_ms):
+                if not self.handle(fd):  # the caller is gone, however it ended: take every sandbox down with us
+                    self.kill_all()
+                    return
+            self.kill_overdue()
+
+    def handle(self, fd: int) -> bool:
+        """One ready descriptor: the caller's pidfd (it has ended), the socket (a request, or the caller's EOF) or a
+        job's pidfd (it has exited). False when the caller is gone."""
+        if fd == self.caller:
+            return False
+        if fd == self.sock.fileno():
+            return self.receive()
+        if fd in self.jobs:
+            self.finish(fd)
+        return True
+
+    def receive(self) -> bool:
+        """Queue the request waiting on the socket and start what its batch allows; False at the caller's EOF."""
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 20, 1)
+        except ConnectionResetError:
+            data, fds = b"", []
+        if not data:
+            return False
+        req = json.loads(data)
+        if len(fds) != 1:
+            for extra in fds:
+                os.close(extra)
+            self.reply({"id": req["id"], "isolation": None, "status": None, "timed_out": False,
+                        "wall_seconds": 0.0, "error": "sandbox: a request must carry its source descriptor"})
+            return True
+        batch = req.get("batch", ("single", req["id"]))
+        self.queues.setdefault(batch, collections.deque()).append((req, fds[0]))
+        self.pump(batch)
+        return True
+
+    def pump(self, batch: object) -> None:
         """Start queued requests of `batch` while fewer than its limit run."""
-        queue = queues.get(batch)
-        while queue and running[batch] < queue[0][0]["limit"]:
-            job = _start(*queue.popleft(), launcher_pid, not refused)
+        queue = self.queues.get(batch)
+        while queue and self.running[batch] < queue[0][0]["limit"]:
+            job = _start(*queue.popleft(), self.launcher_pid, self.namespaces_ok)
             if "reply" in job:
-                reply(job["reply"])
+                self.reply(job["reply"])
                 continue
             job["batch"] = batch
-            running[batch] += 1
-            jobs[job["pidfd"]] = job
-            poller.register(job["pidfd"], select.POLLIN)
+            self.running[batch] += 1
+            self.jobs[job["pidfd"]] = job
+            self.poller.register(job["pidfd"], select.POLLIN)
         if queue is not None and not queue:
-            del queues[batch]
+            del self.queues[batch]
 
-    while True:
-        wait_ms = None
-        if jobs:
-            wait_ms = max(0, int(1000 * (min(j["deadline"] for j in jobs.values()) - time.monotonic())) + 1)
-        for fd, _ in poller.poll(wait_ms):
-            if fd == caller:  # the caller is gone, however it ended: take every sandbox down with us
-                for job in jobs.values():
-                    os.kill(job["pid"], signal.SIGKILL)
-                return
-            if fd == sock.fileno():
-                try:
-                    data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
-                except ConnectionResetError:
-                    data, fds = b"", []
-                if not data:  # the caller is gone: take every sandbox down with us
-                    for job in jobs.values():
-                        os.kill(job["pid"], signal.SIGKILL)
-                    return
-                req = json.loads(data)
-                if len(fds) != 1:
-                    for extra in fds:
-                        os.close(extra)
-                    reply({"id": req["id"], "isolation": None, "status": None, "timed_out": False,
-                           "wall_seconds": 0.0, "error": "sandbox: a request must carry its source descriptor"})
-                    continue
-                batch = req.get("batch", ("single", req["id"]))
-                queues.setdefault(batch, collections.deque()).append((req, fds[0]))
-                pump(batch)
-            elif fd in jobs:
-                job = jobs.pop(fd)
-                poller.unregister(fd)
-                running[job["batch"]] -= 1
-                pump(job["batch"])  # the next program starts before this reply is even sent
-                reply(_finish(job), job["outputs"])
-                if not running[job["batch"]]:
-                    del running[job["batch"]]
+    def finish(self, pidfd: int) -> None:
+        """The job of `pidfd` has exited: start its batch's next program, then send its reply."""
+        job = self.jobs.pop(pidfd)
+        self.poller.unregister(pidfd)
+        self.running[job["batch"]] -= 1
+        self.pump(job["batch"])  # the next program starts before this reply is even sent
+        self.reply(_finish(job), job["outputs"])
+        if not self.running[job["batch"]]:
+            del self.running[job["batch"]]
+
+    def kill_overdue(self) -> None:
+        """SIGKILL each job past its deadline (namespaces: the wall timeout; process isolation: a backstop for a
+        stuck S). P's death kills its PID namespace."""
         now = time.monotonic()
-        for job in jobs.values():  # namespaces: the wall timeout; process isolation: a backstop for a stuck S
+        for job in self.jobs.values():
             if now >= job["deadline"] and not job["killed"]:
-                os.kill(job["pid"], signal.SIGKILL)  # P's death kills its PID namespace
+                os.kill(job["pid"], signal.SIGKILL)
                 job["killed"] = True
+
+    def kill_all(self) -> None:
+        for job in self.jobs.values():
+            os.kill(job["pid"], signal.SIGKILL)
+
+    def reply(self, message: dict, fds: Sequence[int] = ()) -> None:
+        socket.send_fds(self.sock, [json.dumps(message).encode()], list(fds))
+        for fd in fds:
+            os.close(fd)
 
 
 def _start(req: dict, source_fd: int, launcher_pid: int, namespaces_ok: bool) -> dict:

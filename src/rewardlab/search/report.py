@@ -174,6 +174,140 @@ def check_settings(settings: Any) -> None:
         raise ValueError(f"search.n: each budget must be >= 1, got {settings.n}")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Comparison:
+    """What every unit of `compare_methods` reads: its arguments, with `units` and `stage` filled in."""
+
+    policy: Policy
+    rows: Sequence[dict[str, Any]]
+    verifier: Reward
+    scorer: Reward
+    settings: Any
+    units: Units
+    stage: Callable[[str, int], AbstractContextManager[ProgressBar]]
+
+    def unit(self, unit: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """`unit`'s record: the logged one when `units` has it, else `compute()`, logged."""
+        rec = self.units.get(unit)
+        if rec is None:
+            rec = compute()
+            self.units.put(unit, rec)
+        return rec
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pool:
+    """The pool of max(N) samples per row as `compare_methods` reads it, from the pool unit's record.
+
+    samples: rollouts per row (text only: a resumed run has their texts, not their token ids); scores: the scorer's
+    aggregated scores per row and sample, or None when no selected pool method uses the scorer; correct: the
+    verifier's verdict per row and sample; tokens: completion length (tokens) per row and sample.
+    """
+
+    samples: list[list[Rollout]]
+    scores: list[list[float]] | None
+    correct: list[list[bool]]
+    tokens: list[list[int]]
+
+    @classmethod
+    def from_record(cls, rows: Sequence[dict[str, Any]], rec: dict[str, Any], need_scores: bool) -> _Pool:
+        samples = [[Rollout(prompt=str(row.get("prompt", "")), prompt_ids=[], completion=c, completion_ids=[],
+                            logprobs=[], row=row, group=i) for c in g]
+                   for i, (row, g) in enumerate(zip(rows, rec["completions"]))]
+        scores = [[float(x) for x in g] for g in rec["scores"]] if need_scores else None
+        return cls(samples, scores, rec["correct"], rec["tokens"])
+
+
+def _greedy_unit(c: _Comparison) -> dict[str, Any]:
+    """Greedy decoding, the floor: {"correct", "tokens" (per row), "greedy_s"}."""
+    s = c.settings
+    t0 = time.perf_counter()
+    greedy = [g[0] for g in sample_solutions(c.policy, c.rows, n=1, greedy=True, max_new_tokens=s.max_new_tokens,
+                                             separator=s.separator, batch_size=s.batch_size)]
+    return {"correct": _correct(c.verifier, greedy), "tokens": [len(r.completion_ids) for r in greedy],
+            "greedy_s": time.perf_counter() - t0}
+
+
+def _pool_unit(c: _Comparison, n_max: int, need_scores: bool) -> dict[str, Any]:
+    """`n_max` samples per row, verified (and scored when `need_scores`): {"completions", "tokens", "correct" (per
+    row and sample), "pool_sampling_s"[, "scores" (aggregated, -inf as "-inf"), "pool_scoring_s"]}."""
+    s, rows = c.settings, c.rows
+    t0 = time.perf_counter()
+    with c.stage("sampling", len(rows)) as bar:
+        pool = sample_solutions(c.policy, rows, n=n_max, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                                top_p=s.top_p, separator=s.separator, batch_size=s.batch_size)
+        bar.advance(len(rows))
+    flat = [r for g in pool for r in g]
+    correct_flat = _correct(c.verifier, flat)
+    rec = {"completions": [[r.completion for r in g] for g in pool],
+           "tokens": [[len(r.completion_ids) for r in g] for g in pool],
+           "correct": [correct_flat[i * n_max : (i + 1) * n_max] for i in range(len(rows))],
+           "pool_sampling_s": time.perf_counter() - t0}
+    if need_scores:
+        t0 = time.perf_counter()
+        scores_flat = score_solutions(c.scorer, flat, s.aggregate)
+        rec["scores"] = [[_enc(x) for x in scores_flat[i * n_max : (i + 1) * n_max]] for i in range(len(rows))]
+        rec["pool_scoring_s"] = time.perf_counter() - t0
+    return rec
+
+
+def _select_cell(m: str, rows: Sequence[dict[str, Any]], pool: _Pool, n: int, equivalent: _Memo, pass_at_n: float,
+                 tokens: float) -> dict[str, Any]:
+    """Pool method `m` on the first `n` pooled samples: {"result": {"accuracy", "ceiling" (pass@n),
+    "tokens_per_question", "scorer_calls_per_question", "select_s"}}."""
+    t0 = time.perf_counter()
+    select, uses_scorer = METHODS[m], METHODS.meta(m)["scorer"]
+    out = select(rows, pool.samples, pool.scores if uses_scorer else None, n, equivalent)
+    hits = [pool.correct[i][r.info["index"]] for i, r in enumerate(out)]
+    return {"result": {"accuracy": _mean(hits), "ceiling": pass_at_n, "tokens_per_question": tokens,
+                       "scorer_calls_per_question": float(n) if uses_scorer else 0.0,
+                       "select_s": time.perf_counter() - t0}}
+
+
+def _pool_method_cells(c: _Comparison, pool: _Pool, ns: list[int], equivalent: _Memo,
+                       results: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    """Each selected pool method at each budget into `results[method][str(N)]`; returns pass@N by str(N)."""
+    pass_at = {}
+    for n in ns:
+        pass_at[str(n)] = _mean(any(x[:n]) for x in pool.correct)
+        tokens = _mean(sum(g[:n]) for g in pool.tokens)
+        for m in (m for m in POOL_METHODS if m in c.settings.methods):
+            cell = c.unit(f"{m}:{n}", lambda: _select_cell(m, c.rows, pool, n, equivalent, pass_at[str(n)], tokens))
+            results[m][str(n)] = cell["result"]
+    return pass_at
+
+
+def _tree_cell(c: _Comparison, m: str, n: int) -> dict[str, Any]:
+    """Tree method `m` (beam or DVTS) run afresh at budget `n`: {"result": {"accuracy", "ceiling" (fraction of rows
+    with a correct finished solution among its own trees), "tokens_per_question", "scorer_calls_per_question",
+    "wall_s"}}."""
+    s = c.settings
+    t0 = time.perf_counter()
+    out = TREE_METHODS[m](c.policy, c.rows, c.scorer, n=n, beam_width=s.beam_width, max_steps=s.max_steps,
+                          aggregate=s.aggregate, max_step_tokens=s.max_step_tokens, temperature=s.temperature,
+                          top_p=s.top_p, separator=s.separator, batch_size=s.batch_size)
+    hits = _correct(c.verifier, [r.best for r in out])
+    flat = _correct(c.verifier, [x for r in out for x in r.candidates])  # one verifier batch
+    ends = list(itertools.accumulate(len(r.candidates) for r in out))
+    reachable = [any(flat[e - len(r.candidates) : e]) for r, e in zip(out, ends)]  # own candidates
+    return {"result": {"accuracy": _mean(hits), "ceiling": _mean(reachable),
+                       "tokens_per_question": _mean(r.tokens for r in out),
+                       "scorer_calls_per_question": _mean(r.scorer_calls for r in out),
+                       "wall_s": time.perf_counter() - t0}}
+
+
+def _tree_method_cells(c: _Comparison, ns: list[int], results: dict[str, dict[str, dict[str, float]]]) -> None:
+    """Each selected tree method at each budget N >= beam_width that beam_width divides into `results`."""
+    s = c.settings
+    for m in (m for m in TREE_METHODS if m in s.methods):
+        budgets = [n for n in ns if n >= s.beam_width and n % s.beam_width == 0]
+        with c.stage(m, len(budgets)) as bar:
+            for n in budgets:
+                cell = c.unit(f"{m}:{n}", lambda: _tree_cell(c, m, n))
+                results[m][str(n)] = cell["result"]
+                bar.advance(1, acc=cell["result"]["accuracy"])
+
+
 def compare_methods(
     policy: Policy,
     rows: Sequence[dict[str, Any]],
@@ -207,107 +341,26 @@ def compare_methods(
     """
     s = settings
     check_settings(s)
-    units = units if units is not None else Units()
+    c = _Comparison(policy, rows, verifier, scorer, s, units if units is not None else Units(), stage)
     ns = sorted(set(s.n))
     equivalent = _Memo(VerifierEquivalence(verifier) if s.equivalence == "verifier" else EQUIVALENCES[s.equivalence])
-    common = {"separator": s.separator, "batch_size": s.batch_size}
-    sampling = {"temperature": s.temperature, "top_p": s.top_p}
-    results: dict[str, dict[str, dict[str, float]]] = {m: {} for m in s.methods}
-    timing: dict[str, float] = {}
-
-    # Floor: greedy decoding.
-    rec = units.get("greedy")
-    if rec is None:
-        t0 = time.perf_counter()
-        greedy = [g[0] for g in sample_solutions(policy, rows, n=1, greedy=True, max_new_tokens=s.max_new_tokens,
-                                                 **common)]
-        rec = {"correct": _correct(verifier, greedy), "tokens": [len(r.completion_ids) for r in greedy],
-               "greedy_s": time.perf_counter() - t0}
-        units.put("greedy", rec)
-    greedy_correct, greedy_tokens = rec["correct"], rec["tokens"]
-    timing["greedy_s"] = rec["greedy_s"]
-
-    # One pool of max(N) samples per question for pass@N and the selection methods.
-    n_max = max(ns)
+    greedy = c.unit("greedy", lambda: _greedy_unit(c))
+    n_max = max(ns)  # one pool of max(N) samples per question for pass@N and the selection methods
     need_scores = any(m in s.methods and METHODS.meta(m)["scorer"] for m in POOL_METHODS)
-    rec = units.get("pool")
-    if rec is None:
-        t0 = time.perf_counter()
-        with stage("sampling", len(rows)) as bar:
-            pool = sample_solutions(policy, rows, n=n_max, max_new_tokens=s.max_new_tokens, **sampling, **common)
-            bar.advance(len(rows))
-        flat = [r for g in pool for r in g]
-        correct_flat = _correct(verifier, flat)
-        rec = {"completions": [[r.completion for r in g] for g in pool],
-               "tokens": [[len(r.completion_ids) for r in g] for g in pool],
-               "correct": [correct_flat[i * n_max : (i + 1) * n_max] for i in range(len(rows))],
-               "pool_sampling_s": time.perf_counter() - t0}
-        if need_scores:
-            t0 = time.perf_counter()
-            scores_flat = score_solutions(scorer, flat, s.aggregate)
-            rec["scores"] = [[_enc(x) for x in scores_flat[i * n_max : (i + 1) * n_max]] for i in range(len(rows))]
-            rec["pool_scoring_s"] = time.perf_counter() - t0
-        units.put("pool", rec)
-    correct = rec["correct"]
-    timing["pool_sampling_s"] = rec["pool_sampling_s"]
+    pool_rec = c.unit("pool", lambda: _pool_unit(c, n_max, need_scores))
+    timing = {"greedy_s": greedy["greedy_s"], "pool_sampling_s": pool_rec["pool_sampling_s"]}
     if need_scores:
-        scores = [[float(x) for x in g] for g in rec["scores"]]
-        timing["pool_scoring_s"] = rec["pool_scoring_s"]
-    # The pooled samples as rollouts (text only: a resumed run has their texts, not their token ids; the token
-    # cost below is read from the pool's record).
-    samples = [[Rollout(prompt=str(row.get("prompt", "")), prompt_ids=[], completion=c, completion_ids=[],
-                        logprobs=[], row=row, group=i) for c in g]
-               for i, (row, g) in enumerate(zip(rows, rec["completions"]))]
-    pool_tokens = rec["tokens"]
-    pass_at = {}
-    for n in ns:
-        pass_at[str(n)] = _mean(any(c[:n]) for c in correct)
-        tokens = _mean(sum(g[:n]) for g in pool_tokens)
-        for m in POOL_METHODS:
-            if m not in s.methods:
-                continue
-            cell = units.get(f"{m}:{n}")
-            if cell is None:
-                t0 = time.perf_counter()
-                select, uses_scorer = METHODS[m], METHODS.meta(m)["scorer"]
-                out = select(rows, samples, scores if uses_scorer else None, n, equivalent)
-                hits = [correct[i][r.info["index"]] for i, r in enumerate(out)]
-                cell = {"result": {"accuracy": _mean(hits), "ceiling": pass_at[str(n)], "tokens_per_question": tokens,
-                                   "scorer_calls_per_question": float(n) if uses_scorer else 0.0,
-                                   "select_s": time.perf_counter() - t0}}
-                units.put(f"{m}:{n}", cell)
-            results[m][str(n)] = cell["result"]
-
-    # Beam search and DVTS: a fresh tree search for each N.
-    for m, method in TREE_METHODS.items():
-        if m not in s.methods:
-            continue
-        budgets = [n for n in ns if n >= s.beam_width and n % s.beam_width == 0]
-        with stage(m, len(budgets)) as bar:
-            for n in budgets:
-                cell = units.get(f"{m}:{n}")
-                if cell is None:
-                    t0 = time.perf_counter()
-                    out = method(policy, rows, scorer, n=n, beam_width=s.beam_width, max_steps=s.max_steps,
-                                 aggregate=s.aggregate, max_step_tokens=s.max_step_tokens, **sampling, **common)
-                    hits = _correct(verifier, [r.best for r in out])
-                    flat = _correct(verifier, [c for r in out for c in r.candidates])  # one verifier batch
-                    ends = list(itertools.accumulate(len(r.candidates) for r in out))
-                    reachable = [any(flat[e - len(r.candidates) : e]) for r, e in zip(out, ends)]  # own candidates
-                    cell = {"result": {"accuracy": _mean(hits), "ceiling": _mean(reachable),
-                                       "tokens_per_question": _mean(r.tokens for r in out),
-                                       "scorer_calls_per_question": _mean(r.scorer_calls for r in out),
-                                       "wall_s": time.perf_counter() - t0}}
-                    units.put(f"{m}:{n}", cell)
-                results[m][str(n)] = cell["result"]
-                bar.advance(1, acc=cell["result"]["accuracy"])
-
-    probe = [g[j] for j in range(n_max) for g in samples][:PROBE_SAMPLES]
+        timing["pool_scoring_s"] = pool_rec["pool_scoring_s"]
+    pool = _Pool.from_record(rows, pool_rec, need_scores)
+    results: dict[str, dict[str, dict[str, float]]] = {m: {} for m in s.methods}
+    pass_at = _pool_method_cells(c, pool, ns, equivalent, results)
+    _tree_method_cells(c, ns, results)
+    probe = [g[j] for j in range(n_max) for g in pool.samples][:PROBE_SAMPLES]
     return {
         "questions": len(rows),
         "scorer_reads_answer": scorer is verifier or reads_reference(scorer, probe),
         "settings": s.model_dump(),
-        "greedy": {"accuracy": _mean(greedy_correct), "tokens_per_question": _mean(greedy_tokens)},
+        "greedy": {"accuracy": _mean(greedy["correct"]), "tokens_per_question": _mean(greedy["tokens"])},
         "pass@N": pass_at,
         "methods": results,
         "timing_s": timing,
