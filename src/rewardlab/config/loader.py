@@ -65,12 +65,13 @@ def move_renamed(data: dict[str, Any], renamed: Mapping[str, str], *, label: str
         if _has(out, new.split(".")):
             raise ConfigError(f"config error: {label}{old} and {label}{new} are one setting, given twice (the old "
                               f"name and the new); give {label}{new} only")
-        value = node.pop(last)
-        *parents, last = new.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+        *new_parents, new_last = new.split(".")
+        target = out
+        for part in new_parents:
+            target = target.setdefault(part, {}) if isinstance(target, dict) else None
+        if not isinstance(target, dict):  # a value where the new section goes: validation names it
+            continue
+        target[new_last] = node.pop(last)
         if not quiet:
             warnings.warn(f"{label}{old} is now {label}{new}; the old key is read until the next release",
                           ConfigDeprecationWarning, stacklevel=2)
