@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from conftest import TINY_OVERRIDES, write_jsonl
 from rewardlab.cli import main
 from rewardlab.config import (ConfigDeprecationWarning, ConfigError, RLConfig, TrainConfig, dump_config, load_config,
-                              renamed_keys)
+                              renamed_keys, validate)
 from rewardlab.runs import RunDir, RunDirError, check_resume_config
 
 #: Each old key, a value other than its new key's default, and the overrides it needs to be valid.
@@ -159,3 +159,8 @@ def test_a_run_directory_written_with_the_old_keys_resumes(tmp_path, capsys):
     assert "rl.steps 1 -> 2" in capsys.readouterr().err
     rewritten = yaml.safe_load((out / "config.yaml").read_text())
     assert rewritten == {**saved, "rl": {**saved["rl"], "steps": 2}}  # in the new layout, with the change
+
+
+def test_an_old_key_beside_its_section_given_as_a_value_leaves_the_section_to_validation():
+    with pytest.raises(ConfigError, match=r"^config error: rl.sampling: Input should be a valid dictionary"):
+        validate(TrainConfig, {"rl": {"sampling": 3, "temperature": 1.0}})
