@@ -10,7 +10,8 @@ from rewardlab.commands.common import announce_task, check_prompts, load_inputs,
 from rewardlab.envs import load_episodes
 from rewardlab.envs.sampling import turn_budget_warning
 from rewardlab.config import EvaluateConfig
-from rewardlab.evaluation.policy import describe_rows, evaluate_policy
+from rewardlab.evaluation.policy import EvalProgress, EvalSettings, describe_rows, evaluate_policy
+from rewardlab.policy import SamplingSettings
 from rewardlab.progress import console, stage
 from rewardlab.rewards import build_reward
 from rewardlab.runs import RunMode, atomic_write_text, warn
@@ -71,10 +72,11 @@ def run(cfg: EvaluateConfig, *, mode: RunMode = "new",
             e = cfg.eval
             t0 = time.perf_counter()
             with stage("evaluate", len(rows), enabled=show_progress) as bar:
-                result = evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature,
-                                         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
-                                         bar=bar, done=done, on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]),
-                                         episodes=episodes, seed=cfg.seed, max_prompt_length=e.max_prompt_length)
+                sampling = SamplingSettings(max_new_tokens=e.max_new_tokens, temperature=e.temperature,
+                                            top_p=e.top_p, max_prompt_length=e.max_prompt_length)
+                progress = EvalProgress(done=done, on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]), bar=bar)
+                result = evaluate_policy(policy, rows, reward, sampling, episodes=episodes, progress=progress,
+                                         settings=EvalSettings(n=e.n, ks=e.k, batch_size=e.batch_size, seed=cfg.seed))
             predictions = result.pop("predictions")
             atomic_write_text(run.path / PREDICTIONS, "".join(json.dumps(p, ensure_ascii=False) + "\n"
                                                               for p in predictions))

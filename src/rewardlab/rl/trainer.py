@@ -50,7 +50,7 @@ from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
 from rewardlab.interrupt import Interrupted, StopRequest
 from rewardlab.modeldir import check_model_dir
 from rewardlab.optim import make_optimizer, make_scheduler
-from rewardlab.policy import Batch, Policy, load_policy, rollout_batch
+from rewardlab.policy import Batch, Policy, SamplingSettings, load_policy, rollout_batch
 from rewardlab.policy.batch import micro_batches
 from rewardlab.progress import stage
 from rewardlab.rewards import Reward, RewardError, build_reward
@@ -401,8 +401,8 @@ def _greedy_baseline(state: TrainState, rollouts: list[Rollout]) -> tuple[dict[s
         first.setdefault(r.group, r)
     groups = list(first)
     rows = [first[g].row for g in groups]
-    greedy = sample_rollouts(state.policy, rows, episodes=state.episodes, greedy=True,
-                             max_new_tokens=rl.max_new_tokens, max_prompt_length=rl.max_prompt_length)
+    greedy = sample_rollouts(state.policy, rows, SamplingSettings(max_new_tokens=rl.max_new_tokens, greedy=True,
+                             max_prompt_length=rl.max_prompt_length), episodes=state.episodes)
     if rl.step_separator is not None:
         for r in greedy:
             state.policy.mark_steps(r, rl.step_separator)
