@@ -74,25 +74,19 @@ def evaluate_policy(policy: Policy, rows: Sequence[dict[str, Any]], reward: Rewa
                     progress: EvalProgress = EvalProgress()) -> dict[str, Any]:
     """Greedy accuracy and pass@k of `policy` on `rows`, in batches of `settings.batch_size` questions.
 
-    Completions come from `rewardlab.envs.sample_rollouts`: single completions (`policy.generate`) when `episodes`
-    is None, else whole episodes in `episodes.env` under its budgets (`sampling.max_new_tokens` per model turn), a
-    greedy one per question and `settings.n` sampled ones. The reward is called once per episode, on its last row
-    (`episode_ends`: the final model turn is the completion it scores). Sampled episodes draw from the streams
-    (seed, batch index, 0) (`sample_rollouts`): they do not depend on torch's generator (single completions draw
-    from it).
+    Completions come from `rewardlab.envs.sample_rollouts`: single completions when `episodes` is None, else whole
+    episodes, a greedy one per question and `settings.n` sampled ones. The reward is called once per episode, on
+    its last row (`episode_ends`). Sampled episodes draw from the streams (seed, batch index, 0), not from torch's
+    generator (single completions draw from it).
 
-    Each finished batch is handed to `progress.on_batch` as a record {"batch", "start", "size", "correct" (greedy,
-    per question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per question), "examples",
-    "predictions" (one per question, see Returns), "rng" (torch's RNG state after the batch, `rng_state_record`)}.
-    Given the records of the first batches of an interrupted run (`progress.done`), those batches are not generated
-    again: their figures are taken from the records and the RNG state of the last one is restored, so the result
-    equals an uninterrupted run's. With `settings.n=0` (and no `ks`) only the greedy completions are generated: no
-    sampling, so no random numbers are drawn (held-out evaluation during training, `rewardlab.evaluation.heldout`).
+    Each finished batch's record (`evaluate_batch`, with "rng": torch's RNG state after it) goes to
+    `progress.on_batch`; the batches of an interrupted run's records (`progress.done`) are not generated again
+    (`resumed_record`), so the result equals an uninterrupted run's. With `settings.n=0` (and no `ks`) only the
+    greedy completions are generated: no random numbers are drawn (held-out evaluation during training).
 
     Args:
-        policy: the policy evaluated (`Policy`, or an object with its `generate` / `sample_ids`).
-        rows: the questions (task rows: `prompt` or `messages`, `answer`, ...).
-        reward: the verifier; its `correct` decides accuracy and pass@k.
+        policy, rows, reward: the `Policy` (or an object with its `generate` / `sample_ids`), the questions (task
+            rows) and the verifier, whose `correct` decides accuracy and pass@k.
         sampling: `rewardlab.policy.SamplingSettings`: max_new_tokens (per completion, or per model turn of an
             episode), temperature and top_p (of the sampled completions; the greedy ones use argmax),
             max_prompt_length (single completions only: each prompt cut to its last that many tokens,
@@ -157,8 +151,11 @@ def resumed_record(done: Sequence[Mapping[str, Any]], b: int, start: int, size: 
 def evaluate_batch(policy: Policy, rows: Sequence[dict[str, Any]], reward: Reward, sampling: SamplingSettings, *,
                    settings: EvalSettings, episodes: EpisodeSettings | None, where: tuple[int, int],
                    examples: int) -> dict[str, Any]:
-    """One batch of `evaluate_policy`: its record (without "rng"), the greedy completion of each row scored, then,
-    with settings.n > 0, the n sampled ones counted per row for pass@k.
+    """One batch of `evaluate_policy`: its record, the greedy completion of each row scored, then, with
+    settings.n > 0, the n sampled ones counted per row for pass@k. The record: {"batch", "start", "size",
+    "correct" (greedy, per question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per
+    question), "examples", "predictions" (one per question, see `evaluate_policy`'s Returns)}, and with episodes
+    "episodes" (each greedy episode's `episode_counts`).
 
     Args:
         policy, rows, reward, sampling, settings, episodes: as in `evaluate_policy` (rows: the batch's).

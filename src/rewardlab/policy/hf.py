@@ -438,6 +438,22 @@ class Policy:
         """
         self._check_sampling(temperature, top_p, greedy)
         N = len(prompts)
+        budgets, stops = self._ids_request(prompts, max_new_tokens, stop, streams)
+        words = stream_words(streams) if streams is not None and not greedy else None
+        if N == 0:
+            return []
+        distinct: dict[tuple[int, ...], int] = {}
+        node = [distinct.setdefault(tuple(int(x) for x in p), len(distinct)) for p in prompts]
+        return self._sample([list(p) for p in distinct], Draw(temperature, top_p, greedy), node=node,
+                            budgets=budgets, stops=stops, befores=[""] * N, words=words)
+
+    def _ids_request(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+                     stop: Sequence[str] | None,
+                     streams: Sequence[tuple[int, ...]] | None) -> tuple[list[int], list[str] | None]:
+        """`sample_ids`'s request checked: (each prompt's budget, clamped to the room its context window leaves;
+        the stop strings as a list or None). Raises the one-line ValueErrors `sample_ids` lists (but temperature
+        and top_p)."""
+        N = len(prompts)
         if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
             budgets = [int(max_new_tokens)] * N
         else:
@@ -466,13 +482,7 @@ class Policy:
                     raise ValueError(f"sample_ids.prompts[{i}]: {len(p)} tokens leave no room in the context "
                                      f"window of {window}")
                 budgets[i] = min(budgets[i], window - len(p))
-        words = stream_words(streams) if streams is not None and not greedy else None
-        if N == 0:
-            return []
-        distinct: dict[tuple[int, ...], int] = {}
-        node = [distinct.setdefault(tuple(int(x) for x in p), len(distinct)) for p in prompts]
-        return self._sample([list(p) for p in distinct], Draw(temperature, top_p, greedy), node=node,
-                            budgets=budgets, stops=stops, befores=[""] * N, words=words)
+        return budgets, stops
 
     def _prompt_budgets(self, ids: Sequence[Sequence[int]], max_new_tokens: int, field: str) -> list[int]:
         """The token budget of a completion of each prompt: `max_new_tokens`, clamped to the room the context window
@@ -582,9 +592,8 @@ class Policy:
             features, head = self.completion_features(narrow)
         picked = features[narrow.mask > 0]  # [M, H] hidden states (or [M, V] logits) of the completion tokens
         logp, entropy = selective_logprobs(
-            picked, narrow.completion_ids[narrow.mask > 0], weight=head.weight if head is not None else None,
-            bias=head.bias if head is not None else None, temperature=temperature, chunk=self.logprob_chunk_tokens,
-            with_entropy=with_entropy, entropy_grad=entropy_grad,
+            picked, narrow.completion_ids[narrow.mask > 0], head=head, temperature=temperature,
+            chunk=self.logprob_chunk_tokens, with_entropy=with_entropy, entropy_grad=entropy_grad,
             dtype=AUTOCAST_DTYPES[self.autocast] if self.autocast is not None else None)
         zeros = torch.zeros(on.shape, dtype=torch.float32, device=on.device)
         logprobs = zeros.masked_scatter(on, logp)

@@ -181,17 +181,15 @@ def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, rows: SampleRows,
                        pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Autoregressive sampling over a prefix tree: rows that share a prefix share its forward pass.
 
-    The model runs once per distinct (prompt, tokens so far), not once per row: the rows of a prompt start as one
-    node (the prompt is prefilled once), and after each step the rows still generating are regrouped by (parent
-    node, sampled token); the key/value cache keeps one row per node (`batch_select_indices` with each child's
-    parent). A row leaves when it samples EOS, reaches its budget, or (with `rows.watch`) completes a stop string.
-    This is exact: rows with the same prefix have the same next-token distribution. Each row still draws its own
-    token as `draw` says (`next_tokens`). The behaviour log-prob is log softmax(logits / temperature) of the drawn
-    token, before nucleus filtering (temperature 1 when greedy).
+    The model runs once per distinct (prompt, tokens so far): the rows of a prompt start as one node (the prompt is
+    prefilled once), and after each step the rows still generating are regrouped by (parent node, sampled token);
+    the key/value cache keeps one row per node (`batch_select_indices`). A row leaves at EOS, at its budget, or
+    (with `rows.watch`) at a completed stop string. Exact: rows with the same prefix have the same next-token
+    distribution, and each row draws its own token as `draw` says (`next_tokens`). The behaviour log-prob is
+    log softmax(logits / temperature) of the drawn token, before nucleus filtering (temperature 1 when greedy).
 
     Args:
-        model: the causal LM.
-        batch: the prompts (one per node), left-padded (`Batch`).
+        model, batch: the causal LM and the prompts, one per node, left-padded (`Batch`).
         prefill: the model's output over the prompt part of `batch` (use_cache=True, logits_to_keep=1), whose
             key/value cache must be expandable (`expandable_cache`); it is modified in place.
         rows: `SampleRows`: each row's prompt (node), budget, stream words and the stop watch.
@@ -202,8 +200,7 @@ def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, rows: SampleRows,
         log-probs and [N] int64 lengths (tokens sampled by each row), on the CPU.
     """
     P = batch.prompt_len
-    cache = output_cache(prefill)  # one row per node
-    cache_key = cache_kwarg(model)
+    cache, cache_key = output_cache(prefill), cache_kwarg(model)  # the cache: one row per node
     logits = prefill.logits[:, -1]  # [nodes, V]: next-token logits of each node
     attention = batch.attention_mask[:, :P]  # [nodes, P + t]
     position = batch.position_ids[:, P - 1]  # [nodes]: position of each node's last token
@@ -217,8 +214,7 @@ def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, rows: SampleRows,
     tokens = torch.full((N, L), pad_id, dtype=torch.long, device=dev)
     logps = torch.zeros((N, L), dtype=torch.float32, device=dev)
     lengths = torch.zeros(N, dtype=torch.long, device=dev)
-    live = torch.arange(N, device=dev)  # the rows still generating ...
-    # ... and `node`: the node each one is at
+    live = torch.arange(N, device=dev)  # the rows still generating (`node`: the node each one is at)
     length = 0
     for t in range(L):
         nxt, logp_all = next_tokens(logits, node, draw, None if words is None else words.index_select(0, live), t)
@@ -236,16 +232,30 @@ def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, rows: SampleRows,
             break
         live, node, nxt = live[going], node[going], nxt[going]
         children, node = torch.unique(node * V + nxt, return_inverse=True)  # distinct (parent, token)
-        parent, token = children // V, children % V
-        if parent.shape[0] != attention.shape[0] or not torch.equal(parent, torch.arange(len(parent), device=dev)):
-            cache.batch_select_indices(parent)
-            attention, position = attention[parent], position[parent]
-        attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
-        position = position + 1
-        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=position[:, None],
-                    use_cache=True, **{cache_key: cache})
-        logits = out.logits[:, -1]
+        logits, attention, position = extend_nodes(model, (cache, cache_key), children // V, children % V,
+                                                   attention, position)
     return tokens[:, :length].cpu(), logps[:, :length].cpu(), lengths.cpu()
+
+
+def extend_nodes(model: Any, cache: tuple[Any, str], parent: torch.Tensor, token: torch.Tensor,
+                 attention: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of `sample_prefix_tree`'s tree: the new nodes, child c = node `parent[c]` + token `token[c]`, run
+    through the model on its key/value cache (`cache`: the cache, one row per old node, re-indexed to the parents
+    in place when they differ; and the forward's keyword for it, `cache_kwarg`).
+
+    Returns:
+        ([C, V] next-token logits of each new node, its [C, P + t + 1] attention mask, its [C] last position).
+    """
+    kv, key = cache
+    if parent.shape[0] != attention.shape[0] or not torch.equal(parent, torch.arange(len(parent),
+                                                                                    device=parent.device)):
+        kv.batch_select_indices(parent)
+        attention, position = attention[parent], position[parent]
+    attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+    position = position + 1
+    out = model(input_ids=token[:, None], attention_mask=attention, position_ids=position[:, None],
+                use_cache=True, **{key: kv})
+    return out.logits[:, -1], attention, position
 
 
 def next_tokens(logits: torch.Tensor, node: torch.Tensor, draw: Draw, words: torch.Tensor | None,
