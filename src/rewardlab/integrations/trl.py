@@ -538,8 +538,11 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
             the chat template split into several rows (TRL takes one sequence per completion); a tokenizer without
             an EOS id (TRL could not tell a finished episode from a truncated one); one line each.
     """
-    from rewardlab.envs import run_episodes
+    from rewardlab.envs import EpisodeSettings, run_episodes
+    from rewardlab.policy.settings import SamplingSettings
 
+    episode_settings = EpisodeSettings(env, max_turns=max_turns, max_episode_tokens=max_episode_tokens)
+    sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     table = [dict(r) for r in rows]
     calls = [0]
 
@@ -550,9 +553,8 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
         with _no_grad():
             for start, size in _groups(index):
                 row = table[index[start]]
-                got = run_episodes(policy, env, [row], n=size, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                                   max_episode_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
-                                   seed=seed, step=step, round=calls[0], episode_offset=start)
+                got = run_episodes(policy, episode_settings, [row], sampling, n=size, stream=(seed, step, calls[0]),
+                                   episode_offset=start)
                 _check_one_row_each(got, size, index[start])
                 episodes += got
         calls[0] += 1

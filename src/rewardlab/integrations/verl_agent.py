@@ -115,6 +115,10 @@ class RewardlabAgentLoop(AgentLoopBase):
         ValueError: non-empty verl `tools`; an unknown environment or option (one line from `make_env`, listing the
             valid names); bad budgets (`EpisodeLimits`), prompt format or reward spec; an environment stop string the
             tokenizer encodes with special tokens.
+
+    The constructor's parameters are many because verl dictates them: verl builds the loop with
+    `AgentLoopBase.__init__`'s arguments (trainer_config ... name), and hydra's `instantiate` passes each key of
+    the agent-loop config entry as its own keyword (env, env_options, max_turns, ...).
     """
 
     def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, processor: Any, dataset_cls: Any,
