@@ -20,7 +20,8 @@ import platform
 import statistics
 import time
 
-from rewardlab.envs import PythonEnv, run_episodes
+from rewardlab.envs import EpisodeSettings, PythonEnv, run_episodes
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.types import Sampled
 
 EOS = 0
@@ -96,12 +97,13 @@ class SerialPythonEnv(PythonEnv):
 def run_arm(env_cls, rows, scripts, workers):
     with env_cls(workers=workers) as env:
         renderer = CodepointRenderer(env)
-        warm = run_episodes(ScriptedPolicy(scripts), env, rows[:1], n=1, max_turns=2, max_new_tokens=4096,
-                            max_episode_tokens=16384, renderer=renderer)  # start the pool's workers
+        episodes = EpisodeSettings(env, max_turns=2, max_episode_tokens=16384)
+        sampling = SamplingSettings(max_new_tokens=4096)
+        warm = run_episodes(ScriptedPolicy(scripts), episodes, rows[:1], sampling, n=1,
+                            renderer=renderer)  # start the pool's workers
         assert warm[0].tool_calls[0][0]["status"] == "ok", warm[0].tool_calls
         start = time.perf_counter()
-        out = run_episodes(ScriptedPolicy(scripts), env, rows, n=1, max_turns=2, max_new_tokens=4096,
-                           max_episode_tokens=16384, renderer=renderer)
+        out = run_episodes(ScriptedPolicy(scripts), episodes, rows, sampling, n=1, renderer=renderer)
         seconds = time.perf_counter() - start
     for r in out:
         r.tool_calls = [[dict(c, seconds=None) for c in turn] for turn in r.tool_calls]

@@ -384,7 +384,8 @@ def make_sft(out: Path, steps: int, seed: int) -> str:
 
 def held_out_accuracy(checkpoint: str, limit: int | None) -> float:
     """Greedy exact-match accuracy on the test split with rewardlab's evaluator (one sample for pass@1)."""
-    from rewardlab.evaluation.policy import evaluate_policy
+    from rewardlab.evaluation.policy import EvalSettings, evaluate_policy
+    from rewardlab.policy import SamplingSettings
     from rewardlab.policy import load_policy
     from rewardlab.rewards import build_reward
     from rewardlab.tasks import load as load_task
@@ -393,7 +394,8 @@ def held_out_accuracy(checkpoint: str, limit: int | None) -> float:
     task = load_task(q.task.spec, **q.task.options)
     rows = task.test[:limit]
     policy = load_policy(checkpoint)
-    res = evaluate_policy(policy, rows, build_reward(task.reward), n=1, ks=(1,), max_new_tokens=8)
+    res = evaluate_policy(policy, rows, build_reward(task.reward), SamplingSettings(max_new_tokens=8),
+                          settings=EvalSettings(n=1, ks=(1,)))
     return res["accuracy"]
 
 

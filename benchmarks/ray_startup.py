@@ -90,7 +90,7 @@ def breakdown() -> dict[str, Any]:
     import ray
 
     from rewardlab.config import TrainConfig, load_config
-    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.policy import SamplingSettings
     from rewardlab.rl.engines.ray_engine import RewardWorker, RolloutWorker, transformers_logging, worker_task
     from rewardlab.tasks import load as load_task
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,8 +108,33 @@ def test_command_example_parses_and_passes_the_checks(where, line):
     _check(cfg, verb)
 
 
+def _registries() -> list:
+    """Every registry of the rewardlab modules imported so far."""
+    from rewardlab.registry import Registry
+
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("rewardlab") and module is not None:
+            for value in list(vars(module).values()):
+                if isinstance(value, Registry):
+                    found[id(value)] = value
+    return list(found.values())
+
+
+@pytest.fixture
+def registries_restored():
+    """What an example registers (an estimator, a reward, an input provider) into a registry that existed before it
+    is unregistered after it, so that no later test sees it (a module the example imports first keeps its own
+    registrations)."""
+    before = {id(r): (r, set(r)) for r in _registries()}
+    yield
+    for registry, names in before.values():
+        for name in set(registry) - names:
+            registry.unregister(name)
+
+
 @pytest.mark.parametrize("where,body,not_run", PYTHON_BLOCKS, ids=[w for w, _, _ in PYTHON_BLOCKS])
-def test_python_example_runs(where, body, not_run, tmp_path, monkeypatch):
+def test_python_example_runs(where, body, not_run, tmp_path, monkeypatch, registries_restored):
     if not_run:
         pytest.skip(f"{where}: {not_run}")
     monkeypatch.chdir(tmp_path)

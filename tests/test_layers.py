@@ -19,9 +19,25 @@ TRAINING_LOOPS = {"rl/trainer.py", "rm/fit.py", "sft.py"}
 TOP = ("commands/", "cli.py", "config/", "runs.py", "progress.py")
 
 
+def _type_checking(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): imports for annotations only, never run."""
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (getattr(test, "id", None) == "TYPE_CHECKING"
+                                         or getattr(test, "attr", None) == "TYPE_CHECKING")
+
+
+def _walk(node: ast.AST):
+    """`ast.walk` without the bodies of `if TYPE_CHECKING:` blocks."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if not _type_checking(child):
+            yield from _walk(child)
+
+
 def _imports(path: Path) -> set[str]:
+    """The modules `path` imports when it runs: at the top, inside functions, anywhere but under TYPE_CHECKING."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -203,3 +219,75 @@ def test_functions_in_rl_are_at_most_60_lines():
     long = [f"{rel}:{node.lineno} {node.name} ({_code_lines(node)} lines)" for rel, node in _functions()
             if rel.startswith(SHORT_FUNCTIONS) and _code_lines(node) > 60]
     assert long == []
+
+
+#: The most parameters a function in src/ takes (self and cls not counted): settings travel as objects passed whole
+#: (`rewardlab.policy.SamplingSettings`, `rewardlab.envs.EpisodeSettings`, ...), not as loose keywords.
+MAX_PARAMETERS = 8
+#: "module path:qualified name" -> why it takes more than MAX_PARAMETERS parameters. Each entry is checked to still
+#: need its place (a function that no longer exists or takes few enough parameters fails the test).
+MANY_PARAMETERS_ALLOWED: dict[str, str] = {
+    "rewards/judge/reward.py:Judge.__init__": "a registered reward: its keyword parameters are its declared options",
+    "rewards/code.py:CodeReward.__init__": "a registered reward: its keyword parameters are its declared options",
+    "envs/builtin.py:CalculatorEnv.__init__": "a registered environment: its keyword parameters are its declared "
+                                              "options",
+    "rl/advantages.py:gigpo": "a registered estimator: the registry passes each declared option and trainer input "
+                              "as its own keyword",
+    "integrations/verl_agent.py:RewardlabAgentLoop.__init__": "verl dictates it: AgentLoopBase's arguments, then "
+                                                              "hydra passes each agent-loop config key as a keyword",
+    "policy/hf.py:Policy.generate": "pending: commands/prm.py (owned by another helper) calls it with the sampling "
+                                    "keywords; to take a SamplingSettings once that call is changed",
+    "policy/__init__.py:load_policy": "pending: rl/trainer.py (being restructured) spreads "
+                                      "ModelConfig.policy_options() into it and overrides lora in those keywords",
+    "search/base.py:sample_solutions": "pending: search/report.py (owned by another helper) calls it with the "
+                                       "sampling keywords",
+    "search/best_of_n.py:best_of_n": "pending: search/report.py (owned by another helper) calls it with the "
+                                     "sampling keywords",
+    "search/voting.py:majority": "pending: search/report.py (owned by another helper) calls it with the sampling "
+                                 "keywords",
+    "search/voting.py:weighted_majority": "pending: search/report.py (owned by another helper) calls it with the "
+                                          "sampling keywords",
+    "search/beam.py:beam": "pending: search/report.py (owned by another helper) calls it with the sampling keywords",
+    "search/beam.py:dvts": "pending: search/report.py (owned by another helper) calls it with the sampling keywords",
+}
+
+
+def _parameter_counts(path: Path) -> dict[str, int]:
+    """{qualified name: parameters} of every function and method of `path` (self and cls not counted)."""
+    counts: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                counts[prefix + child.name] = len(names) - (1 if names and names[0] in ("self", "cls") else 0)
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "")
+    return counts
+
+
+def _many_parameters() -> dict[str, int]:
+    return {f"{path.relative_to(SRC).as_posix()}:{name}": n for path in sorted(SRC.rglob("*.py"))
+            for name, n in _parameter_counts(path).items() if n > MAX_PARAMETERS}
+
+
+def test_no_function_takes_more_than_8_parameters_but_the_listed_ones():
+    many = _many_parameters()
+    unlisted = sorted(f"{k} ({n})" for k, n in many.items() if k not in MANY_PARAMETERS_ALLOWED)
+    assert unlisted == [], (f"{unlisted} take more than {MAX_PARAMETERS} parameters: pass a settings object whole, "
+                            "or list the function in MANY_PARAMETERS_ALLOWED with the reason")
+    stale = sorted(k for k in MANY_PARAMETERS_ALLOWED if k not in many)
+    assert stale == [], f"{stale} no longer take more than {MAX_PARAMETERS} parameters: drop them from the list"
+
+
+def test_the_parameter_scan_counts_methods_and_keywords(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("class A:\n    def f(self, a, b, *, c, d=1):\n        def g(x, /, y):\n            pass\n"
+                      "def h(a, b, c, d, e, f, g, h, i):\n    pass\n")
+    assert _parameter_counts(module) == {"A.f": 4, "A.f.g": 2, "h": 9}

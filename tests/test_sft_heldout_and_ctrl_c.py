@@ -11,7 +11,8 @@ import rewardlab.sft as sft
 from conftest import TINY_OVERRIDES, write_jsonl, read_jsonl, sha256_of, without_keys
 from rewardlab.commands.sft import run as run_sft
 from rewardlab.config import SFTConfig, load_config
-from rewardlab.evaluation.policy import evaluate_policy
+from rewardlab.evaluation.policy import EvalSettings, evaluate_policy
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.interrupt import Interrupted
 from rewardlab.policy import load_policy
 from rewardlab.rewards import build_reward
@@ -48,7 +49,8 @@ def test_sft_eval_every_logs_heldout_greedy_accuracy_and_leaves_training_unchang
     task = load_task(f"jsonl:{tmp_path / 'task.jsonl'}", test_path=str(tmp_path / "test.jsonl"), reward="chrf")
     policy = load_policy(str(tmp_path / "B" / "checkpoints" / "step-12"))
     # completions up to the longest training target: "7" + EOS, 2 tokens
-    want = evaluate_policy(policy, task.test, build_reward("chrf"), n=0, ks=(), max_new_tokens=2)
+    want = evaluate_policy(policy, task.test, build_reward("chrf"), SamplingSettings(max_new_tokens=2),
+                           settings=EvalSettings(n=0, ks=()))
     assert [e["completion"] for e in want["examples"]] == ["7", "7", "7"]
     assert b[-1]["eval/accuracy"] == want["accuracy"] == pytest.approx(1 / 3)
     assert b[-1]["eval/score_mean"] == want["score_mean"] > 1 / 3  # chrF gives "7" against "77" partial credit

@@ -194,3 +194,30 @@ class CalcEnv:
             out = [{"role": "tool", "name": "calc", "content": str(sum(int(x) for x in expr.split("+")))}]
         return StepResult(out, False, 0.5, {"tool_calls": [{"name": "calc", "arguments": {"expression": expr},
                                                             "status": "ok", "seconds": 0.0}]})
+
+
+#: The options of one flat keyword set that `episode_args` sorts into the settings objects `run_episodes` takes.
+EPISODE_KEYS = ("max_turns", "max_episode_tokens", "max_tool_tokens", "tool_keep")
+SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "greedy")
+
+
+def episode_args(env: Any, **kw: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """The tests' shorthand for `run_episodes`: (EpisodeSettings of `env`, SamplingSettings, the other keywords)
+    from one flat set of options; seed, step and round become `stream`."""
+    from rewardlab.envs import EpisodeSettings
+    from rewardlab.policy.settings import SamplingSettings
+
+    episodes = EpisodeSettings(env, **{k: kw.pop(k) for k in EPISODE_KEYS if k in kw})
+    sampling = SamplingSettings(**{k: kw.pop(k) for k in SAMPLING_KEYS if k in kw})
+    if {"seed", "step", "round"} & kw.keys():
+        kw["stream"] = (kw.pop("seed", 0), kw.pop("step", 0), kw.pop("round", 0))
+    return episodes, sampling, kw
+
+
+def run_episodes_flat(policy: Any, env: Any, rows: Any, **kw: Any) -> list[Any]:
+    """`run_episodes(policy, episodes, rows, sampling, ...)` with the settings sorted from flat options
+    (`episode_args`)."""
+    from rewardlab.envs import run_episodes
+
+    episodes, sampling, rest = episode_args(env, **kw)
+    return run_episodes(policy, episodes, rows, sampling, **rest)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from episode_fakes import EOS, THINK_STRIP, RecordedChat, ScriptedSampler, assert_prefixes, enc
+from episode_fakes import EOS, THINK_STRIP, RecordedChat, ScriptedSampler, assert_prefixes, enc, run_episodes_flat
 
 from rewardlab.envs import StepResult, run_episodes
 
@@ -34,8 +34,8 @@ class Guess:
 def play(template):
     renderer = RecordedChat(template)
     sampler = ScriptedSampler({0: ["<think>hm</think>5$", "<think>ok</think>7$"]}, renderer=renderer)
-    out = run_episodes(sampler, Guess(), [{"prompt": "Q"}], n=1, max_turns=3, max_new_tokens=30,
-                       max_episode_tokens=200, temperature=1.0, renderer=renderer)
+    out = run_episodes_flat(sampler, Guess(), [{"prompt": "Q"}], n=1, max_turns=3, max_new_tokens=30,
+                            max_episode_tokens=200, temperature=1.0, renderer=renderer)
     assert_prefixes(sampler, out)
     return out
 

@@ -6,9 +6,10 @@ Ids are those of the tiny char tokenizer: one token per character, id = ord(c) -
 from __future__ import annotations
 
 import pytest
-from episode_fakes import BOS, EOS, UNK, CalcEnv, RawRenderer, ScriptedSampler, assert_prefixes, enc
+from episode_fakes import BOS, EOS, UNK, CalcEnv, RawRenderer, ScriptedSampler, assert_prefixes, enc, episode_args
 
-from rewardlab.envs import Episode, EpisodeLimits, StepResult, run_episodes
+from rewardlab.envs import Episode, EpisodeLimits, EpisodeSettings, StepResult, run_episodes
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.envs.episode import prompt_text
 from rewardlab.policy.tiny import build_tokenizer
 from rewardlab.types import Sampled
@@ -21,7 +22,8 @@ def run(scripts, *, env=None, renderer=None, rows=(ROW,), n=1, context_window=No
     sampler = ScriptedSampler(scripts, context_window=context_window, renderer=renderer)
     opts = dict(max_turns=4, max_new_tokens=16, max_episode_tokens=64, temperature=1.0)
     opts.update(kw)
-    out = run_episodes(sampler, env or CalcEnv(), list(rows), n=n, renderer=renderer, **opts)
+    episodes, sampling, rest = episode_args(env or CalcEnv(), **opts)
+    out = run_episodes(sampler, episodes, list(rows), sampling, n=n, renderer=renderer, **rest)
     assert_prefixes(sampler, out)
     return out, sampler
 
@@ -282,8 +284,8 @@ def test_bad_options_are_refused_in_one_line_naming_them(kw, match):
 
 def test_a_policy_without_sample_ids_and_a_row_without_a_prompt_are_refused():
     with pytest.raises(ValueError, match="has no sample_ids"):
-        run_episodes(object(), CalcEnv(), [ROW], n=1, max_turns=1, max_new_tokens=4, max_episode_tokens=4,
-                     temperature=1.0, renderer=RawRenderer())
+        run_episodes(object(), EpisodeSettings(CalcEnv(), max_turns=1, max_episode_tokens=4), [ROW],
+                     SamplingSettings(max_new_tokens=4), n=1, renderer=RawRenderer())
     with pytest.raises(ValueError, match="row: expected a str 'prompt' or a list 'messages'"):
         run({0: ["a$"]}, rows=[{"answer": "1"}])
 

@@ -12,6 +12,8 @@ import pytest
 import torch
 from conftest import TINY_ARCH
 
+from episode_fakes import run_episodes_flat
+
 from rewardlab.envs import StepResult, run_episodes
 from rewardlab.policy import Policy, load_policy, rollout_batch
 from rewardlab.policy.tiny import build_model, build_tokenizer
@@ -61,8 +63,8 @@ class Recording:
 
 def episodes(policy, seed=0):
     rows = [{"prompt": "Q: 12+34=?\n", "answer": "46"}, {"prompt": "Q: 5*6=?\n", "answer": "30"}]
-    return run_episodes(policy, Echo(), rows, n=2, max_turns=4, max_new_tokens=12, max_episode_tokens=100,
-                        temperature=1.0, seed=seed, step=1)
+    return run_episodes_flat(policy, Echo(), rows, n=2, max_turns=4, max_new_tokens=12, max_episode_tokens=100,
+                             temperature=1.0, seed=seed, step=1)
 
 
 def tiny(fmt):

@@ -27,6 +27,8 @@ import types
 import pytest
 import torch
 
+from episode_fakes import run_episodes_flat
+
 from rewardlab.envs import episode_metrics, episode_record, make_env, make_renderer, replay, run_episodes
 from rewardlab.policy import Policy, rollout_batch
 from rewardlab.rewards import REWARDS
@@ -176,7 +178,7 @@ def play(lab, policy, rows, **kw):
     rec = Recording(policy)
     settings = dict(n=1, max_turns=3, max_new_tokens=40, max_episode_tokens=200, greedy=True)
     settings.update(kw)
-    return rec, run_episodes(rec, lab.env, rows, **settings)
+    return rec, run_episodes_flat(rec, lab.env, rows, **settings)
 
 
 def assert_prefixes(rec, out):
@@ -370,8 +372,8 @@ def test_tool_tags_that_are_special_tokens_are_refused_instead_of_losing_the_cal
         "</tool_call>")]
     policy = Policy(lab.model, special, prompt_format="chat")
     with pytest.raises(ValueError, match=r"^env stop string '</tool_call>': .*special tokens \(</tool_call>\)"):
-        run_episodes(policy, lab.env, [lab.row], n=1, max_turns=3, max_new_tokens=40, max_episode_tokens=200,
-                     greedy=True)
+        run_episodes_flat(policy, lab.env, [lab.row], n=1, max_turns=3, max_new_tokens=40, max_episode_tokens=200,
+                          greedy=True)
 
 
 def test_a_turn_that_fits_its_budget_exactly_is_kept_whole_and_one_token_less_is_cut(lab):

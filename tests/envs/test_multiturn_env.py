@@ -2,6 +2,8 @@
 
 import pytest
 
+from episode_fakes import run_episodes_flat
+
 from rewardlab.envs import Environment, MultiTurnEnv, StepResult, initial_messages
 
 
@@ -103,7 +105,7 @@ def test_a_str_stop_is_refused_where_it_is_given_not_split_into_one_character_st
 
     policy = load_policy("tiny", seed=0)
     with pytest.raises(ValueError, match=r"^Late.stop: expected a tuple of strings, got the str '</answer>'"):
-        run_episodes(policy, Late(), [{"prompt": "go"}], n=1, max_turns=2, max_new_tokens=4, max_episode_tokens=32)
+        run_episodes_flat(policy, Late(), [{"prompt": "go"}], n=1, max_turns=2, max_new_tokens=4, max_episode_tokens=32)
     with pytest.raises(ValueError, match=r"^sample_ids.stop: expected a list of strings, got the str '</answer>'"):
         policy.sample_ids([[1, 5]], max_new_tokens=2, stop="</answer>")
     trace = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a</answer>"}]

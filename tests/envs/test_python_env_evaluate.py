@@ -6,7 +6,8 @@ from render_helpers import CHATML, char_tokenizer
 
 from rewardlab.envs import make_env
 from rewardlab.envs.sampling import EpisodeSettings
-from rewardlab.evaluation.policy import evaluate_policy
+from rewardlab.evaluation.policy import EvalSettings, evaluate_policy
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.rewards import build_reward
 from rewardlab.tasks import load
 from rewardlab.types import Sampled
@@ -41,10 +42,10 @@ def test_python_episode_runs_the_tool_and_the_fenced_answer_is_scored():
     bad = Chat([call, "```python\ndef nothing(): pass\n```"])
     with make_env("python", workers=1) as env:
         settings = EpisodeSettings(env, max_turns=3, max_episode_tokens=20_000, max_tool_tokens=64, name="python")
-        right = evaluate_policy(good, [row], build_reward(task.reward), n=0, ks=(), max_new_tokens=5_000,
-                                episodes=settings)
-        wrong = evaluate_policy(bad, [row], build_reward(task.reward), n=0, ks=(), max_new_tokens=5_000,
-                                episodes=settings)
+        right = evaluate_policy(good, [row], build_reward(task.reward), SamplingSettings(max_new_tokens=5_000),
+                                settings=EvalSettings(n=0, ks=()), episodes=settings)
+        wrong = evaluate_policy(bad, [row], build_reward(task.reward), SamplingSettings(max_new_tokens=5_000),
+                                settings=EvalSettings(n=0, ks=()), episodes=settings)
     assert (right["accuracy"], wrong["accuracy"]) == (1.0, 0.0)
     prediction = right["predictions"][0]
     assert [m["role"] for m in prediction["messages"]] == ["system", "user", "assistant", "tool", "assistant"]

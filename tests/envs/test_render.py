@@ -374,14 +374,14 @@ def test_clip_cut_in_characters_first_is_the_clip_of_the_whole_output(text, budg
 def test_an_episode_with_a_10_mb_tool_output_takes_well_under_a_second():
     import time
 
-    from episode_fakes import CalcEnv, ScriptedSampler
+    from episode_fakes import CalcEnv, ScriptedSampler, run_episodes_flat
 
     from rewardlab.envs import run_episodes
 
     renderer = make_renderer(build_tokenizer(), "raw")
     env = CalcEnv(results=[[{"role": "tool", "name": "calc", "content": "7" * 10_000_000}]])
     start = time.perf_counter()
-    (r,) = run_episodes(ScriptedSampler({0: ["<c>1+1</c>", "2$"]}), env, [{"prompt": "q"}], n=1, max_turns=2,
-                        max_new_tokens=16, max_episode_tokens=200, max_tool_tokens=20, renderer=renderer)
+    (r,) = run_episodes_flat(ScriptedSampler({0: ["<c>1+1</c>", "2$"]}), env, [{"prompt": "q"}], n=1, max_turns=2,
+                             max_new_tokens=16, max_episode_tokens=200, max_tool_tokens=20, renderer=renderer)
     assert time.perf_counter() - start < 0.5
     assert r.termination == "stop" and "7" * 6 + DEFAULT_MARKER in renderer.tokenizer.decode(r.completion_ids)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from episode_fakes import BOS, EOS, CalcEnv, RawRenderer, ScriptedSampler, assert_prefixes
+from episode_fakes import BOS, EOS, CalcEnv, RawRenderer, ScriptedSampler, assert_prefixes, run_episodes_flat
 
 from rewardlab.envs import StepResult, episode_record, replay, run_episodes
 from rewardlab.policy import rollout_batch
@@ -49,8 +49,8 @@ def golden_episode():
     append the second observation, so the episode is two rows."""
     renderer = RawRenderer(split_at=(2,), tool=("[", "]"))
     sampler = ScriptedSampler({0: ["a?", "c?", "b$"]}, renderer=renderer)
-    rollouts = run_episodes(sampler, AskEnv(), [{"prompt": "Q", "answer": "b"}], n=1, max_turns=3, max_new_tokens=4,
-                            max_episode_tokens=16, temperature=1.0, renderer=renderer)
+    rollouts = run_episodes_flat(sampler, AskEnv(), [{"prompt": "Q", "answer": "b"}], n=1, max_turns=3,
+                                 max_new_tokens=4, max_episode_tokens=16, temperature=1.0, renderer=renderer)
     assert_prefixes(sampler, rollouts)
     return rollouts, episode_record(rollouts, RewardOutput(1.0, {"correct": 1.0}), [0.25, 0.5, 1.0])
 
@@ -91,8 +91,8 @@ def test_replayed_rollouts_equal_the_live_ones_and_pack_into_the_same_tensors():
                2: ["yyyyyyyyyyyy$"], 3: ["<c>9+9</c>", "18$"]}
     sampler = ScriptedSampler(scripts, renderer=renderer)
     rows = [{"prompt": "A", "answer": "2"}, {"prompt": "B", "answer": "3"}]
-    live = run_episodes(sampler, CalcEnv(), rows, n=2, max_turns=4, max_new_tokens=10, max_episode_tokens=60,
-                        temperature=1.0, renderer=renderer)
+    live = run_episodes_flat(sampler, CalcEnv(), rows, n=2, max_turns=4, max_new_tokens=10, max_episode_tokens=60,
+                             temperature=1.0, renderer=renderer)
     assert [r.episode_id for r in live] == [0, 1, 1, 2, 3]  # episode 1 was split
     episodes = [[r for r in live if r.episode_id == e] for e in range(4)]
     records = [episode_record(rs, RewardOutput(float(e), {"correct": 0.0}), [0.5] * sum(len(r.turns) for r in rs))

@@ -8,7 +8,7 @@ from conftest import TINY_ARCH
 
 from rewardlab.envs import make_env
 from rewardlab.envs.sampling import EpisodeSettings, episode_ends, episode_rows, sample_rollouts
-from rewardlab.policy import load_policy
+from rewardlab.policy import SamplingSettings, load_policy
 from rewardlab.types import Rollout
 
 
@@ -25,8 +25,9 @@ def _key(r: Rollout):
 
 
 def test_single_completions_are_the_trainers_streams_and_do_not_depend_on_batching(policy):
-    whole = sample_rollouts(policy, ROWS, episodes=None, n=2, max_new_tokens=5, stream=(3, 7, 1))
-    chunked = sample_rollouts(policy, ROWS, episodes=None, n=2, max_new_tokens=5, stream=(3, 7, 1), batch_size=1)
+    sampling = SamplingSettings(max_new_tokens=5)
+    whole = sample_rollouts(policy, ROWS, sampling, episodes=None, n=2, stream=(3, 7, 1))
+    chunked = sample_rollouts(policy, ROWS, sampling, episodes=None, n=2, stream=(3, 7, 1), batch_size=1)
     direct = policy.generate([r["prompt"] for r in ROWS], n=2, max_new_tokens=5, rows=ROWS,
                              streams=[(3, 7, k, 1) for k in range(6)])
     assert [_key(r) for r in whole] == [_key(r) for r in chunked] == [_key(r) for r in direct]
@@ -38,9 +39,9 @@ def test_episodes_are_grouped_by_row_and_do_not_depend_on_batching(policy):
     env = make_env("guess_number", n=8, size=4, test_size=1)
     rows = env.rows("train", n=3)
     settings = EpisodeSettings(env, max_turns=3, max_episode_tokens=40)
-    whole = sample_rollouts(policy, rows, episodes=settings, n=2, max_new_tokens=6, stream=(0, 1, 1))
-    chunked = sample_rollouts(policy, rows, episodes=settings, n=2, max_new_tokens=6, stream=(0, 1, 1),
-                              batch_size=2)
+    sampling = SamplingSettings(max_new_tokens=6)
+    whole = sample_rollouts(policy, rows, sampling, episodes=settings, n=2, stream=(0, 1, 1))
+    chunked = sample_rollouts(policy, rows, sampling, episodes=settings, n=2, stream=(0, 1, 1), batch_size=2)
     assert [_key(r) for r in whole] == [_key(r) for r in chunked]
     ends = episode_ends(whole)
     assert [r.episode_id for r in ends] == [0, 1, 2, 3, 4, 5] and [r.group for r in ends] == [0, 0, 1, 1, 2, 2]

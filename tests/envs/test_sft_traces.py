@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TINY_ARCH
-from episode_fakes import BOS, EOS, THINK_STRIP, RecordedChat, ScriptedSampler, enc
+from episode_fakes import BOS, EOS, THINK_STRIP, RecordedChat, ScriptedSampler, enc, run_episodes_flat
 
 from rewardlab.envs import make_env, make_renderer, run_episodes, trace_rollouts
 from rewardlab.policy import load_policy
@@ -123,8 +123,8 @@ def test_trace_ids_equal_the_episode_a_sampler_of_the_same_turns_makes(calculato
         renderer = make_renderer(tok, fmt, tools=getattr(env, "tools", None), raw_text=env.raw_text)
         sampler = ScriptedSampler({0: _script(trace)})
         sampler.tokenizer, sampler.prompt_format = tok, fmt
-        (episode,) = run_episodes(sampler, env, [row], n=1, max_turns=8, max_new_tokens=40, max_episode_tokens=400,
-                                  renderer=renderer)
+        (episode,) = run_episodes_flat(sampler, env, [row], n=1, max_turns=8, max_new_tokens=40, max_episode_tokens=400,
+                                       renderer=renderer)
         (ro,) = trace_rollouts(renderer, trace, eos_id=EOS, stop=getattr(env, "stop", None))
         assert ro.prompt_ids == episode.prompt_ids
         assert ro.completion_ids == episode.completion_ids
@@ -158,8 +158,8 @@ def test_a_trace_under_a_template_that_rewrites_earlier_turns_gives_the_episodes
     assert first.messages == trace[:2] and second.messages == trace
     sampler = ScriptedSampler({0: _script(trace)}, renderer=renderer)
     sampler.tokenizer, sampler.prompt_format = tok, "chat"
-    episode = run_episodes(sampler, env, [row], n=1, max_turns=8, max_new_tokens=40, max_episode_tokens=400,
-                           renderer=renderer)
+    episode = run_episodes_flat(sampler, env, [row], n=1, max_turns=8, max_new_tokens=40, max_episode_tokens=400,
+                                renderer=renderer)
     assert len(episode) == 2
     for ro, ep in zip((first, second), episode):
         assert (ro.prompt_ids, ro.completion_ids, ro.loss_mask, ro.turns, ro.first_turn, ro.termination) == (
@@ -261,8 +261,8 @@ def test_a_trace_under_budgets_holds_what_the_episode_under_them_holds(budgets):
     renderer = make_renderer(tok, "raw", raw_text=env.raw_text)
     sampler = ScriptedSampler({0: _script(trace)})
     sampler.tokenizer, sampler.prompt_format = tok, "raw"
-    (episode,) = run_episodes(sampler, env, [row], n=1, max_new_tokens=budgets["max_episode_tokens"],
-                              renderer=renderer, **budgets)
+    (episode,) = run_episodes_flat(sampler, env, [row], n=1, max_new_tokens=budgets["max_episode_tokens"],
+                                   renderer=renderer, **budgets)
     limits = EpisodeLimits(max_new_tokens=budgets["max_episode_tokens"], **budgets)
     (ro,) = trace_rollouts(renderer, trace, eos_id=EOS, stop=env.stop, limits=limits)
     assert (ro.prompt_ids, ro.completion_ids, ro.loss_mask, ro.turns, ro.termination) == (

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from episode_fakes import RawRenderer, ScriptedSampler, assert_prefixes
+from episode_fakes import RawRenderer, ScriptedSampler, assert_prefixes, run_episodes_flat
 
 from rewardlab.envs import StepResult, ToolEnv, run_episodes
 from rewardlab.envs.episode import step_all
@@ -73,8 +73,8 @@ class SerialToolEnv(ToolEnv):
 def _run(env):
     renderer = RawRenderer()
     sampler = ScriptedSampler(SCRIPTS, renderer=renderer)
-    out = run_episodes(sampler, env, ROWS, n=1, max_turns=4, max_new_tokens=400, max_episode_tokens=4000,
-                       renderer=renderer, seed=3)
+    out = run_episodes_flat(sampler, env, ROWS, n=1, max_turns=4, max_new_tokens=400, max_episode_tokens=4000,
+                            renderer=renderer, seed=3)
     assert_prefixes(sampler, out)
     for r in out:  # a call's seconds is its own run time: measured, so not reproducible
         r.tool_calls = [[dict(c, seconds=None) for c in turn] for turn in r.tool_calls]
@@ -114,8 +114,8 @@ def test_the_calls_of_a_round_run_concurrently_across_episodes(tmp_path):
     sampler = ScriptedSampler({e: [f"<c>{where}</c>", "ok$"] for e in range(MEET)}, renderer=renderer)
     with ToolEnv([meet], parser="compact", timeout_s=30.0, workers=MEET) as env:
         start = time.monotonic()
-        out = run_episodes(sampler, env, ROWS[:MEET], n=1, max_turns=2, max_new_tokens=200, max_episode_tokens=400,
-                           renderer=renderer)
+        out = run_episodes_flat(sampler, env, ROWS[:MEET], n=1, max_turns=2, max_new_tokens=200, max_episode_tokens=400,
+                                renderer=renderer)
         seconds = time.monotonic() - start
     assert [r.tool_calls[0][0]["status"] for r in out] == ["ok"] * MEET
     assert [r.messages[-2]["content"] for r in out] == ["met"] * MEET, "the calls ran one after another"

@@ -275,7 +275,7 @@ def test_the_turn_that_reaches_max_turns_ends_the_episode_without_running_its_ca
 def test_the_calls_of_the_episode_loops_last_turn_are_not_run(episodes):
     # the loop's max_turns, not the environment's: a hanging tool on the last turn used to cost its whole timeout,
     # its result thrown away (issue 32, item 12)
-    from episode_fakes import RawRenderer, ScriptedSampler
+    from episode_fakes import RawRenderer, ScriptedSampler, run_episodes_flat
 
     from rewardlab.envs import episode_metrics, run_episodes
 
@@ -284,8 +284,8 @@ def test_the_calls_of_the_episode_loops_last_turn_are_not_run(episodes):
     with ToolEnv([hang, shout], timeout_s=60.0, workers=1) as env:
         env.stop = ()
         start = time.perf_counter()
-        out = run_episodes(ScriptedSampler(scripts, renderer=renderer), env, [{"prompt": "q"}] * episodes, n=1,
-                           max_turns=2, max_new_tokens=400, max_episode_tokens=4000, renderer=renderer)
+        out = run_episodes_flat(ScriptedSampler(scripts, renderer=renderer), env, [{"prompt": "q"}] * episodes, n=1,
+                                max_turns=2, max_new_tokens=400, max_episode_tokens=4000, renderer=renderer)
         assert time.perf_counter() - start < 20  # not the hanging call's 60 s
     for r in out:
         assert r.termination == "max_turns"
@@ -384,7 +384,8 @@ def test_hostile_hermes_calls_do_not_stop_evaluate_policy():
 
     from rewardlab.envs import make_env
     from rewardlab.envs.sampling import EpisodeSettings
-    from rewardlab.evaluation.policy import evaluate_policy
+    from rewardlab.evaluation.policy import EvalSettings, evaluate_policy
+    from rewardlab.policy.settings import SamplingSettings
     from rewardlab.rewards import build_reward
     from rewardlab.types import Sampled
 
@@ -410,8 +411,9 @@ def test_hostile_hermes_calls_do_not_stop_evaluate_policy():
     with make_env("calculator", parser="hermes", workers=1) as env:
         settings = EpisodeSettings(env, max_turns=len(turns), max_episode_tokens=50_000, max_tool_tokens=64,
                                    name="calculator")
-        result = evaluate_policy(Chat(turns), [{"prompt": "q", "answer": "7"}], build_reward("exact_match"), n=0,
-                                 ks=(), max_new_tokens=10_000, episodes=settings)
+        result = evaluate_policy(Chat(turns), [{"prompt": "q", "answer": "7"}], build_reward("exact_match"),
+                                 SamplingSettings(max_new_tokens=10_000), settings=EvalSettings(n=0, ks=()),
+                                 episodes=settings)
     calls = result["predictions"][0]["tool_calls"]
     assert [[c["status"] for c in turn] for turn in calls] == [["malformed"]] * (len(turns) - 1) + [[]]
 

@@ -10,7 +10,8 @@ from rewardlab.cli import main
 from rewardlab.envs import episode_settings, make_env
 from rewardlab.envs.sampling import EpisodeSettings
 from rewardlab.evaluation.heldout import HeldOutEval
-from rewardlab.evaluation.policy import evaluate_policy
+from rewardlab.evaluation.policy import EvalSettings, evaluate_policy
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.policy.tiny import build_tokenizer
 from rewardlab.rewards import reward
 from rewardlab.tasks import Task
@@ -88,8 +89,9 @@ def test_calculator_episodes_predictions_and_figures_by_hand():
                                max_episode_tokens=120, max_tool_tokens=32, name="calculator")
     calls.clear()
     try:
-        result = evaluate_policy(Scripted(scripts), rows, _final_turn_is_answer(), n=2, ks=(1, 2),
-                                 max_new_tokens=16, batch_size=8, episodes=settings)
+        result = evaluate_policy(Scripted(scripts), rows, _final_turn_is_answer(),
+                                 SamplingSettings(max_new_tokens=16),
+                                 settings=EvalSettings(n=2, ks=(1, 2), batch_size=8), episodes=settings)
     finally:
         settings.env.close()
     # the reward ran once per episode, on its final model turn: 2 greedy episodes, then 4 sampled ones
@@ -112,16 +114,18 @@ def test_single_turn_rows_still_use_generate(tiny_policy):
     # no episodes: the same greedy completions as policy.generate
     rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "4+4=", "answer": "8"}]
     want = [r.completion for r in tiny_policy.generate([r["prompt"] for r in rows], greedy=True, max_new_tokens=3)]
-    result = evaluate_policy(tiny_policy, rows, _final_turn_is_answer(), n=0, ks=(), max_new_tokens=3)
+    result = evaluate_policy(tiny_policy, rows, _final_turn_is_answer(), SamplingSettings(max_new_tokens=3),
+                             settings=EvalSettings(n=0, ks=()))
     assert [p["prediction"] for p in result["predictions"]] == want
     assert "turns_mean" not in result and "messages" not in result["predictions"][0]
 
 
 def test_episode_settings_of_a_loaded_task():
+    from rewardlab.config.schema import EnvConfig
     from rewardlab.tasks import load
 
     task = load("env:guess_number", n=8, size=3, test_size=2)
-    settings = episode_settings(task, max_turns=3, max_episode_tokens=50)
+    settings = episode_settings(task, EnvConfig(max_turns=3, max_episode_tokens=50))
     assert settings.env.n == 8 and settings.name == "guess_number" and settings.max_turns == 3
 
 

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardlab.evaluation.policy import evaluate_policy, pass_at_k
+from rewardlab.evaluation.policy import EvalSettings, evaluate_policy, pass_at_k
+
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.rewards import reward
 from rewardlab.types import RewardOutput
 
@@ -75,7 +77,8 @@ ROWS = [{"prompt": "a1", "answer": "x"}, {"prompt": "b2", "answer": "y"}, {"prom
 
 
 def test_evaluate_all_correct(tiny_policy):
-    result = evaluate_policy(tiny_policy, ROWS, _always(), n=4, ks=(1, 4), max_new_tokens=3)
+    result = evaluate_policy(tiny_policy, ROWS, _always(), SamplingSettings(max_new_tokens=3),
+                             settings=EvalSettings(n=4, ks=(1, 4)))
     assert result["accuracy"] == 1.0 and result["score_mean"] == 1.0
     assert result["pass@1"] == 1.0 and result["pass@4"] == 1.0
     assert result["n_questions"] == 3 and result["samples_per_question"] == 4 and result["errors"] == 0
@@ -84,15 +87,16 @@ def test_evaluate_all_correct(tiny_policy):
 
 
 def test_evaluate_none_correct(tiny_policy):
-    result = evaluate_policy(tiny_policy, ROWS, _never(), n=2, ks=(1, 2), max_new_tokens=3)
+    result = evaluate_policy(tiny_policy, ROWS, _never(), SamplingSettings(max_new_tokens=3),
+                             settings=EvalSettings(n=2, ks=(1, 2)))
     assert (result["accuracy"], result["pass@1"], result["pass@2"]) == (0.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 256])
 def test_evaluate_counts_per_question(tiny_policy, batch_size):
     # questions a1 and a3 are always right, b2 never: accuracy 2/3; pass@k = (1 + 0 + 1) / 3 for every k.
-    result = evaluate_policy(tiny_policy, ROWS, _prompt_starts_with_a(), n=3, ks=(1, 3), max_new_tokens=2,
-                             batch_size=batch_size)
+    result = evaluate_policy(tiny_policy, ROWS, _prompt_starts_with_a(), SamplingSettings(max_new_tokens=2),
+                             settings=EvalSettings(n=3, ks=(1, 3), batch_size=batch_size))
     assert result["accuracy"] == pytest.approx(2 / 3)
     assert result["pass@1"] == pytest.approx(2 / 3) and result["pass@3"] == pytest.approx(2 / 3)
     assert [e["correct"] for e in result["examples"]] == [True, False, True]
@@ -100,6 +104,8 @@ def test_evaluate_counts_per_question(tiny_policy, batch_size):
 
 def test_evaluate_rejects_bad_k_and_no_rows(tiny_policy):
     with pytest.raises(ValueError, match="eval.k"):
-        evaluate_policy(tiny_policy, ROWS, _always(), n=2, ks=(1, 4))
+        evaluate_policy(tiny_policy, ROWS, _always(), SamplingSettings(max_new_tokens=8),
+                        settings=EvalSettings(n=2, ks=(1, 4)))
     with pytest.raises(ValueError, match="no rows"):
-        evaluate_policy(tiny_policy, [], _always(), n=2, ks=(1,))
+        evaluate_policy(tiny_policy, [], _always(), SamplingSettings(max_new_tokens=8),
+                        settings=EvalSettings(n=2, ks=(1,)))

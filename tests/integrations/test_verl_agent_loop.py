@@ -19,9 +19,9 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from rewardlab.envs import GuessNumberEnv, make_env, run_episodes  # noqa: E402
+from rewardlab.envs import EpisodeSettings, GuessNumberEnv, make_env, run_episodes  # noqa: E402
 from rewardlab.integrations import verl_agent  # noqa: E402
-from rewardlab.policy import load_policy  # noqa: E402
+from rewardlab.policy import SamplingSettings, load_policy  # noqa: E402
 
 PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False}
 
@@ -110,9 +110,9 @@ class QuickTurns(GuessNumberEnv):
 def check_same_as_run_episodes(policy, loop, server, env, rows, response_length, max_turns):
     outs = [run(loop, row, index=i, data_source="rewardlab") for i, row in enumerate(rows)]
     # one row per call: the server samples one prompt at a time, and a batch of one gives the same floats
-    ref = [r for row in rows for r in run_episodes(
-        SameSampler(policy), env, [row], n=1, max_turns=max_turns, max_new_tokens=response_length,
-        max_episode_tokens=response_length, temperature=1.0, top_p=1.0)]
+    episodes = EpisodeSettings(env, max_turns=max_turns, max_episode_tokens=response_length)
+    sampling = SamplingSettings(max_new_tokens=response_length, temperature=1.0, top_p=1.0)
+    ref = [r for row in rows for r in run_episodes(SameSampler(policy), episodes, [row], sampling, n=1)]
     assert len(ref) == len(rows)  # a raw renderer never splits an episode
     for out, r in zip(outs, ref):
         assert out.prompt_ids == r.prompt_ids

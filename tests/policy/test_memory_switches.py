@@ -4,6 +4,8 @@ the documented precision (autocast); and each test fails when its switch does no
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -62,8 +64,8 @@ def test_selective_logprobs_gradients_match_autograd_in_float64():
     w = torch.randn(23, 6, dtype=torch.float64, generator=gen, requires_grad=True)
     b = torch.randn(23, dtype=torch.float64, generator=gen, requires_grad=True)
     y = torch.randint(0, 23, (11,), generator=gen)
-    lp, ent = selective_logprobs(h, y, weight=w, bias=b, temperature=0.8, chunk=4, with_entropy=True,
-                                 entropy_grad=True)
+    head = types.SimpleNamespace(weight=w, bias=b)  # the LM head's weight and bias, as nn.Linear holds them
+    lp, ent = selective_logprobs(h, y, head=head, temperature=0.8, chunk=4, with_entropy=True, entropy_grad=True)
     logq = torch.log_softmax((h @ w.t() + b) / 0.8, dim=-1)
     ref_lp, ref_ent = logq.gather(1, y[:, None]).squeeze(1), -(logq.exp() * logq).sum(-1)
     g1, g2 = torch.randn(11, dtype=torch.float64, generator=gen), torch.randn(11, dtype=torch.float64, generator=gen)
@@ -72,7 +74,7 @@ def test_selective_logprobs_gradients_match_autograd_in_float64():
     for x, z in zip(got, want):
         assert torch.allclose(x, z, atol=1e-5)
     # the entropy is detached unless asked for: only the log-prob term reaches the gradient
-    lp, ent = selective_logprobs(h, y, weight=w, bias=b, temperature=0.8, chunk=4, with_entropy=True)
+    lp, ent = selective_logprobs(h, y, head=head, temperature=0.8, chunk=4, with_entropy=True)
     assert not ent.requires_grad
 
 

@@ -257,7 +257,7 @@ def test_engine_ray_samples_with_the_version_asked_and_keeps_the_last_k_plus_1(r
     import torch
 
     from rewardlab.policy import load_policy
-    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.policy import SamplingSettings
     from rewardlab.rl.engines.ray_engine import RayEngine
     from rewardlab.tasks import load as load_task
 

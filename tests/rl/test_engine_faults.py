@@ -156,7 +156,8 @@ def dies(completion):
 @pytest.mark.slow  # starts 3 workers on Ray (in `make test`, within its 90 s of Ray tests)
 def test_a_chunk_whose_workers_keep_dying_fails_after_max_reruns_naming_the_worker_kind_and_the_chunk(
         tmp_path, ray_cluster, monkeypatch):
-    from rewardlab.rl.engines import SamplingSettings, ray_engine
+    from rewardlab.policy import SamplingSettings
+    from rewardlab.rl.engines import ray_engine
     from rewardlab.rl.engines.ray_engine import RayEngine
     from rewardlab.types import Rollout
 

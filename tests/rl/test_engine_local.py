@@ -15,7 +15,8 @@ from rewardlab.config.loader import ConfigError
 from rewardlab.envs import make_env
 from rewardlab.envs.sampling import EpisodeSettings, sample_rollouts
 from rewardlab.policy import Policy, load_policy
-from rewardlab.rl.engines import LocalEngine, SamplingSettings, chunk_spans, row_spans
+from rewardlab.policy import SamplingSettings
+from rewardlab.rl.engines import LocalEngine, chunk_spans, row_spans
 from rewardlab.rl.trainer import train
 from rewardlab.types import RewardOutput
 
@@ -46,9 +47,10 @@ def test_sampling_a_batch_chunk_by_chunk_gives_the_batch_sampled_in_those_chunks
         settings = EpisodeSettings(make_env("guess_number", n=8), max_turns=2, max_episode_tokens=24,
                                    name="guess_number")
         rows = make_env("guess_number", n=8).rows("train", n=6, seed=0)
-    kw = dict(episodes=settings, n=2, max_new_tokens=4, stream=(5, 3, 1))
-    whole = sample_rollouts(policy, rows, batch_size=2, **kw)
-    chunked = [r for a in (0, 2, 4) for r in sample_rollouts(policy, rows[a:a + 2], first_row=a, **kw)]
+    kw = dict(episodes=settings, n=2, stream=(5, 3, 1))
+    sampling = SamplingSettings(max_new_tokens=4)
+    whole = sample_rollouts(policy, rows, sampling, batch_size=2, **kw)
+    chunked = [r for a in (0, 2, 4) for r in sample_rollouts(policy, rows[a:a + 2], sampling, first_row=a, **kw)]
     assert _same(chunked, whole)
     ends = [r for r in chunked if r.termination is not None]
     assert [r.group for r in ends] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]  # groups numbered across the batch
@@ -75,7 +77,7 @@ def test_the_local_engine_samples_in_rollout_chunks_with_the_published_version(m
     one.publish(policy, version=3)
     calls.clear()
     assert _same(one.generate(ROWS, n=2, stream=(0, 4, 1)), sample_rollouts(
-        policy, ROWS, episodes=None, n=2, max_new_tokens=3, stream=(0, 4, 1)))
+        policy, ROWS, SamplingSettings(max_new_tokens=3), episodes=None, n=2, stream=(0, 4, 1)))
     assert calls == [6, 6]  # null: the whole batch is one chunk (as the trainer sampled before engines)
 
 

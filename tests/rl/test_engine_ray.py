@@ -162,7 +162,7 @@ def test_a_worker_runs_torch_on_the_runs_threads_not_on_rays_omp_setting(ray_clu
 
 
 def test_a_cluster_that_cannot_be_joined_is_one_line_naming_rl_ray_address(monkeypatch, ray_cluster):
-    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.policy import SamplingSettings
     from rewardlab.rl.engines.ray_engine import RayEngine
 
     def init(**kw):
@@ -181,7 +181,7 @@ def test_workers_take_on_the_drivers_transformers_progress_bars_and_verbosity(ra
     same before it loads anything (else each printed its own "Loading weights" bar under --no-progress)."""
     from transformers.utils import logging as hf_logging
 
-    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.policy import SamplingSettings
     from rewardlab.rl.engines.ray_engine import RayEngine
 
     cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, *WORKERS["ray-1"]])
@@ -208,7 +208,7 @@ def test_workers_get_a_single_turn_task_from_the_driver_without_its_rows_and_do_
     read it (or absent on a worker's node) no longer matters. An environment task is still loaded by each worker."""
     from conftest import write_jsonl
 
-    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.policy import SamplingSettings
     from rewardlab.rl.engines.ray_engine import RayEngine, worker_task
     from rewardlab.tasks import load as load_task
 
@@ -284,7 +284,7 @@ def test_ctrl_c_while_ray_starts_is_one_line_and_status_130(monkeypatch, tmp_pat
 
 
 def test_a_dashboard_without_its_packages_is_one_line_naming_rl_ray_dashboard(monkeypatch, ray_cluster):
-    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.policy import SamplingSettings
     from rewardlab.rl.engines.ray_engine import RayEngine
 
     def init(**kw):  # what ray.init says with include_dashboard=True on a minimal ray install

@@ -11,7 +11,8 @@ import pytest
 import rewardlab.rl.trainer as trainer
 from conftest import TINY_OVERRIDES, write_jsonl, read_jsonl, sha256_of, without_keys
 from rewardlab.config import TrainConfig, load_config
-from rewardlab.evaluation.policy import evaluate_policy
+from rewardlab.evaluation.policy import EvalSettings, evaluate_policy
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.interrupt import Interrupted
 from rewardlab.policy import load_policy
 from rewardlab.rewards import build_reward
@@ -58,7 +59,8 @@ def test_eval_every_logs_heldout_greedy_accuracy_and_leaves_training_unchanged(t
     task = load_task(f"jsonl:{tmp_path / 'task.jsonl'}", test_path=str(tmp_path / "test.jsonl"), reward="chrf")
     assert sorted(r["answer"] for r in task.test) == ["1", "18=", "9", "=8", "=="]  # (in the loader's order)
     policy = load_policy(str(tmp_path / "B" / "checkpoints" / "step-5"))
-    want = evaluate_policy(policy, task.test[:4], build_reward("chrf"), n=0, ks=(), max_new_tokens=3)
+    want = evaluate_policy(policy, task.test[:4], build_reward("chrf"), SamplingSettings(max_new_tokens=3),
+                           settings=EvalSettings(n=0, ks=()))
     assert 0 < want["score_mean"] < 1  # chrF partial credit: a figure that a wrong row set or reward would change
     assert (b[-1]["eval/accuracy"], b[-1]["eval/score_mean"]) == (want["accuracy"], want["score_mean"])
     assert (tmp_path / "B" / "plots" / "train.png").is_file()

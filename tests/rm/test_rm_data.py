@@ -12,7 +12,8 @@ from rewardlab.rm.data import (
     load_step_rows,
     make_rollout,
 )
-from rewardlab.rm.pairs import generate_pairs, pairs_from_samples
+from rewardlab.rm.pairs import PairSettings, generate_pairs, pairs_from_samples
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.types import Rollout
 from rm_scripted import chain_row
 
@@ -119,12 +120,13 @@ class _Alternating:
 
 def test_generate_pairs_from_a_policy_and_a_verifier():
     rows = [chain_row("3+4"), chain_row("5-2"), chain_row("1+1")]
-    pairs, stats = generate_pairs(_Alternating(), rows, build_reward("worked_answer"), n=4, pairs_per_question=1,
-                                  subset="toy", batch_size=2)
+    sampling = SamplingSettings(max_new_tokens=32)
+    pairs, stats = generate_pairs(_Alternating(), rows, build_reward("worked_answer"), sampling, n=4,
+                                  settings=PairSettings(pairs_per_question=1, subset="toy", batch_size=2))
     # each question: samples x=7, x=8, x=7, x=8 -> one unique right, one unique wrong -> 1 pair each
     assert [(p["chosen"], p["rejected"]) for p in pairs] == [("x=7", "x=8"), ("x=3", "x=4"), ("x=2", "x=3")]
     assert stats["questions"] == 3 and stats["samples"] == 12 and stats["sample_accuracy"] == 0.5
     assert stats["mixed_questions"] == 3 and pairs[0]["row"]["final"] == "7" and pairs[0]["subset"] == "toy"
-    few, _ = generate_pairs(_Alternating(), rows, build_reward("worked_answer"), n=4, pairs_per_question=1,
-                            subset="toy", batch_size=1, max_pairs=2)
+    few, _ = generate_pairs(_Alternating(), rows, build_reward("worked_answer"), sampling, n=4,
+                            settings=PairSettings(pairs_per_question=1, subset="toy", batch_size=1, max_pairs=2))
     assert len(few) == 2

@@ -103,7 +103,7 @@ def test_ray_workers_get_a_spec_that_resolves_in_a_fresh_process_elsewhere(game_
     worker (task, policy, environment) and a reward worker in a new process whose current directory is another one,
     and the rollout worker samples a chunk of episodes in the user's environment."""
     from rewardlab.config import TrainConfig, load_config
-    from rewardlab.rl.engines import SamplingSettings
+    from rewardlab.policy import SamplingSettings
     from rewardlab.rl.engines.ray_engine import worker_config
 
     cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, "task.spec=env:./unit_game_user.py:UnitGame",

@@ -8,9 +8,10 @@ from typing import Any
 
 from rewardlab.commands.common import announce_task, check_prompts, load_inputs, open_run, with_trained_task
 from rewardlab.envs import load_episodes
-from rewardlab.envs.sampling import turn_budget_warning
+from rewardlab.envs.sampling import close_env, turn_budget_warning
 from rewardlab.config import EvaluateConfig
-from rewardlab.evaluation.policy import describe_rows, evaluate_policy
+from rewardlab.evaluation.policy import EvalProgress, EvalSettings, describe_rows, evaluate_policy
+from rewardlab.policy import SamplingSettings
 from rewardlab.progress import console, stage
 from rewardlab.rewards import build_reward
 from rewardlab.runs import RunDir, RunMode, atomic_write_text, warn
@@ -75,7 +76,7 @@ def run(cfg: EvaluateConfig, *, mode: RunMode = "new",
                       "wall_s": time.perf_counter() - t0, **result, **trained, "predictions_file": PREDICTIONS}
             run.write_summary(result)
     finally:
-        _close_env(episodes)
+        close_env(episodes)
     if announce:
         console.print(f"evaluated {describe_rows(len(rows), len(pool), split, cfg.task.spec)}", highlight=False,
                       markup=False, soft_wrap=True)
@@ -87,11 +88,12 @@ def _evaluate_rows(cfg: EvaluateConfig, run: RunDir, policy: Any, rows: list[dic
     """`evaluate_policy` on `rows` with the eval section's settings, skipping the batches in `done` and appending
     each new one to `run`'s batches.jsonl; returns its result (predictions included)."""
     e = cfg.eval
+    sampling = SamplingSettings(max_new_tokens=e.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
+                                max_prompt_length=e.max_prompt_length)
     with stage("evaluate", len(rows), enabled=show_progress) as bar:
-        return evaluate_policy(policy, rows, reward, n=e.n, ks=e.k, temperature=e.temperature,
-                               top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
-                               bar=bar, done=done, on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]),
-                               episodes=episodes, seed=cfg.seed, max_prompt_length=e.max_prompt_length)
+        progress = EvalProgress(done=done, on_batch=lambda rec: run.append_jsonl(BATCH_LOG, [rec]), bar=bar)
+        return evaluate_policy(policy, rows, reward, sampling, episodes=episodes, progress=progress,
+                               settings=EvalSettings(n=e.n, ks=e.k, batch_size=e.batch_size, seed=cfg.seed))
 
 
 def _write_predictions(run: RunDir, predictions: list[dict[str, Any]]) -> None:
@@ -99,8 +101,3 @@ def _write_predictions(run: RunDir, predictions: list[dict[str, Any]]) -> None:
     atomic_write_text(run.path / PREDICTIONS, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
 
 
-def _close_env(episodes: Any) -> None:
-    """Close the environment of `episodes` (its tool workers), when there is one with a `close`."""
-    close = getattr(episodes.env, "close", None) if episodes is not None else None
-    if callable(close):
-        close()

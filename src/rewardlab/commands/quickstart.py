@@ -133,11 +133,12 @@ def episode_accuracy(policy: Any, rows: list[dict[str, Any]], reward_spec: Any, 
         "tool_call_rate" (fraction of model turns with a call), "tool_calls_per_episode", "tool_errors_per_episode",
         "turns_mean", "terminations" {reason: fraction}}.
     """
-    from rewardlab.evaluation.policy import evaluate_policy
+    from rewardlab.evaluation.policy import EvalSettings, evaluate_policy
+    from rewardlab.policy import SamplingSettings
     from rewardlab.rewards import build_reward
 
-    r = evaluate_policy(policy, rows, build_reward(reward_spec), n=0, ks=(), max_new_tokens=max_new_tokens,
-                        batch_size=batch_size, episodes=episodes)
+    r = evaluate_policy(policy, rows, build_reward(reward_spec), SamplingSettings(max_new_tokens=max_new_tokens),
+                        settings=EvalSettings(n=0, ks=(), batch_size=batch_size), episodes=episodes)
     out = {"accuracy": r["accuracy"], "score_mean": r["score_mean"], "n_questions": r["n_questions"]}
     if episodes is not None:
         out.update({"tool_call_rate": r["tool_call_rate"], "tool_calls_per_episode": r["tool_calls_mean"],

@@ -17,6 +17,7 @@ from rich.table import Table
 from rewardlab.commands.common import announce_task, check_prompts, load_inputs, load_model, open_run
 from rewardlab.config import RmEvalConfig, RmPairsConfig, RmTrainConfig
 from rewardlab.evaluation.probes import MASTER_KEYS, length_bias
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.progress import stage
 from rewardlab.rewards import build_reward
 from rewardlab.rm.backbone import load_backbone
@@ -24,7 +25,7 @@ from rewardlab.rm.bradley_terry import bradley_terry_loss, model_pair_stats, pai
 from rewardlab.rm.data import json_safe, load_eval_rows, load_pairs, load_step_rows
 from rewardlab.rm.evaluate import build_scorer, evaluate_best_of_k, evaluate_first_error, evaluate_pairs
 from rewardlab.rm.fit import FitCheckpoints, FitObjective, fit, open_fit_run
-from rewardlab.rm.pairs import check_code_rows, code_row_gap, generate_pairs, mutant_pairs
+from rewardlab.rm.pairs import PairSettings, check_code_rows, code_row_gap, generate_pairs, mutant_pairs
 from rewardlab.threads import apply_threads
 from rewardlab.runs import RunDir, RunMode, atomic_write_text
 from rewardlab.tasks import check_task_for_policy
@@ -289,11 +290,11 @@ def _rm_pairs(cfg: RmPairsConfig, run: RunDir, show_progress: bool, task, rows, 
                 max_pairs=p.max_pairs, seed=cfg.seed, on_batch=lambda n, fields: bar.advance(n, **fields),
             )
         else:
-            pairs, stats = generate_pairs(
-                policy, rows, verifier, n=p.n, pairs_per_question=p.pairs_per_question, subset=task.name,
-                temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens, batch_size=p.batch_size,
-                max_pairs=p.max_pairs, seed=cfg.seed, on_batch=lambda n, fields: bar.advance(n, **fields),
-            )
+            sampling = SamplingSettings(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p)
+            settings = PairSettings(pairs_per_question=p.pairs_per_question, subset=task.name,
+                                    batch_size=p.batch_size, max_pairs=p.max_pairs, seed=cfg.seed)
+            pairs, stats = generate_pairs(policy, rows, verifier, sampling, n=p.n, settings=settings,
+                                          on_batch=lambda n, fields: bar.advance(n, **fields))
     if not pairs and p.source == "mutants":
         raise ValueError(f"rm pairs: no pairs from {stats['questions']} questions ({stats['canonical_failures']} "
                          f"canonical solutions failed their tests, {stats['questions_no_failing_mutant']} had no "

@@ -415,9 +415,9 @@ class RLConfig(_Base):
         None, description="split completions into steps at this string (rollout.steps/step_text) so process "
         "rewards can score them; needed by the 'pure' and 'process_sum' estimators"
     )
-    turn_rewards: Literal["env", "info_gain"] = Field(
-        "env", description="the per-turn rewards of a turn-level estimator (turn_grpo, gigpo) on an environment task: "
-        "env (the environment's StepResult rewards) or info_gain (IGPO, Wang et al. 2025: r_k = log p(answer | "
+    turn_rewards: str = Field(
+        "env", description="the per-turn rewards of a turn-level estimator (turn_grpo, gigpo) on an environment task, "
+        "a key of rl.credit.TURN_REWARD_SOURCES: env (the environment's StepResult rewards) or info_gain (IGPO, Wang et al. 2025: r_k = log p(answer | "
         "history after turn k) - log p(answer | history before it) under the current policy; its scoring pass is "
         "timed as time/info_gain_s)")
     max_reward_error_frac: float | None = Field(

@@ -252,6 +252,10 @@ class CalculatorEnv(ToolEnv):
         workers: tool worker processes (default: min(4, the thread budget)).
     Raises:
         ValueError: an unknown parser or dataset, or a bad reasoning-gym option (one line).
+
+    The constructor takes each option as its own keyword: a registered environment's keyword parameters are its
+    declared options (`task.options` and `make_env(name, **options)` are checked against them by name), so they
+    are not bundled.
     """
 
     reward = "reasoning_gym"

@@ -40,11 +40,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rewardlab.envs.base import Environment, StepResult, env_stop
 from rewardlab.envs.multiturn import initial_messages
 from rewardlab.types import Rollout, Sampled
+
+if TYPE_CHECKING:
+    from rewardlab.policy.settings import SamplingSettings
 
 #: How `Renderer.clip` may keep a tool output that is too long: its start or its end.
 TOOL_KEEP = ("start", "end")
@@ -94,6 +97,40 @@ class EpisodeLimits:
         if self.tool_keep != "start" and self.max_tool_tokens is None:
             raise ValueError(f"episode.tool_keep: {self.tool_keep!r} has no effect without max_tool_tokens (tool "
                              "output is not clipped)")
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """The episodes of an environment task: the environment and the budgets of the `env` config section.
+
+    Attributes:
+        env: the environment (`rewardlab.envs.make_env`).
+        max_turns: model turns per episode at most.
+        max_episode_tokens: tokens after the first prompt at most (all rows, model and environment turns).
+        max_tool_tokens: tool outputs are clipped to this many tokens (marker included); None: not clipped.
+        tool_keep: "start" or "end", the part of a clipped tool output that is kept.
+        name: the environment's registered name (`ENVIRONMENTS`), for messages; None when unknown.
+    The per-turn budget (max_new_tokens) is the sampling settings' and the context window the model's, so the
+    episode's `EpisodeLimits` are made at sampling time (`limits`), where all three are known.
+    """
+
+    env: Environment
+    max_turns: int
+    max_episode_tokens: int
+    max_tool_tokens: int | None = None
+    tool_keep: str = "start"
+    name: str | None = None
+
+    def limits(self, max_new_tokens: int, context_window: int | None) -> EpisodeLimits:
+        """The `EpisodeLimits` of an episode under these budgets, `max_new_tokens` per model turn (the sampling
+        settings') and the model's `context_window` (None: unbounded).
+
+        Raises:
+            ValueError: what `EpisodeLimits` raises (one line naming the field).
+        """
+        return EpisodeLimits(max_turns=self.max_turns, max_new_tokens=max_new_tokens,
+                             max_episode_tokens=self.max_episode_tokens, context_window=context_window,
+                             max_tool_tokens=self.max_tool_tokens, tool_keep=self.tool_keep)
 
 
 @dataclass(frozen=True)
@@ -447,10 +484,9 @@ def check_stop_strings(renderer: Any, stop: Sequence[str] | None) -> None:
                              "would read it; mark those tokens as not special in the tokenizer")
 
 
-def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], *, n: int, max_turns: int,
-                 max_new_tokens: int, max_episode_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 greedy: bool = False, max_tool_tokens: int | None = None, tool_keep: str = "start", seed: int = 0,
-                 step: int = 0, round: int = 0, episode_offset: int = 0, renderer: Any = None) -> list[Rollout]:
+def run_episodes(policy: Any, episodes: EpisodeSettings, rows: Sequence[dict[str, Any]], sampling: SamplingSettings,
+                 *, n: int, stream: tuple[int, int, int] = (0, 0, 0), episode_offset: int = 0,
+                 renderer: Any = None) -> list[Rollout]:
     """Run `n` episodes of each task row in `env` with `policy`, batching every live episode's turn into one
     `policy.sample_ids` call per round and their environment steps into one `step_all` call (a `ToolEnv` runs the
     round's tool calls of all episodes concurrently, up to its pool's workers; the results are those of stepping
@@ -459,25 +495,21 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
     Args:
         policy: a `TokenSampler` (`sample_ids`, `eos_token_id`, `context_window`): `rewardlab.policy.Policy` or any
             object with them.
-        env: the `Environment`; its optional `stop` strings end a model turn besides EOS.
+        episodes: the environment (`episodes.env`; its optional `stop` strings end a model turn besides EOS) and the
+            episode budgets (`EpisodeSettings`: max_turns, max_episode_tokens, max_tool_tokens, tool_keep), which
+            with the sampling's max_new_tokens and the policy's `context_window` make the `EpisodeLimits`
+            (`EpisodeSettings.limits`).
         rows: the task rows (`prompt` or chat `messages`, `answer`, ...).
+        sampling: `rewardlab.policy.SamplingSettings`: max_new_tokens (the most tokens of one model turn, >= 1,
+            <= max_episode_tokens), temperature (> 0; ignored when greedy), top_p (in (0, 1]), greedy (argmax
+            decoding, e.g. ReMax's greedy baseline episode); chunk and max_prompt_length are not read.
         n: episodes per row (the group size), >= 1 (1 when greedy).
-        max_turns: the most model turns of an episode (>= 1).
-        max_new_tokens: the most tokens of one model turn (>= 1).
-        max_episode_tokens: the most tokens of an episode after its first prompt, model and environment turns of
-            all its rows (see the module doc), >= max_new_tokens.
-        temperature: sampling temperature (> 0); ignored when greedy.
-        top_p: nucleus mass in (0, 1].
-        greedy: argmax decoding (e.g. ReMax's greedy baseline episode).
-        max_tool_tokens: clip each tool message's content to this many tokens (marker included) before it is
-            rendered; None: no clipping.
-        tool_keep: "start" or "end": which end of a clipped tool output is kept.
-        seed, step, round: the first, second and fourth entries of each turn's random stream
+        stream: (seed, step, round): the first, second and fourth entries of each turn's random stream
             (seed, step, episode index, round, turn); `round` is the refill round of a step.
         episode_offset: added to the episode index k (0..len(rows)*n - 1) for the streams and `episode_id`, so
             several calls of one step can keep both distinct.
         renderer: the `Renderer`; None: `rewardlab.envs.render.make_renderer(policy.tokenizer,
-            policy.prompt_format, tools=env.tools, raw_text=env.raw_text)`.
+            policy.prompt_format, tools=episodes.env.tools, raw_text=episodes.env.raw_text)`.
     Returns:
         The rows of every episode, episode-major and prompt-major: episode k = row k // n, j-th sample k % n; an
         episode gives one rollout per row (more than one when the renderer had to start a new row). Each rollout:
@@ -499,17 +531,16 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
             (`rewardlab.envs.base.env_stop`), an env stop string that the tokenizer encodes with special tokens
             (`check_stop_strings`).
     """
+    greedy, env = sampling.greedy, episodes.env
     if isinstance(n, bool) or not isinstance(n, int) or n < 1 or (greedy and n != 1):
         raise ValueError(f"run_episodes: n must be an int >= 1 (1 when greedy), got {n!r}")
-    if not greedy and not temperature > 0:
-        raise ValueError(f"run_episodes: temperature must be > 0, got {temperature!r}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"run_episodes: top_p must be in (0, 1], got {top_p!r}")
+    if not greedy and not sampling.temperature > 0:
+        raise ValueError(f"run_episodes: temperature must be > 0, got {sampling.temperature!r}")
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"run_episodes: top_p must be in (0, 1], got {sampling.top_p!r}")
     if not callable(getattr(policy, "sample_ids", None)):
         raise ValueError(f"run_episodes: the policy ({type(policy).__name__}) has no sample_ids (a TokenSampler)")
-    limits = EpisodeLimits(max_turns=max_turns, max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens,
-                           context_window=getattr(policy, "context_window", None), max_tool_tokens=max_tool_tokens,
-                           tool_keep=tool_keep)
+    limits = episodes.limits(sampling.max_new_tokens, getattr(policy, "context_window", None))
     if renderer is None:
         from rewardlab.envs.render import make_renderer
 
@@ -517,15 +548,17 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
                                  raw_text=getattr(env, "raw_text", None))
     stop = list(env_stop(env)) or None
     check_stop_strings(renderer, stop)
-    episodes = [Episode(env, row, renderer, limits, stream=(seed, step, episode_offset + k, round),
-                        episode_id=episode_offset + k, group=k // n)
-                for k, row in enumerate(r for r in rows for _ in range(n))]
+    seed, step, round_ = stream
+    running = [Episode(env, row, renderer, limits, stream=(seed, step, episode_offset + k, round_),
+                       episode_id=episode_offset + k, group=k // n)
+               for k, row in enumerate(r for r in rows for _ in range(n))]
     while True:
-        live = [(ep, req) for ep in episodes if (req := ep.next_request()) is not None]
+        live = [(ep, req) for ep in running if (req := ep.next_request()) is not None]
         if not live:
             break
-        sampled = policy.sample_ids([req.ids for _, req in live], max_new_tokens=[req.max_new_tokens for _, req in live],
-                                    temperature=temperature, top_p=top_p, greedy=greedy, stop=stop,
+        sampled = policy.sample_ids([req.ids for _, req in live],
+                                    max_new_tokens=[req.max_new_tokens for _, req in live],
+                                    temperature=sampling.temperature, top_p=sampling.top_p, greedy=greedy, stop=stop,
                                     streams=[req.stream for _, req in live])
         if len(sampled) != len(live):
             raise ValueError(f"run_episodes: sample_ids returned {len(sampled)} samples for {len(live)} prompts")
@@ -533,4 +566,4 @@ def run_episodes(policy: Any, env: Environment, rows: Sequence[dict[str, Any]], 
         results = step_all(env, [ep.state for ep, _ in due], [action for _, action in due])
         for (ep, _), result in zip(due, results):
             ep.feed_step(result)
-    return [r for ep in episodes for r in ep.rollouts()]
+    return [r for ep in running for r in ep.rollouts()]

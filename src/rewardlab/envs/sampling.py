@@ -1,7 +1,8 @@
 """One call for every verb that samples a task: single completions (`Policy.generate`) or, for an environment task,
 episodes (`run_episodes`), and the bookkeeping between an episode's rows and the episode.
 
-    rows_out = sample_rollouts(policy, rows, episodes=settings_or_None, n=8, max_new_tokens=16, stream=(seed, step, 1))
+    rows_out = sample_rollouts(policy, rows, SamplingSettings(max_new_tokens=16), episodes=settings_or_None, n=8,
+                               stream=(seed, step, 1))
     ends = episode_ends(rows_out)          # one rollout per episode (its last row): what rewards and counts see
     by_episode = episode_rows(rows_out)    # id(end) -> the episode's rows, in order
 
@@ -11,43 +12,26 @@ A single-turn rollout is an episode of one row: `episode_ends` returns it and `e
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rewardlab.envs.base import Environment
-from rewardlab.envs.episode import run_episodes
+from rewardlab.envs.episode import EpisodeSettings, run_episodes
 from rewardlab.types import Rollout
 
-
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """The episodes of an environment task: the environment and the budgets of the `env` config section.
-
-    Attributes:
-        env: the environment (`rewardlab.envs.make_env`).
-        max_turns: model turns per episode at most.
-        max_episode_tokens: tokens after the first prompt at most (all rows, model and environment turns).
-        max_tool_tokens: tool outputs are clipped to this many tokens (marker included); None: not clipped.
-        tool_keep: "start" or "end", the part of a clipped tool output that is kept.
-        name: the environment's registered name (`ENVIRONMENTS`), for messages; None when unknown.
-    """
-
-    env: Environment
-    max_turns: int
-    max_episode_tokens: int
-    max_tool_tokens: int | None = None
-    tool_keep: str = "start"
-    name: str | None = None
+if TYPE_CHECKING:
+    from rewardlab.policy.settings import SamplingSettings
 
 
-def episode_settings(task: Any, *, max_turns: int, max_episode_tokens: int, max_tool_tokens: int | None = None,
-                     tool_keep: str = "start", tool_timeout_s: float | None = None,
-                     max_tool_calls_per_turn: int | None = None) -> EpisodeSettings | None:
+def episode_settings(task: Any, section: Any) -> EpisodeSettings | None:
     """The episodes of `task` (a `rewardlab.tasks.Task`): None for a single-turn task (`task.env` is None), else its
-    environment (`make_env(task.env["name"], **task.env["options"])`, with `timeout_s=tool_timeout_s` and
-    `max_calls_per_turn=max_tool_calls_per_turn` for an environment that declares them; None leaves its own) and
-    these budgets (the `env` config section).
+    environment (`make_env(task.env["name"], **task.env["options"])`, with `timeout_s=section.tool_timeout_s` and
+    `max_calls_per_turn=section.max_tool_calls_per_turn` for an environment that declares them; None leaves its own)
+    and the budgets of `section`.
 
+    Args:
+        task: a `rewardlab.tasks.Task`.
+        section: the `env` config section (`rewardlab.config.EnvConfig`, or any object with its attributes):
+            max_turns, max_episode_tokens, max_tool_tokens, tool_keep, tool_timeout_s, max_tool_calls_per_turn.
     Raises:
         ValueError: what `make_env` raises.
     """
@@ -56,12 +40,14 @@ def episode_settings(task: Any, *, max_turns: int, max_episode_tokens: int, max_
     from rewardlab.envs.builtin import ENVIRONMENTS, make_env
 
     name, options = task.env["name"], dict(task.env.get("options") or {})
-    if tool_timeout_s is not None and "timeout_s" in (ENVIRONMENTS.options(name) or ()):
-        options.setdefault("timeout_s", tool_timeout_s)
-    if max_tool_calls_per_turn is not None and "max_calls_per_turn" in (ENVIRONMENTS.options(name) or ()):
-        options.setdefault("max_calls_per_turn", max_tool_calls_per_turn)
-    return EpisodeSettings(make_env(name, **options), max_turns=max_turns, max_episode_tokens=max_episode_tokens,
-                           max_tool_tokens=max_tool_tokens, tool_keep=tool_keep, name=name)
+    declared = ENVIRONMENTS.options(name) or ()
+    if section.tool_timeout_s is not None and "timeout_s" in declared:
+        options.setdefault("timeout_s", section.tool_timeout_s)
+    if section.max_tool_calls_per_turn is not None and "max_calls_per_turn" in declared:
+        options.setdefault("max_calls_per_turn", section.max_tool_calls_per_turn)
+    return EpisodeSettings(make_env(name, **options), max_turns=section.max_turns,
+                           max_episode_tokens=section.max_episode_tokens, max_tool_tokens=section.max_tool_tokens,
+                           tool_keep=section.tool_keep, name=name)
 
 
 #: The env keys that only environments running tools read.
@@ -153,10 +139,7 @@ def load_episodes(task: Any, section: Any, policy: Any) -> EpisodeSettings | Non
     """
     if getattr(task, "env", None) is None:
         return None
-    settings = episode_settings(task, max_turns=section.max_turns, max_episode_tokens=section.max_episode_tokens,
-                                max_tool_tokens=section.max_tool_tokens, tool_keep=section.tool_keep,
-                                tool_timeout_s=section.tool_timeout_s,
-                                max_tool_calls_per_turn=section.max_tool_calls_per_turn)
+    settings = episode_settings(task, section)
     changed = section.changed()
     check_episode_keys(settings, policy, changed=changed)
     env = settings.env
@@ -174,19 +157,20 @@ def close_env(episodes: EpisodeSettings | None) -> None:
         close()
 
 
-def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: EpisodeSettings | None, n: int = 1,
-                    max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
-                    stream: tuple[int, int, int] | None = None, batch_size: int | None = None,
-                    first_row: int = 0, max_prompt_length: int | None = None) -> list[Rollout]:
+def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], sampling: SamplingSettings, *,
+                    episodes: EpisodeSettings | None, n: int = 1, stream: tuple[int, int, int] | None = None,
+                    batch_size: int | None = None, first_row: int = 0) -> list[Rollout]:
     """Sample `n` rollouts of each row: single completions, or with `episodes` whole episodes.
 
     Args:
         policy: a `rewardlab.policy.Policy` (or any object with `generate` and, for episodes, `sample_ids`).
         rows: task rows (`prompt`, or chat `messages`; `answer`, ...).
-        episodes: the environment and its budgets; None for a single-turn task.
+        sampling: `rewardlab.policy.SamplingSettings`: max_new_tokens (the token limit of a completion, or of one
+            model turn of an episode), temperature, top_p and greedy (as in `Policy.generate`), max_prompt_length
+            (single completions only: each prompt is cut to its last this many tokens, `Policy.generate`'s left
+            truncation, TRL's max_prompt_length; None: never cut); chunk is not read.
+        episodes: the environment and its budgets (`EpisodeSettings`); None for a single-turn task.
         n: samples (episodes) per row, prompt-major; 1 when greedy.
-        max_new_tokens: the token limit of a completion, or of one model turn of an episode.
-        temperature, top_p, greedy: as in `Policy.generate`.
         stream: (seed, step, round): sample k of the call (k = row index * n + j) draws from its own random stream,
             (seed, step, k, round) for a single completion and (seed, step, k, round, turn) for each turn of an
             episode, so what it samples depends neither on the rows it is batched with nor on torch's global
@@ -196,8 +180,6 @@ def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: Ep
             `rewardlab.rl.engines`): sample k of the call is sample first_row * n + k of that batch (its stream,
             group and episode id), so sampling a batch chunk by chunk gives the rollouts of sampling it at once with
             batch_size = the chunk's rows.
-        max_prompt_length: single completions only: each prompt is cut to its last this many tokens
-            (`Policy.generate`'s left truncation, TRL's max_prompt_length); None: never cut.
     Returns:
         Single-turn: len(rows) * n rollouts, rollout k of row k // n with group first_row + k // n. Episodes: the
         rows of each episode in episode order (episode k of row k // n), one rollout per row, every row with its
@@ -207,6 +189,7 @@ def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: Ep
         ValueError: what `Policy.generate` or `run_episodes` raise for bad settings (a prompt that fills the context
             window included); `max_prompt_length` with `episodes`.
     """
+    greedy, max_prompt_length = sampling.greedy, sampling.max_prompt_length
     if episodes is not None and max_prompt_length is not None:
         raise ValueError("max_prompt_length: cuts single-turn prompts; episodes end at the context window instead")
     cut = {} if max_prompt_length is None else {"max_prompt_length": max_prompt_length}  # stand-ins may lack it
@@ -218,15 +201,12 @@ def sample_rollouts(policy: Any, rows: Sequence[dict[str, Any]], *, episodes: Ep
         if episodes is None:
             streams = ([(stream[0], stream[1], offset + k, stream[2]) for k in range(len(chunk) * n)]
                        if stream is not None and not greedy else None)
-            new = policy.generate([r["prompt"] for r in chunk], n=n, temperature=temperature, top_p=top_p,
-                                  max_new_tokens=max_new_tokens, greedy=greedy, rows=chunk, streams=streams, **cut)
+            new = policy.generate([r["prompt"] for r in chunk], n=n, temperature=sampling.temperature,
+                                  top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens, greedy=greedy,
+                                  rows=chunk, streams=streams, **cut)
         else:
-            seed, at, rnd = stream if stream is not None else (0, 0, 0)
-            new = run_episodes(policy, episodes.env, chunk, n=n, max_turns=episodes.max_turns,
-                               max_new_tokens=max_new_tokens, max_episode_tokens=episodes.max_episode_tokens,
-                               temperature=temperature, top_p=top_p, greedy=greedy,
-                               max_tool_tokens=episodes.max_tool_tokens, tool_keep=episodes.tool_keep, seed=seed,
-                               step=at, round=rnd, episode_offset=offset)
+            new = run_episodes(policy, episodes, chunk, sampling, n=n,
+                               stream=stream if stream is not None else (0, 0, 0), episode_offset=offset)
         for r in new:
             r.group += first_row + start
         out += new

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rewardlab.envs.sampling import EpisodeSettings
-from rewardlab.evaluation.policy import evaluate_policy
-from rewardlab.policy import Policy
+from rewardlab.evaluation.policy import EvalSettings, evaluate_policy
+from rewardlab.policy import Policy, SamplingSettings
 from rewardlab.rewards import build_reward
 from rewardlab.tasks import Task
 from rewardlab.train_state import rng_state, set_rng_state
@@ -82,9 +82,9 @@ class HeldOutEval:
         figures for an environment task (see the module docstring). The global RNG state (torch, CUDA, Python's random) is the same afterwards."""
         saved, t0 = rng_state(), time.perf_counter()
         try:
-            result = evaluate_policy(policy, self.rows, self.reward, n=0, ks=(), max_new_tokens=self.max_new_tokens,
-                                     batch_size=self.batch_size, episodes=self.episodes,
-                                     max_prompt_length=self.max_prompt_length)
+            sampling = SamplingSettings(max_new_tokens=self.max_new_tokens, max_prompt_length=self.max_prompt_length)
+            result = evaluate_policy(policy, self.rows, self.reward, sampling, episodes=self.episodes,
+                                     settings=EvalSettings(n=0, ks=(), batch_size=self.batch_size))
         finally:
             set_rng_state(saved)
         out = {"eval/accuracy": result["accuracy"], "eval/score_mean": result["score_mean"]}

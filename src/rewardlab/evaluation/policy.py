@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rewardlab.envs.sampling import (EpisodeSettings, count_metrics, episode_counts, episode_ends, episode_rows,
                                      sample_rollouts)
-from rewardlab.policy import Policy
+from rewardlab.policy import Policy, SamplingSettings
 from rewardlab.rewards.base import Reward
 from rewardlab.train_state import restore_rng_state, rng_state_record
 from rewardlab.types import ProgressBar
@@ -35,42 +36,64 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prob_all_wrong
 
 
-def evaluate_policy(
-    policy: Policy,
-    rows: Sequence[dict[str, Any]],
-    reward: Reward,
-    *,
-    n: int = 8,
-    ks: Sequence[int] = (1, 8),
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 8,
-    batch_size: int = 256,
-    bar: ProgressBar | None = None,
-    done: Sequence[Mapping[str, Any]] = (),
-    on_batch: Callable[[dict[str, Any]], None] | None = None,
-    episodes: EpisodeSettings | None = None,
-    seed: int = 0,
-    max_prompt_length: int | None = None,
-) -> dict[str, Any]:
-    """Greedy accuracy and pass@k of `policy` on `rows`, in batches of `batch_size` questions.
+@dataclass(frozen=True)
+class EvalSettings:
+    """What an evaluation computes.
 
-    Completions come from `rewardlab.envs.sample_rollouts`: single completions (`policy.generate`) when `episodes`
-    is None, else whole episodes in `episodes.env` under its budgets (`max_new_tokens` per model turn), a greedy
-    one per question and `n` sampled ones. The reward is called once per episode, on its last row
-    (`episode_ends`: the final model turn is the completion it scores). Sampled episodes draw from the streams
-    (seed, batch index, 0) (`sample_rollouts`): they do not depend on torch's generator (single completions draw
-    from it). With `max_prompt_length` (single completions only), each prompt is cut to its last
-    that many tokens (`Policy.generate`, TRL's left truncation).
+    Attributes:
+        n: sampled completions (episodes) per question for pass@k; 0: greedy only, no random numbers drawn.
+        ks: the budgets k of pass@k, each in 1..n.
+        batch_size: questions per batch (one greedy and one sampled `sample_rollouts` call each).
+        seed: the first entry of the sampled episodes' random streams (seed, batch index, 0).
+    """
 
-    Each finished batch is handed to `on_batch` as a record {"batch", "start", "size", "correct" (greedy, per
-    question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per question), "examples",
-    "predictions" (one per question, see Returns), "rng" (torch's RNG state after the batch, `rng_state_record`)}. Given the records of the first batches of an
-    interrupted run (`done`), those batches are not generated again: their figures are taken from the records and
-    the RNG state of the last one is restored, so the result equals an uninterrupted run's. With `n=0` (and no `ks`)
-    only the greedy completions are generated: no sampling, so no random numbers are drawn (held-out evaluation
-    during training, `rewardlab.evaluation.heldout`).
+    n: int = 8
+    ks: Sequence[int] = (1, 8)
+    batch_size: int = 256
+    seed: int = 0
 
+
+@dataclass(frozen=True)
+class EvalProgress:
+    """Where an evaluation stands and whom it tells: the resume bookkeeping, apart from the computation.
+
+    Attributes:
+        done: the batch records of the first batches of an interrupted run (what `on_batch` was given): those
+            batches are not generated again, and torch's RNG state of the last one is restored.
+        on_batch: called with each newly finished batch's record (e.g. appended to batches.jsonl).
+        bar: advanced by each batch's questions (with the running accuracy); None: no bar.
+    """
+
+    done: Sequence[Mapping[str, Any]] = ()
+    on_batch: Callable[[dict[str, Any]], None] | None = None
+    bar: ProgressBar | None = None
+
+
+def evaluate_policy(policy: Policy, rows: Sequence[dict[str, Any]], reward: Reward, sampling: SamplingSettings, *,
+                    settings: EvalSettings = EvalSettings(), episodes: EpisodeSettings | None = None,
+                    progress: EvalProgress = EvalProgress()) -> dict[str, Any]:
+    """Greedy accuracy and pass@k of `policy` on `rows`, in batches of `settings.batch_size` questions.
+
+    Completions come from `rewardlab.envs.sample_rollouts`: single completions when `episodes` is None, else whole
+    episodes, a greedy one per question and `settings.n` sampled ones. The reward is called once per episode, on
+    its last row (`episode_ends`). Sampled episodes draw from the streams (seed, batch index, 0), not from torch's
+    generator (single completions draw from it).
+
+    Each finished batch's record (`evaluate_batch`, with "rng": torch's RNG state after it) goes to
+    `progress.on_batch`; the batches of an interrupted run's records (`progress.done`) are not generated again
+    (`resumed_record`), so the result equals an uninterrupted run's. With `settings.n=0` (and no `ks`) only the
+    greedy completions are generated: no random numbers are drawn (held-out evaluation during training).
+
+    Args:
+        policy, rows, reward: the `Policy` (or an object with its `generate` / `sample_ids`), the questions (task
+            rows) and the verifier, whose `correct` decides accuracy and pass@k.
+        sampling: `rewardlab.policy.SamplingSettings`: max_new_tokens (per completion, or per model turn of an
+            episode), temperature and top_p (of the sampled completions; the greedy ones use argmax),
+            max_prompt_length (single completions only: each prompt cut to its last that many tokens,
+            `Policy.generate`'s left truncation); greedy and chunk are not read.
+        settings: `EvalSettings`: n, ks, batch_size, seed.
+        episodes: the environment and its budgets (`rewardlab.envs.EpisodeSettings`); None: single completions.
+        progress: `EvalProgress`: done (records to resume from), on_batch (told each new record), bar.
     Returns:
         {"accuracy": greedy exact-match fraction, "score_mean": mean greedy reward, "pass@k": ... for each k,
          "n_questions": len(rows), "samples_per_question": n, "errors": greedy reward errors,
@@ -82,86 +105,132 @@ def evaluate_policy(
         gains the greedy episodes' figures (`episode_figures`): "turns_mean", "termination" ({reason: fraction}),
         "tool_call_rate", "tool_calls_mean" and "tool_errors_mean".
     Raises:
-        ValueError: a k outside 1..n, or no rows; a record in `done` that is not the batch at its position (the
-            rows or batch size changed); what `sample_rollouts` raises (a prompt that fills the model's context
+        ValueError: a k outside 1..n, or no rows; a record in `progress.done` that is not the batch at its position
+            (the rows or batch size changed); what `sample_rollouts` raises (a prompt that fills the model's context
             window, `max_prompt_length` with `episodes`).
     """
     if not rows:
         raise ValueError("evaluate: no rows to evaluate")
-    bad = [k for k in ks if not 1 <= k <= n]
+    n, size = settings.n, settings.batch_size
+    bad = [k for k in settings.ks if not 1 <= k <= n]
     if bad:
         raise ValueError(f"eval.k: each k must be in 1..eval.n={n}, got {bad}")
-    prompts = [r["prompt"] for r in rows]
-    correct, scores, errors, examples, predictions, episode_stats = [], [], 0, [], [], []
-    per_q = [0] * len(rows)
-    for b, start in enumerate(range(0, len(rows), batch_size)):
-        chunk_rows = rows[start : start + batch_size]
-        chunk = prompts[start : start + batch_size]
-        if b < len(done):  # finished before an interruption: take its record
-            rec = done[b]
-            if (rec.get("batch"), rec.get("start"), rec.get("size")) != (b, start, len(chunk)):
-                raise ValueError(f"evaluate: the record of batch {b} (start {rec.get('start')}, size "
-                                 f"{rec.get('size')}) does not match the run's batch {b} (start {start}, size "
-                                 f"{len(chunk)})")
-            if b == len(done) - 1:
-                restore_rng_state(rec["rng"])
+    totals = _Totals(len(rows))
+    for b, start in enumerate(range(0, len(rows), size)):
+        chunk_rows = rows[start : start + size]
+        if b < len(progress.done):  # finished before an interruption: take its record
+            rec = resumed_record(progress.done, b, start, len(chunk_rows))
         else:
-            rec = {"batch": b, "start": start, "size": len(chunk), "correct": [], "scores": [], "errors": 0,
-                   "pass_counts": [0] * len(chunk), "examples": [], "predictions": []}
-            stream = (seed, b, 0) if episodes is not None else None
-            greedy_rows = sample_rollouts(policy, chunk_rows, episodes=episodes, greedy=True,
-                                          max_new_tokens=max_new_tokens, stream=stream,
-                                          max_prompt_length=max_prompt_length)
-            greedy = episode_ends(greedy_rows)
-            outs = reward(greedy)
-            by_episode = episode_rows(greedy_rows) if episodes is not None else {}
-            for r, o in zip(greedy, outs):
-                ok = o.correct
-                rec["correct"].append(ok)
-                rec["scores"].append(o.score)
-                rec["errors"] += o.error is not None
-                if len(examples) + len(rec["examples"]) < 20:
-                    rec["examples"].append({"prompt": r.row.get("prompt"), "completion": r.completion,
-                                            "answer": r.row.get("answer"), "correct": ok})
-                rec["predictions"].append({"question": r.row.get("prompt"), "answer": r.row.get("answer"),
-                                           "prediction": r.completion, "correct": ok, "score": o.score,
-                                           "error": o.error, "samples": []})
-                if episodes is not None:
-                    rec["predictions"][-1].update(messages=r.messages, **episode_summary(by_episode[id(r)]))
-                    rec.setdefault("episodes", []).append(episode_counts(by_episode[id(r)]))
-            if n > 0:
-                sampled = episode_ends(sample_rollouts(
-                    policy, chunk_rows, episodes=episodes, n=n, temperature=temperature, top_p=top_p,
-                    max_new_tokens=max_new_tokens, stream=stream, max_prompt_length=max_prompt_length))
-                for r, o in zip(sampled, reward(sampled)):
-                    rec["pass_counts"][r.group] += o.correct
-                    rec["predictions"][r.group]["samples"].append({"completion": r.completion, "score": o.score,
-                                                                   "correct": o.correct, "error": o.error})
-            if on_batch is not None:
-                on_batch({**rec, "rng": rng_state_record()})
-        correct += rec["correct"]
-        scores += [float(x) for x in rec["scores"]]
-        errors += rec["errors"]
-        examples += rec["examples"]
-        predictions += rec.get("predictions", [])
-        episode_stats += rec.get("episodes", [])
-        per_q[start : start + len(chunk)] = rec["pass_counts"]
-        if bar is not None:
-            bar.advance(len(chunk), acc=sum(correct) / len(correct))
-    result: dict[str, Any] = {
-        "accuracy": sum(correct) / len(correct),
-        "score_mean": sum(scores) / len(scores),
-        "n_questions": len(rows),
-        "samples_per_question": n,
-        "errors": errors,
-    }
-    for k in ks:
-        result[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_q) / len(per_q)
-    if episodes is not None:
-        result.update(episode_figures(episode_stats))
-    result["examples"] = examples
-    result["predictions"] = predictions
-    return result
+            rec = evaluate_batch(policy, chunk_rows, reward, sampling, settings=settings, episodes=episodes,
+                                 where=(b, start), examples=20 - len(totals.examples))
+            if progress.on_batch is not None:
+                progress.on_batch({**rec, "rng": rng_state_record()})
+        totals.add(rec)
+        if progress.bar is not None:
+            progress.bar.advance(len(chunk_rows), acc=sum(totals.correct) / len(totals.correct))
+    return totals.result(n, settings.ks, episodes is not None)
+
+
+def resumed_record(done: Sequence[Mapping[str, Any]], b: int, start: int, size: int) -> Mapping[str, Any]:
+    """The record of batch `b` (questions start..start+size) of an interrupted evaluation, from `done` (the
+    records it wrote); for its last record, torch's RNG state after it is restored, so the next batch draws what
+    it would have drawn.
+
+    Raises:
+        ValueError: a record whose batch, start or size differ (the rows or batch size changed).
+    """
+    rec = done[b]
+    if (rec.get("batch"), rec.get("start"), rec.get("size")) != (b, start, size):
+        raise ValueError(f"evaluate: the record of batch {b} (start {rec.get('start')}, size {rec.get('size')}) "
+                         f"does not match the run's batch {b} (start {start}, size {size})")
+    if b == len(done) - 1:
+        restore_rng_state(rec["rng"])
+    return rec
+
+
+def evaluate_batch(policy: Policy, rows: Sequence[dict[str, Any]], reward: Reward, sampling: SamplingSettings, *,
+                   settings: EvalSettings, episodes: EpisodeSettings | None, where: tuple[int, int],
+                   examples: int) -> dict[str, Any]:
+    """One batch of `evaluate_policy`: its record, the greedy completion of each row scored, then, with
+    settings.n > 0, the n sampled ones counted per row for pass@k. The record: {"batch", "start", "size",
+    "correct" (greedy, per question), "scores" (greedy reward), "errors", "pass_counts" (correct samples per
+    question), "examples", "predictions" (one per question, see `evaluate_policy`'s Returns)}, and with episodes
+    "episodes" (each greedy episode's `episode_counts`).
+
+    Args:
+        policy, rows, reward, sampling, settings, episodes: as in `evaluate_policy` (rows: the batch's).
+        where: (batch index, index of rows[0] among all rows).
+        examples: how many greedy examples the record may still keep (the result keeps the first 20).
+    Raises:
+        ValueError: what `sample_rollouts` raises.
+    """
+    b, start = where
+    rec: dict[str, Any] = {"batch": b, "start": start, "size": len(rows), "correct": [], "scores": [], "errors": 0,
+                           "pass_counts": [0] * len(rows), "examples": [], "predictions": []}
+    stream = (settings.seed, b, 0) if episodes is not None else None
+    greedy_sampling = SamplingSettings(max_new_tokens=sampling.max_new_tokens, greedy=True,
+                                       max_prompt_length=sampling.max_prompt_length)
+    greedy_rows = sample_rollouts(policy, rows, greedy_sampling, episodes=episodes, stream=stream)
+    greedy = episode_ends(greedy_rows)
+    by_episode = episode_rows(greedy_rows) if episodes is not None else {}
+    for r, o in zip(greedy, reward(greedy)):
+        ok = o.correct
+        rec["correct"].append(ok)
+        rec["scores"].append(o.score)
+        rec["errors"] += o.error is not None
+        if len(rec["examples"]) < examples:
+            rec["examples"].append({"prompt": r.row.get("prompt"), "completion": r.completion,
+                                    "answer": r.row.get("answer"), "correct": ok})
+        rec["predictions"].append({"question": r.row.get("prompt"), "answer": r.row.get("answer"),
+                                   "prediction": r.completion, "correct": ok, "score": o.score, "error": o.error,
+                                   "samples": []})
+        if episodes is not None:
+            rec["predictions"][-1].update(messages=r.messages, **episode_summary(by_episode[id(r)]))
+            rec.setdefault("episodes", []).append(episode_counts(by_episode[id(r)]))
+    if settings.n > 0:
+        sampled = episode_ends(sample_rollouts(policy, rows, replace(sampling, greedy=False), episodes=episodes,
+                                               n=settings.n, stream=stream))
+        for r, o in zip(sampled, reward(sampled)):
+            rec["pass_counts"][r.group] += o.correct
+            rec["predictions"][r.group]["samples"].append({"completion": r.completion, "score": o.score,
+                                                           "correct": o.correct, "error": o.error})
+    return rec
+
+
+class _Totals:
+    """The batch records of an evaluation summed up, in batch order."""
+
+    def __init__(self, questions: int) -> None:
+        self.correct: list[bool] = []
+        self.scores: list[float] = []
+        self.errors = 0
+        self.examples: list[dict[str, Any]] = []
+        self.predictions: list[dict[str, Any]] = []
+        self.episodes: list[Mapping[str, Any]] = []
+        self.pass_counts = [0] * questions
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        self.correct += rec["correct"]
+        self.scores += [float(x) for x in rec["scores"]]
+        self.errors += rec["errors"]
+        self.examples += rec["examples"]
+        self.predictions += rec.get("predictions", [])
+        self.episodes += rec.get("episodes", [])
+        self.pass_counts[rec["start"] : rec["start"] + rec["size"]] = rec["pass_counts"]
+
+    def result(self, n: int, ks: Sequence[int], episodes: bool) -> dict[str, Any]:
+        """`evaluate_policy`'s result (see its Returns)."""
+        per_q = self.pass_counts
+        result: dict[str, Any] = {"accuracy": sum(self.correct) / len(self.correct),
+                                  "score_mean": sum(self.scores) / len(self.scores), "n_questions": len(per_q),
+                                  "samples_per_question": n, "errors": self.errors}
+        for k in ks:
+            result[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_q) / len(per_q)
+        if episodes:
+            result.update(episode_figures(self.episodes))
+        result["examples"] = self.examples
+        result["predictions"] = self.predictions
+        return result
 
 
 def episode_summary(rows: Sequence[Any]) -> dict[str, Any]:

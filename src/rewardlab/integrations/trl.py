@@ -538,59 +538,102 @@ def as_trl_rollout_func(env: Any, rows: Sequence[Mapping[str, Any]], *, max_turn
             the chat template split into several rows (TRL takes one sequence per completion); a tokenizer without
             an EOS id (TRL could not tell a finished episode from a truncated one); one line each.
     """
-    from rewardlab.envs import run_episodes
-    from rewardlab.policy.hf import Policy
+    from rewardlab.envs import EpisodeSettings, run_episodes
+    from rewardlab.policy.settings import SamplingSettings
 
+    episode_settings = EpisodeSettings(env, max_turns=max_turns, max_episode_tokens=max_episode_tokens)
+    sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     table = [dict(r) for r in rows]
     calls = [0]
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
-        index = []
-        for p in prompts:
-            m = _ROW_TAG.match(p) if isinstance(p, str) else None
-            if m is None or int(m.group(1)) >= len(table):
-                raise ValueError(f"as_trl_rollout_func: prompt {str(p)[:60]!r} does not start with a "
-                                 f"<rewardlab-row I> tag of one of the {len(table)} rows; build the dataset with "
-                                 "env_dataset(rows)")
-            index.append(int(m.group(1)))
-        runs: list[int] = []  # the lengths of the runs of one repeated prompt: one group of episodes each
-        for k, i in enumerate(index):
-            if k > 0 and index[k - 1] == i:
-                runs[-1] += 1
-            else:
-                runs.append(1)
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        policy = Policy(model, trainer.processing_class)
-        step = int(getattr(trainer.state, "global_step", 0))
+        index = _row_indices(prompts, len(table))
+        policy, step = _trainer_policy(trainer)
         episodes: list[Rollout] = []
-        start = 0
         with _no_grad():
-            for size in runs:
+            for start, size in _groups(index):
                 row = table[index[start]]
-                got = run_episodes(policy, env, [row], n=size, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                                   max_episode_tokens=max_episode_tokens, temperature=temperature, top_p=top_p,
-                                   seed=seed, step=step, round=calls[0], episode_offset=start)
-                if len(got) != size:
-                    raise ValueError(f"as_trl_rollout_func: an episode of row {index[start]} became several rows "
-                                     "(the chat template rewrites earlier turns); TRL takes one sequence per "
-                                     "completion, so use a template that only appends")
+                got = run_episodes(policy, episode_settings, [row], sampling, n=size, stream=(seed, step, calls[0]),
+                                   episode_offset=start)
+                _check_one_row_each(got, size, index[start])
                 episodes += got
-                start += size
         calls[0] += 1
-        out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
-        eos, ends = _end_tokens(trainer)
-        for r in episodes:
-            ids, logps, mask = list(r.completion_ids), list(r.logprobs), list(r.loss_mask)
-            if not r.truncated and (not ids or ids[-1] not in ends):
-                ids, logps, mask = ids + [eos], logps + [0.0], mask + [0]  # ended on its own: not truncated to TRL
-            out["prompt_ids"].append(list(r.prompt_ids))
-            out["completion_ids"].append(ids)
-            out["logprobs"].append(logps)
-            out["env_mask"].append(mask)
-        out[ROLLOUT_COLUMN] = episodes
-        return out
+        return _trl_completions(episodes, trainer)
 
     return rollout_func
+
+
+def _row_indices(prompts: list[Any], rows: int) -> list[int]:
+    """The row index each prompt's `<rewardlab-row I>` tag gives (see `env_dataset`).
+
+    Raises:
+        ValueError: a prompt without the tag, or with an index outside the `rows` rows.
+    """
+    index = []
+    for p in prompts:
+        m = _ROW_TAG.match(p) if isinstance(p, str) else None
+        if m is None or int(m.group(1)) >= rows:
+            raise ValueError(f"as_trl_rollout_func: prompt {str(p)[:60]!r} does not start with a "
+                             f"<rewardlab-row I> tag of one of the {rows} rows; build the dataset with "
+                             "env_dataset(rows)")
+        index.append(int(m.group(1)))
+    return index
+
+
+def _groups(index: list[int]) -> list[tuple[int, int]]:
+    """(start, size) of each run of one repeated row in `index`: a group of episodes of that row (TRL repeats each
+    prompt num_generations times, consecutively)."""
+    groups: list[tuple[int, int]] = []
+    for k, i in enumerate(index):
+        if k > 0 and index[k - 1] == i:
+            groups[-1] = (groups[-1][0], groups[-1][1] + 1)
+        else:
+            groups.append((k, 1))
+    return groups
+
+
+def _trainer_policy(trainer: Any) -> tuple[Any, int]:
+    """The trainer's model (unwrapped from its accelerator) and tokenizer as a rewardlab `Policy`, and the trainer's
+    global step (0 before the first)."""
+    from rewardlab.policy.hf import Policy
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    policy = Policy(model, trainer.processing_class)
+    return policy, int(getattr(trainer.state, "global_step", 0))
+
+
+def _check_one_row_each(got: Sequence[Rollout], size: int, row: int) -> None:
+    """Check that the `size` episodes of row `row` came back as `size` rollouts, one sequence each.
+
+    Raises:
+        ValueError: an episode the chat template split into several rows (TRL takes one sequence per completion).
+    """
+    if len(got) != size:
+        raise ValueError(f"as_trl_rollout_func: an episode of row {row} became several rows "
+                         "(the chat template rewrites earlier turns); TRL takes one sequence per "
+                         "completion, so use a template that only appends")
+
+
+def _trl_completions(episodes: list[Rollout], trainer: Any) -> dict[str, list[Any]]:
+    """What a TRL `rollout_func` returns for `episodes`: per episode `prompt_ids`, `completion_ids`, `logprobs` and
+    `env_mask`, an episode that ended on its own without an end token getting the EOS appended (env_mask 0, log-prob
+    0.0); and the episodes themselves, unchanged, as `ROLLOUT_COLUMN`.
+
+    Raises:
+        ValueError: a tokenizer without an EOS id (see `_end_tokens`).
+    """
+    out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+    eos, ends = _end_tokens(trainer)
+    for r in episodes:
+        ids, logps, mask = list(r.completion_ids), list(r.logprobs), list(r.loss_mask)
+        if not r.truncated and (not ids or ids[-1] not in ends):
+            ids, logps, mask = ids + [eos], logps + [0.0], mask + [0]  # ended on its own: not truncated to TRL
+        out["prompt_ids"].append(list(r.prompt_ids))
+        out["completion_ids"].append(ids)
+        out["logprobs"].append(logps)
+        out["env_mask"].append(mask)
+    out[ROLLOUT_COLUMN] = episodes
+    return out
 
 
 def _end_tokens(trainer: Any) -> tuple[int, set[int]]:
@@ -667,15 +710,41 @@ def as_trl_environment(env: Any, **options: Any) -> type:
         ValueError: an unknown environment name (listing the valid ones), options with an instance, or an
             environment TRL's tool loop cannot drive (one line saying which are supported).
     """
-    from rewardlab.envs import GuessNumberEnv, ToolEnv, make_env
+    from rewardlab.envs import GuessNumberEnv, ToolEnv
+
+    built = _built_env(env, options)
+    label = env if isinstance(env, str) else type(env).__name__
+    namespace: dict[str, Any] = {"reset": _reset_method(built), "env": built,
+                                 "__doc__": f"rewardlab environment {label} for TRL."}
+    if isinstance(built, ToolEnv):
+        namespace.update(_tool_methods(built))
+    elif isinstance(built, GuessNumberEnv):
+        namespace.update(_guess_methods(built))
+    else:
+        raise ValueError(f"as_trl_environment: TRL's loop acts only through tools, and {label} has none it can call; "
+                         "supported: ToolEnv environments (calculator, python) and guess_number")
+    return type(f"TRL_{label}", (), namespace)
+
+
+def _built_env(env: Any, options: Mapping[str, Any]) -> Any:
+    """The environment `as_trl_environment` is given: `make_env(env, **options)` for a name, else the instance.
+
+    Raises:
+        ValueError: an unknown environment name or option (from `make_env`), or options with an instance.
+    """
+    from rewardlab.envs import make_env
 
     if isinstance(env, str):
-        built = make_env(env, **options)
-    elif options:
+        return make_env(env, **options)
+    if options:
         raise ValueError(f"as_trl_environment: options {sorted(options)} are for an environment name, not an instance")
-    else:
-        built = env
-    label = env if isinstance(env, str) else type(env).__name__
+    return env
+
+
+def _reset_method(built: Any) -> Callable[..., None]:
+    """The `reset(**example)` method of an `as_trl_environment` class: starts `built` on the dataset example (a
+    conversational `prompt`, a list of messages, becomes the row's `messages`) and clears the instance's
+    `tool_calls` and `turn_rewards`."""
 
     def reset(self: Any, **example: Any) -> None:
         row = dict(example)
@@ -684,33 +753,39 @@ def as_trl_environment(env: Any, **options: Any) -> type:
         self.state = built.reset(row)
         self.tool_calls, self.turn_rewards = [], []
 
-    namespace: dict[str, Any] = {"reset": reset, "env": built, "__doc__": f"rewardlab environment {label} for TRL."}
-    if isinstance(built, ToolEnv):
-        for schema in built.tools:
-            name = schema["function"]["name"]
-            namespace[name] = _tool_method(built, name, built._functions[name])
-    elif isinstance(built, GuessNumberEnv):
-        def guess(self, n: int) -> str:  # noqa: ANN001 - no hint on self: transformers' schema reads every hint
-            """Guess the secret number.
+    return reset
 
-            Args:
-                n: the guess, an integer in the range the prompt gives.
-            """
-            if self.state.get("found"):
-                return "found: the game is over"
-            step = built.step(self.state, f"<g>{n}</g>")
-            self.turn_rewards.append(0.0 if step.reward is None else float(step.reward))
-            if self.state.get("found"):
-                return "found"
-            return built.raw_text({"content": step.observation}) if isinstance(step.observation, str) \
-                else str(step.observation)
 
-        def get_reward(self) -> float:  # noqa: ANN001
-            """rewardlab's guess_found: 1.0 when the secret was guessed, else 0.0."""
-            return float(bool(self.state.get("found")))
+def _tool_methods(built: Any) -> dict[str, Callable[..., str]]:
+    """Tool name -> its method (`_tool_method`), for each tool of the `ToolEnv` `built`, in the order it lists them."""
+    methods = {}
+    for schema in built.tools:
+        name = schema["function"]["name"]
+        methods[name] = _tool_method(built, name, built._functions[name])
+    return methods
 
-        namespace.update(guess=guess, get_reward=get_reward)
-    else:
-        raise ValueError(f"as_trl_environment: TRL's loop acts only through tools, and {label} has none it can call; "
-                         "supported: ToolEnv environments (calculator, python) and guess_number")
-    return type(f"TRL_{label}", (), namespace)
+
+def _guess_methods(built: Any) -> dict[str, Callable[..., Any]]:
+    """The `guess` and `get_reward` methods of an `as_trl_environment` class backed by the guess_number
+    environment `built` (see `as_trl_environment`)."""
+
+    def guess(self, n: int) -> str:  # noqa: ANN001 - no hint on self: transformers' schema reads every hint
+        """Guess the secret number.
+
+        Args:
+            n: the guess, an integer in the range the prompt gives.
+        """
+        if self.state.get("found"):
+            return "found: the game is over"
+        step = built.step(self.state, f"<g>{n}</g>")
+        self.turn_rewards.append(0.0 if step.reward is None else float(step.reward))
+        if self.state.get("found"):
+            return "found"
+        return built.raw_text({"content": step.observation}) if isinstance(step.observation, str) \
+            else str(step.observation)
+
+    def get_reward(self) -> float:  # noqa: ANN001
+        """rewardlab's guess_found: 1.0 when the secret was guessed, else 0.0."""
+        return float(bool(self.state.get("found")))
+
+    return {"guess": guess, "get_reward": get_reward}

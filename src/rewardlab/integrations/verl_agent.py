@@ -33,7 +33,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from rewardlab.envs.base import env_stop
 from rewardlab.envs.episode import Episode, EpisodeLimits, check_stop_strings
 from rewardlab.envs.render import make_renderer
-from rewardlab.types import Sampled
+from rewardlab.types import Rollout, Sampled
 
 #: The name verl's config and datasets select the loop by (`agent_name`).
 AGENT_NAME = "rewardlab_env"
@@ -115,6 +115,10 @@ class RewardlabAgentLoop(AgentLoopBase):
         ValueError: non-empty verl `tools`; an unknown environment or option (one line from `make_env`, listing the
             valid names); bad budgets (`EpisodeLimits`), prompt format or reward spec; an environment stop string the
             tokenizer encodes with special tokens.
+
+    The constructor's parameters are many because verl dictates them: verl builds the loop with
+    `AgentLoopBase.__init__`'s arguments (trainer_config ... name), and hydra's `instantiate` passes each key of
+    the agent-loop config entry as its own keyword (env, env_options, max_turns, ...).
     """
 
     def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, processor: Any, dataset_cls: Any,
@@ -215,60 +219,113 @@ class RewardlabAgentLoop(AgentLoopBase):
                 rewrites earlier turns: verl takes one sequence per sample); a server turn without log-probs or
                 aborted; the errors of `Episode`.
         """
-        name = self.env_name if self.env_name is not None else (extra_info or {}).get("env")
-        if name is None:
-            raise ValueError(f"{self.name}: no environment: set the loop's env option or the sample's "
-                             "extra_info['env']")
-        if self._env_setup is not None:
-            env, renderer, stop = self._env_setup
-        else:
-            env, renderer, stop = self._setup(name, dict(_plain((extra_info or {}).get("env_options")) or {}))
+        env, renderer, stop = self._sample_setup(extra_info)
         row = self.episode_row(raw_prompt, extra_info, reward_model, columns)
-        loop = asyncio.get_running_loop()
-        episode = await loop.run_in_executor(None, lambda: Episode(env, row, renderer, self.limits))
+        episode = await self._start_episode(env, row, renderer)
         opening = len(episode.messages)  # the prompt's messages; the episode appends turns and observations
-        first = len(episode.row_ids)
-        if first > self.prompt_length:
-            raise ValueError(f"{self.name}: the episode's first prompt has {first} tokens, over "
-                             f"rollout.prompt_length {self.prompt_length} (verl would cut it)")
-        request_id = uuid4().hex
-        timing = {"generate_sequences": 0.0, "tool_calls": 0.0}
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        while (req := episode.next_request()) is not None:
-            params = {**sampling_params, "max_tokens": req.max_new_tokens, "logprobs": True}
-            if stop:
-                params["stop"] = list(stop)
-            started = time.perf_counter()
-            out = await self.server_manager.generate(request_id=request_id, prompt_ids=list(req.ids),
-                                                     sampling_params=params, priority=int(priority))
-            timing["generate_sequences"] += time.perf_counter() - started
-            if getattr(out, "stop_reason", None) == "aborted":
-                raise ValueError(f"{self.name}: the server aborted a turn (stop_reason 'aborted')")
-            ids = [int(t) for t in out.token_ids]
-            if out.log_probs is None or len(out.log_probs) != len(ids):
-                got = "none" if out.log_probs is None else len(out.log_probs)
-                raise ValueError(f"{self.name}: the server returned {len(ids)} token ids and {got} log-probs; the "
-                                 "episode needs one log-prob per sampled token")
-            sampled = Sampled(ids=ids, logprobs=[float(x) for x in out.log_probs],
-                              finish=_finish(ids, req.max_new_tokens, eos, renderer.turn_text(ids), stop))
-            started = time.perf_counter()
-            await loop.run_in_executor(None, episode.feed, sampled)
-            timing["tool_calls"] += time.perf_counter() - started
-            if len(episode.rows) > 1:
-                raise ValueError(f"{self.name}: the chat template rewrites earlier turns, so this episode would go on "
-                                 "in a new row; verl takes one sequence per sample: use a template that only appends")
+        timing = await self._play(episode, renderer, stop, sampling_params, priority)
         (rollout,) = episode.rollouts()
         extra: dict[str, Any] = {"turn_scores": list(rollout.turn_rewards), "tool_rewards": [],
                                  "rewardlab_termination": rollout.termination,
                                  "rewardlab_tool_calls": [len(c) for c in rollout.tool_calls]}
         score = None
         if self.reward is not None:
-            out = (await loop.run_in_executor(None, self.reward, [rollout]))[0]
-            score = 0.0 if out.error is not None else float(out.score)
-            info = {k: float(out.components.get(k, 0.0)) for k in self.reward_keys}
-            info["error"] = float(out.error is not None)
-            extra["reward_extra_info"] = info
+            score, extra["reward_extra_info"] = await self._score(rollout)
         return AgentLoopOutput(prompt_ids=list(rollout.prompt_ids), response_ids=list(rollout.completion_ids),
                                response_mask=list(rollout.loss_mask), response_logprobs=list(rollout.logprobs),
                                reward_score=score, num_turns=1 + len(episode.messages) - opening,
                                metrics=timing, extra_fields=extra)
+
+    def _sample_setup(self, extra_info: Mapping[str, Any] | None) -> tuple[Any, Any, list[str] | None]:
+        """(environment, renderer, stop strings) of one sample: the loop's own when it has an `env`, else those of
+        the sample's `extra_info["env"]` with its `extra_info["env_options"]` (see `_setup`).
+
+        Raises:
+            ValueError: neither the loop's `env` nor `extra_info["env"]`; the errors of `_setup`.
+        """
+        name = self.env_name if self.env_name is not None else (extra_info or {}).get("env")
+        if name is None:
+            raise ValueError(f"{self.name}: no environment: set the loop's env option or the sample's "
+                             "extra_info['env']")
+        if self._env_setup is not None:
+            return self._env_setup
+        return self._setup(name, dict(_plain((extra_info or {}).get("env_options")) or {}))
+
+    async def _start_episode(self, env: Any, row: dict[str, Any], renderer: Any) -> Episode:
+        """The episode of `row` in `env` (built in an executor thread: resetting a tool environment may block).
+
+        Raises:
+            ValueError: the errors of `Episode`; a first prompt longer than `rollout.prompt_length` (tokens).
+        """
+        loop = asyncio.get_running_loop()
+        episode = await loop.run_in_executor(None, lambda: Episode(env, row, renderer, self.limits))
+        first = len(episode.row_ids)
+        if first > self.prompt_length:
+            raise ValueError(f"{self.name}: the episode's first prompt has {first} tokens, over "
+                             f"rollout.prompt_length {self.prompt_length} (verl would cut it)")
+        return episode
+
+    async def _play(self, episode: Episode, renderer: Any, stop: list[str] | None, sampling_params: dict[str, Any],
+                    priority: int) -> dict[str, float]:
+        """Run `episode` to its end: each model turn sampled by verl's server (one request id for the episode), fed
+        to the episode (environment steps in an executor thread). Returns the seconds spent in each:
+        {"generate_sequences", "tool_calls"}.
+
+        Raises:
+            ValueError: a server turn aborted or without one log-prob per token (see `_sampled`); an episode the chat
+                template would split into several rows; the errors of `Episode.feed`.
+        """
+        loop = asyncio.get_running_loop()
+        request_id = uuid4().hex
+        timing = {"generate_sequences": 0.0, "tool_calls": 0.0}
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        while (req := episode.next_request()) is not None:
+            params = _turn_params(sampling_params, req.max_new_tokens, stop)
+            started = time.perf_counter()
+            out = await self.server_manager.generate(request_id=request_id, prompt_ids=list(req.ids),
+                                                     sampling_params=params, priority=int(priority))
+            timing["generate_sequences"] += time.perf_counter() - started
+            sampled = self._sampled(out, req.max_new_tokens, eos, renderer, stop)
+            started = time.perf_counter()
+            await loop.run_in_executor(None, episode.feed, sampled)
+            timing["tool_calls"] += time.perf_counter() - started
+            if len(episode.rows) > 1:
+                raise ValueError(f"{self.name}: the chat template rewrites earlier turns, so this episode would go on "
+                                 "in a new row; verl takes one sequence per sample: use a template that only appends")
+        return timing
+
+    def _sampled(self, out: Any, budget: int, eos: int | None, renderer: Any, stop: list[str] | None) -> Sampled:
+        """The server's answer to one turn (`TokenOutput`) as the episode's `Sampled`: its ids, log-probs and finish
+        (`_finish` over the turn's `budget` of tokens).
+
+        Raises:
+            ValueError: the server aborted the turn, or gave no log-probs or not one per token.
+        """
+        if getattr(out, "stop_reason", None) == "aborted":
+            raise ValueError(f"{self.name}: the server aborted a turn (stop_reason 'aborted')")
+        ids = [int(t) for t in out.token_ids]
+        if out.log_probs is None or len(out.log_probs) != len(ids):
+            got = "none" if out.log_probs is None else len(out.log_probs)
+            raise ValueError(f"{self.name}: the server returned {len(ids)} token ids and {got} log-probs; the "
+                             "episode needs one log-prob per sampled token")
+        return Sampled(ids=ids, logprobs=[float(x) for x in out.log_probs],
+                       finish=_finish(ids, budget, eos, renderer.turn_text(ids), stop))
+
+    async def _score(self, rollout: Rollout) -> tuple[float, dict[str, float]]:
+        """The loop's `reward` of the finished episode (in an executor thread): its score (0.0 when the reward failed)
+        and `reward_extra_info`: each component's value and `error` (1.0 when the reward failed)."""
+        loop = asyncio.get_running_loop()
+        out = (await loop.run_in_executor(None, self.reward, [rollout]))[0]
+        score = 0.0 if out.error is not None else float(out.score)
+        info = {k: float(out.components.get(k, 0.0)) for k in self.reward_keys}
+        info["error"] = float(out.error is not None)
+        return score, info
+
+
+def _turn_params(sampling_params: dict[str, Any], max_tokens: int, stop: list[str] | None) -> dict[str, Any]:
+    """The sampling parameters of one server turn: verl's, with the turn's `max_tokens` budget, `logprobs=True` and
+    the environment's `stop` strings (when it has any)."""
+    params = {**sampling_params, "max_tokens": max_tokens, "logprobs": True}
+    if stop:
+        params["stop"] = list(stop)
+    return params

@@ -12,6 +12,7 @@ from rewardlab.modeldir import check_model_dir
 from rewardlab.policy.batch import Batch, rollout_batch
 from rewardlab.policy.hf import Policy, load_model_dir, torch_dtype
 from rewardlab.policy.lora import BASE_DIR, add_adapter, import_peft, is_adapter_dir, load_merged
+from rewardlab.policy.settings import SamplingSettings
 
 
 def load_policy(
@@ -71,4 +72,4 @@ def load_policy(
     return Policy(model, tokenizer, prompt_format, **options)
 
 
-__all__ = ["Batch", "Policy", "load_policy", "rollout_batch"]
+__all__ = ["Batch", "Policy", "SamplingSettings", "load_policy", "rollout_batch"]

@@ -152,6 +152,23 @@ def micro_batches(group: torch.Tensor, size: int | None, episode: torch.Tensor |
     order = by_first[torch.argsort(group[first][by_first], stable=True)]  # episodes by (group, first row)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(E)
-    ordered = rows[torch.argsort(rank[inverse] * n + rows)]
-    counts = torch.bincount(rank[inverse][ordered] // size, minlength=(E + size - 1) // size)
+    return episode_chunks(inverse, rank, size)
+
+
+def episode_chunks(inverse: torch.Tensor, rank: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Row positions in the order of their episode's rank (an episode's rows in their order), cut into chunks of
+    `size` whole episodes: what micro-batches (`micro_batches`) and minibatches (`rl.episodes.episode_minibatches`)
+    are made of.
+
+    Args:
+        inverse: [n] int64, each row's episode index in 0..E-1.
+        rank: [E] int64, a permutation of 0..E-1: the position of each episode in the order wanted.
+        size: episodes per chunk, >= 1 (the last chunk may have fewer).
+    Returns:
+        list of 1-D int64 tensors of row positions; every row appears in exactly one; no empty chunk.
+    """
+    n, e = int(inverse.shape[0]), int(rank.shape[0])
+    rows = torch.arange(n)
+    ordered = rows[torch.argsort(rank[inverse] * max(n, 1) + rows)]
+    counts = torch.bincount(rank[inverse][ordered] // size, minlength=(e + size - 1) // size if e else 0)
     return [part for part in ordered.split(counts.tolist()) if part.numel()]

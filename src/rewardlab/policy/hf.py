@@ -19,6 +19,8 @@ from rewardlab.policy.batch import Batch, collate, mark_steps, micro_batches
 from rewardlab.policy.logprobs import chunk_positions, lm_head_split, selective_logprobs
 from rewardlab.policy.lora import BASE_DIR, adapter_parameters, is_peft_model, load_adapter_parameters, save_adapter
 from rewardlab.policy.sampling import (
+    Draw,
+    SampleRows,
     StopWatch,
     cache_kwarg,
     expandable_cache,
@@ -376,9 +378,8 @@ class Policy:
             B = len(chunk)
             befores = [texts[start + k // n][max(0, len(texts[start + k // n]) - len(stop) + 1) :] if stop else ""
                        for k in range(B * n)]
-            sampled = self._sample(chunk, node=[k // n for k in range(B * n)],
+            sampled = self._sample(chunk, Draw(temperature, top_p, greedy), node=[k // n for k in range(B * n)],
                                    budgets=[budgets[start + k // n] for k in range(B * n)],
-                                   temperature=temperature, top_p=top_p, greedy=greedy,
                                    stops=[stop] if stop is not None else None, befores=befores,
                                    words=None if words is None else words[start * n : (start + B) * n])
             for k, s in enumerate(sampled):
@@ -437,6 +438,22 @@ class Policy:
         """
         self._check_sampling(temperature, top_p, greedy)
         N = len(prompts)
+        budgets, stops = self._ids_request(prompts, max_new_tokens, stop, streams)
+        words = stream_words(streams) if streams is not None and not greedy else None
+        if N == 0:
+            return []
+        distinct: dict[tuple[int, ...], int] = {}
+        node = [distinct.setdefault(tuple(int(x) for x in p), len(distinct)) for p in prompts]
+        return self._sample([list(p) for p in distinct], Draw(temperature, top_p, greedy), node=node,
+                            budgets=budgets, stops=stops, befores=[""] * N, words=words)
+
+    def _ids_request(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+                     stop: Sequence[str] | None,
+                     streams: Sequence[tuple[int, ...]] | None) -> tuple[list[int], list[str] | None]:
+        """`sample_ids`'s request checked: (each prompt's budget, clamped to the room its context window leaves;
+        the stop strings as a list or None). Raises the one-line ValueErrors `sample_ids` lists (but temperature
+        and top_p)."""
+        N = len(prompts)
         if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
             budgets = [int(max_new_tokens)] * N
         else:
@@ -465,13 +482,7 @@ class Policy:
                     raise ValueError(f"sample_ids.prompts[{i}]: {len(p)} tokens leave no room in the context "
                                      f"window of {window}")
                 budgets[i] = min(budgets[i], window - len(p))
-        words = stream_words(streams) if streams is not None and not greedy else None
-        if N == 0:
-            return []
-        distinct: dict[tuple[int, ...], int] = {}
-        node = [distinct.setdefault(tuple(int(x) for x in p), len(distinct)) for p in prompts]
-        return self._sample([list(p) for p in distinct], node=node, budgets=budgets, temperature=temperature,
-                            top_p=top_p, greedy=greedy, stops=stops, befores=[""] * N, words=words)
+        return budgets, stops
 
     def _prompt_budgets(self, ids: Sequence[Sequence[int]], max_new_tokens: int, field: str) -> list[int]:
         """The token budget of a completion of each prompt: `max_new_tokens`, clamped to the room the context window
@@ -499,20 +510,21 @@ class Policy:
         ends in the first new token counts."""
         return stop_end(self.tokenizer, ids, [stop] if isinstance(stop, str) else stop, before)
 
-    def _sample(self, prompt_ids: list[list[int]], *, node: list[int], budgets: list[int], temperature: float,
-                top_p: float, greedy: bool, stops: list[str] | None, befores: list[str],
-                words: torch.Tensor | None) -> list[Sampled]:
+    def _sample(self, prompt_ids: list[list[int]], draw: Draw, *, node: list[int], budgets: list[int],
+                stops: list[str] | None, befores: list[str], words: torch.Tensor | None) -> list[Sampled]:
         """The one sampling path of `generate` and `sample_ids`: N rows, row r continuing prompt `node[r]` of
-        `prompt_ids` for at most `budgets[r]` tokens, drawn from stream `words[r]` (or torch's generator when None),
-        ending at EOS, the budget or a stop string (`befores[r]`: text before its new tokens, see
-        `sampling.stop_end`). The shared-prefix sampler when the model's cache allows it, else transformers'
-        `generate`; both run a row no further than its end, and the exact stop cut is made here."""
+        `prompt_ids` for at most `budgets[r]` tokens, drawn as `draw` says (temperature, top_p, greedy) from stream
+        `words[r]` (or torch's generator when None), ending at EOS, the budget or a stop string (`befores[r]`: text
+        before its new tokens, see `sampling.stop_end`). The shared-prefix sampler when the model's cache allows
+        it, else transformers' `generate`; both run a row no further than its end, and the exact stop cut is made
+        here."""
+        rows = SampleRows(torch.tensor(node, dtype=torch.long), torch.tensor(budgets, dtype=torch.long), words,
+                          StopWatch(self.tokenizer, stops, befores) if stops else None)
         was_training = self.model.training
         self.model.eval()
         try:
             with self.compute():
-                result = self._sample_ids(prompt_ids, node=node, budgets=budgets, temperature=temperature,
-                                          top_p=top_p, greedy=greedy, stops=stops, befores=befores, words=words)
+                result = self._sample_ids(prompt_ids, rows, draw)
         finally:
             self.model.train(was_training)
         tokens, logps, lengths = result
@@ -529,17 +541,13 @@ class Policy:
             out.append(Sampled(ids, lp[: len(ids)], finish))
         return out
 
-    def _sample_ids(self, prompt_ids: list[list[int]], *, node: list[int], budgets: list[int], temperature: float,
-                    top_p: float, greedy: bool, stops: list[str] | None, befores: list[str],
-                    words: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _sample_ids(self, prompt_ids: list[list[int]], rows: SampleRows,
+                    draw: Draw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`_sample`'s model work: (tokens [N, L], behaviour log-probs [N, L], lengths [N]) from the shared-prefix
         sampler, or from transformers' `generate` when the model's cache cannot be repeated."""
-        N = len(node)
+        N = rows.node.shape[0]
         batch = self.collate(prompt_ids, [[] for _ in prompt_ids])
         P = batch.prompt_len
-        node_t = torch.tensor(node, dtype=torch.long)
-        budget_t = torch.tensor(budgets, dtype=torch.long)
-        watch = StopWatch(self.tokenizer, stops, befores) if stops else None
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         result = None
         if self.shared_prefix is not False:
@@ -547,17 +555,15 @@ class Policy:
                                  position_ids=batch.position_ids[:, :P], use_cache=True, logits_to_keep=1)
             self.shared_prefix = expandable_cache(output_cache(prefill))
             if self.shared_prefix:
-                result = sample_prefix_tree(self.model, batch, prefill, node=node_t, budgets=budget_t, eos_id=eos,
-                                            pad_id=pad, temperature=temperature, top_p=top_p, greedy=greedy,
-                                            words=words, watch=watch)
+                result = sample_prefix_tree(self.model, batch, prefill, rows, draw, eos_id=eos, pad_id=pad)
         if result is None:
             n = N // len(prompt_ids)
+            node = rows.node.tolist()
             # one row per prompt unless n rows per prompt in order and transformers samples (its greedy search,
             # which stream draws run through, takes one sequence per prompt)
-            if words is not None or n * len(prompt_ids) != N or node != [k // n for k in range(N)]:
+            if rows.words is not None or n * len(prompt_ids) != N or node != [k // n for k in range(N)]:
                 batch, n = self.collate([prompt_ids[j] for j in node], [[] for _ in node]), 1
-            result = sample_with_generate(self.model, self.tokenizer, batch, n=n, temperature=temperature,
-                                          top_p=top_p, budgets=budget_t, greedy=greedy, words=words, watch=watch)
+            result = sample_with_generate(self.model, self.tokenizer, batch, rows, draw, n=n)
         return result
 
     # ------------------------------------------------------------------ scoring
@@ -586,9 +592,8 @@ class Policy:
             features, head = self.completion_features(narrow)
         picked = features[narrow.mask > 0]  # [M, H] hidden states (or [M, V] logits) of the completion tokens
         logp, entropy = selective_logprobs(
-            picked, narrow.completion_ids[narrow.mask > 0], weight=head.weight if head is not None else None,
-            bias=head.bias if head is not None else None, temperature=temperature, chunk=self.logprob_chunk_tokens,
-            with_entropy=with_entropy, entropy_grad=entropy_grad,
+            picked, narrow.completion_ids[narrow.mask > 0], head=head, temperature=temperature,
+            chunk=self.logprob_chunk_tokens, with_entropy=with_entropy, entropy_grad=entropy_grad,
             dtype=AUTOCAST_DTYPES[self.autocast] if self.autocast is not None else None)
         zeros = torch.zeros(on.shape, dtype=torch.float32, device=on.device)
         logprobs = zeros.masked_scatter(on, logp)

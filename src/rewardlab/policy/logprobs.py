@@ -68,8 +68,11 @@ class _ProjectedLogprobs(torch.autograd.Function):
     [chunk, V] float32 buffers are all the vocabulary-wide memory it uses, in the forward and in the backward."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-                chunk: int, dtype: torch.dtype, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
+                options: tuple[float, int, torch.dtype, bool]) -> tuple[Tensor, Tensor]:
+        """`options`: (temperature, chunk, dtype, with_entropy), one argument so that `backward` returns one
+        gradient per tensor input and one None for them all."""
+        temperature, chunk, dtype, with_entropy = options
         M = hidden.shape[0]
         logp = torch.empty(M, dtype=torch.float32, device=hidden.device)
         entropy = torch.zeros(M if with_entropy else 0, dtype=torch.float32, device=hidden.device)
@@ -96,7 +99,7 @@ class _ProjectedLogprobs(torch.autograd.Function):
         if g_entropy is not None and g_entropy.numel() == 0:
             g_entropy = None
         if g_logp is None and g_entropy is None:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
@@ -128,25 +131,25 @@ class _ProjectedLogprobs(torch.autograd.Function):
                 if need_b:
                     grad_b.add_(grad_z.sum(0))
         return (grad_h, grad_w.to(weight.dtype) if need_w else None, grad_b.to(bias.dtype) if need_b else None,
-                None, None, None, None, None)
+                None, None)
 
 
-def selective_logprobs(features: Tensor, targets: Tensor, *, weight: Tensor | None = None, bias: Tensor | None = None,
-                       temperature: float = 1.0, chunk: int | None = None, with_entropy: bool = False,
-                       entropy_grad: bool = False, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
+def selective_logprobs(features: Tensor, targets: Tensor, *, head: Any = None, temperature: float = 1.0,
+                       chunk: int | None = None, with_entropy: bool = False, entropy_grad: bool = False,
+                       dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each target token and the entropy of each position's distribution, never materializing more than
     one chunk of vocabulary-wide float32 logits.
 
     log p(y_m) = z_m[y_m] - logsumexp_v z_m[v];  H_m = logsumexp_v z_m[v] - sum_v softmax(z_m)[v] z_m[v], with
-    z_m = (h_m W^T + b) / temperature when `weight` is given (the LM head applied here, chunk by chunk, in the
+    z_m = (h_m W^T + b) / temperature when `head` is given (the LM head applied here, chunk by chunk, in the
     forward pass and again in the backward pass: the logits are never stored), else z_m = features_m / temperature
     (logits already computed by the model; only the float32 softmax work is chunked).
 
     Args:
-        features: [M, H] hidden states (with `weight`) or [M, V] logits, any float dtype (differentiable).
+        features: [M, H] hidden states (with `head`) or [M, V] logits, any float dtype (differentiable).
         targets: [M] int64 token ids in [0, V).
-        weight: [V, H] the LM head's weight (tied embeddings included), or None.
-        bias: [V] the LM head's bias, or None.
+        head: the LM head, a `torch.nn.Linear` (or any object with its `weight` [V, H], tied embeddings included,
+            and `bias` [V] or None); None: `features` are the logits.
         temperature: the logits are divided by it (> 0), as in sampling.
         chunk: positions per chunk (None: `chunk_positions(V)`).
         with_entropy: also return the entropy.
@@ -160,6 +163,7 @@ def selective_logprobs(features: Tensor, targets: Tensor, *, weight: Tensor | No
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    weight, bias = (head.weight, head.bias) if head is not None else (None, None)
     V = weight.shape[0] if weight is not None else features.shape[-1]
     chunk = chunk_positions(V, chunk)
     if weight is not None:
@@ -169,8 +173,8 @@ def selective_logprobs(features: Tensor, targets: Tensor, *, weight: Tensor | No
             # On a CPU the head's products run in float32 over float32 weights: the backward's [c, V] x [V, H]
             # product in bf16 took 12 s against 0.14 s in float32 on an AVX2 core (no native bf16 arithmetic)
             dtype = torch.float32
-        logp, entropy = _ProjectedLogprobs.apply(features, weight, bias, targets, float(temperature), chunk,
-                                                 dtype, with_entropy)
+        logp, entropy = _ProjectedLogprobs.apply(features, weight, bias, targets,
+                                                 (float(temperature), chunk, dtype, with_entropy))
         if not with_entropy:
             return logp, None
         return logp, entropy if entropy_grad and torch.is_grad_enabled() else entropy.detach()
@@ -194,7 +198,7 @@ def lm_head_split(model: Any) -> tuple[Any, torch.nn.Linear] | None:
     (`get_decoder()`) and a plain linear LM head (`get_output_embeddings()`), checked once on a 4-token input (in
     eval mode, without autocast) against the model's own logits. None when the model has no such split or computes
     its logits otherwise (a final soft-cap or a logit scale, as Gemma 2 and Cohere do): such a model's log-probs are
-    computed from its full logits (`selective_logprobs` without `weight`). A PEFT model is split through its base
+    computed from its full logits (`selective_logprobs` without `head`). A PEFT model is split through its base
     model (the adapter layers stay in place)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     get_decoder, get_head = getattr(base, "get_decoder", None), getattr(base, "get_output_embeddings", None)

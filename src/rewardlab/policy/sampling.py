@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -147,89 +148,142 @@ def stream_draw(scaled: torch.Tensor, top_p: float, u: torch.Tensor, index: torc
     return inverse_cdf(top_p_filter(scaled, top_p).double().softmax(dim=-1), u, index)
 
 
-def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, *, node: torch.Tensor, budgets: torch.Tensor,
-                       eos_id: int, pad_id: int, temperature: float, top_p: float, greedy: bool,
-                       words: torch.Tensor | None = None,
-                       watch: StopWatch | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class Draw:
+    """How each new token is drawn: from softmax(logits / temperature) after nucleus filtering to mass `top_p`
+    (`top_p_filter`), or the argmax when `greedy` (then temperature is not read: behaviour log-probs are at
+    temperature 1)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+@dataclass(frozen=True)
+class SampleRows:
+    """The N rows one sampling call continues.
+
+    Attributes:
+        node: [N] int64, the prompt (row of the batch) each row continues (prompt-major for `sample_with_generate`,
+            which does not read it).
+        budgets: [N] int64 >= 1, each row's max new tokens.
+        words: [N, 4] int64 stream words (`streams.stream_words`), or None: torch's global generator.
+        watch: stop-string detection over the N rows (`StopWatch`), or None: no stop strings.
+    """
+
+    node: torch.Tensor
+    budgets: torch.Tensor
+    words: torch.Tensor | None = None
+    watch: StopWatch | None = None
+
+
+def sample_prefix_tree(model: Any, batch: Batch, prefill: Any, rows: SampleRows, draw: Draw, *, eos_id: int,
+                       pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Autoregressive sampling over a prefix tree: rows that share a prefix share its forward pass.
 
-    The model runs once per distinct (prompt, tokens so far), not once per row: the rows of a prompt start as one
-    node (the prompt is prefilled once), and after each step the rows still generating are regrouped by (parent
-    node, sampled token); the key/value cache keeps one row per node (`batch_select_indices` with each child's
-    parent). A row leaves when it samples EOS, reaches its budget, or (with `watch`) completes a stop string. This
-    is exact: rows with the same prefix have the same next-token distribution. Each row still draws its own token
-    from softmax(logits / temperature) after nucleus filtering (`top_p_filter`) - the distribution of `generate`:
-    with `words`, row r's t-th token by inverse CDF at the uniform `hashed_uniform(words[r], t)` (`stream_draw`),
-    else one `torch.multinomial` draw per row from torch's global generator; greedy takes the argmax. The behaviour
-    log-prob is log softmax(logits / temperature) of the drawn token, before nucleus filtering (temperature 1 when
-    greedy).
+    The model runs once per distinct (prompt, tokens so far): the rows of a prompt start as one node (the prompt is
+    prefilled once), and after each step the rows still generating are regrouped by (parent node, sampled token);
+    the key/value cache keeps one row per node (`batch_select_indices`). A row leaves at EOS, at its budget, or
+    (with `rows.watch`) at a completed stop string. Exact: rows with the same prefix have the same next-token
+    distribution, and each row draws its own token as `draw` says (`next_tokens`). The behaviour log-prob is
+    log softmax(logits / temperature) of the drawn token, before nucleus filtering (temperature 1 when greedy).
 
     Args:
+        model, batch: the causal LM and the prompts, one per node, left-padded (`Batch`).
         prefill: the model's output over the prompt part of `batch` (use_cache=True, logits_to_keep=1), whose
             key/value cache must be expandable (`expandable_cache`); it is modified in place.
-        node: [N] int64, the prompt (row of `batch`) of each sampled row.
-        budgets: [N] int64 >= 1, each row's max new tokens.
-        words: [N, 4] int64 stream words (`streams.stream_words`) or None.
-        watch: stop-string detection over the N rows (`StopWatch`) or None.
+        rows: `SampleRows`: each row's prompt (node), budget, stream words and the stop watch.
+        draw: `Draw`: temperature, top_p, greedy.
+        eos_id, pad_id: the end-of-sequence id (ends a row) and the id written after a row's end.
     Returns:
         [N, L] int64 token ids (`pad_id` after a row's end, L = the longest row), [N, L] float32 behaviour
         log-probs and [N] int64 lengths (tokens sampled by each row), on the CPU.
     """
-    eos, pad = eos_id, pad_id
     P = batch.prompt_len
-    cache = output_cache(prefill)  # one row per node
-    cache_key = cache_kwarg(model)
+    cache, cache_key = output_cache(prefill), cache_kwarg(model)  # the cache: one row per node
     logits = prefill.logits[:, -1]  # [nodes, V]: next-token logits of each node
     attention = batch.attention_mask[:, :P]  # [nodes, P + t]
     position = batch.position_ids[:, P - 1]  # [nodes]: position of each node's last token
     V = logits.shape[1]
     dev = logits.device
-    N = node.shape[0]
-    node = node.to(dev)
-    budgets = budgets.to(dev)
-    words = words.to(dev) if words is not None else None
+    N = rows.node.shape[0]
+    node = rows.node.to(dev)
+    budgets = rows.budgets.to(dev)
+    words = rows.words.to(dev) if rows.words is not None else None
     L = int(budgets.max())
-    tokens = torch.full((N, L), pad, dtype=torch.long, device=dev)
+    tokens = torch.full((N, L), pad_id, dtype=torch.long, device=dev)
     logps = torch.zeros((N, L), dtype=torch.float32, device=dev)
     lengths = torch.zeros(N, dtype=torch.long, device=dev)
-    rows = torch.arange(N, device=dev)  # the rows still generating ...
-    # ... and `node`: the node each one is at
-    temp = 1.0 if greedy else temperature
+    live = torch.arange(N, device=dev)  # the rows still generating (`node`: the node each one is at)
     length = 0
     for t in range(L):
-        scaled = logits.float() / temp
-        logp_all = torch.log_softmax(scaled, dim=-1)
-        if greedy:
-            nxt = logits.argmax(dim=-1)[node]
-        elif words is not None:
-            nxt = stream_draw(scaled, top_p, hashed_uniform(words.index_select(0, rows), t), node)
-        else:
-            probs = logp_all.exp() if top_p >= 1.0 else top_p_filter(scaled, top_p).softmax(dim=-1)
-            nxt = torch.multinomial(probs.index_select(0, node), num_samples=1).squeeze(1)
-        tokens[rows, t] = nxt
-        logps[rows, t] = logp_all[node, nxt]
-        lengths[rows] = t + 1
+        nxt, logp_all = next_tokens(logits, node, draw, None if words is None else words.index_select(0, live), t)
+        tokens[live, t] = nxt
+        logps[live, t] = logp_all[node, nxt]
+        lengths[live] = t + 1
         length = t + 1
-        going = (nxt != eos) & (budgets.index_select(0, rows) > t + 1)
-        if watch is not None:
-            live = going.nonzero().squeeze(1)
-            if live.numel():
-                hit = watch.push(rows[live].tolist(), nxt[live].tolist())
-                going[live] = ~torch.tensor(hit, dtype=torch.bool, device=dev)
+        going = (nxt != eos_id) & (budgets.index_select(0, live) > t + 1)
+        if rows.watch is not None:
+            on = going.nonzero().squeeze(1)
+            if on.numel():
+                hit = rows.watch.push(live[on].tolist(), nxt[on].tolist())
+                going[on] = ~torch.tensor(hit, dtype=torch.bool, device=dev)
         if not bool(going.any()):
             break
-        rows, node, nxt = rows[going], node[going], nxt[going]
+        live, node, nxt = live[going], node[going], nxt[going]
         children, node = torch.unique(node * V + nxt, return_inverse=True)  # distinct (parent, token)
-        parent, token = children // V, children % V
-        if parent.shape[0] != attention.shape[0] or not torch.equal(parent, torch.arange(len(parent), device=dev)):
-            cache.batch_select_indices(parent)
-            attention, position = attention[parent], position[parent]
-        attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
-        position = position + 1
-        out = model(input_ids=token[:, None], attention_mask=attention, position_ids=position[:, None],
-                    use_cache=True, **{cache_key: cache})
-        logits = out.logits[:, -1]
+        logits, attention, position = extend_nodes(model, (cache, cache_key), children // V, children % V,
+                                                   attention, position)
     return tokens[:, :length].cpu(), logps[:, :length].cpu(), lengths.cpu()
+
+
+def extend_nodes(model: Any, cache: tuple[Any, str], parent: torch.Tensor, token: torch.Tensor,
+                 attention: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of `sample_prefix_tree`'s tree: the new nodes, child c = node `parent[c]` + token `token[c]`, run
+    through the model on its key/value cache (`cache`: the cache, one row per old node, re-indexed to the parents
+    in place when they differ; and the forward's keyword for it, `cache_kwarg`).
+
+    Returns:
+        ([C, V] next-token logits of each new node, its [C, P + t + 1] attention mask, its [C] last position).
+    """
+    kv, key = cache
+    if parent.shape[0] != attention.shape[0] or not torch.equal(parent, torch.arange(len(parent),
+                                                                                    device=parent.device)):
+        kv.batch_select_indices(parent)
+        attention, position = attention[parent], position[parent]
+    attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+    position = position + 1
+    out = model(input_ids=token[:, None], attention_mask=attention, position_ids=position[:, None],
+                use_cache=True, **{key: kv})
+    return out.logits[:, -1], attention, position
+
+
+def next_tokens(logits: torch.Tensor, node: torch.Tensor, draw: Draw, words: torch.Tensor | None,
+                t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of `sample_prefix_tree`: the token of each live row and the log softmax(logits / temperature) of
+    every node (temperature 1 when greedy).
+
+    Args:
+        logits: [nodes, V] next-token logits of each node.
+        node: [R] int64, the node of each live row.
+        draw: `Draw`: greedy takes the argmax; else, with `words`, row r's token by inverse CDF at the uniform
+            `hashed_uniform(words[r], t)` (`stream_draw`), and without, one `torch.multinomial` draw per row from
+            torch's global generator.
+        words: [R, 4] int64 stream words of the live rows, or None.
+        t: the index of the token drawn (0 for the first new token).
+    Returns:
+        ([R] int64 tokens, [nodes, V] float32 log-probs).
+    """
+    scaled = logits.float() / (1.0 if draw.greedy else draw.temperature)
+    logp_all = torch.log_softmax(scaled, dim=-1)
+    if draw.greedy:
+        nxt = logits.argmax(dim=-1)[node]
+    elif words is not None:
+        nxt = stream_draw(scaled, draw.top_p, hashed_uniform(words, t), node)
+    else:
+        probs = logp_all.exp() if draw.top_p >= 1.0 else top_p_filter(scaled, draw.top_p).softmax(dim=-1)
+        nxt = torch.multinomial(probs.index_select(0, node), num_samples=1).squeeze(1)
+    return nxt, logp_all
 
 
 class _StreamDraws(LogitsProcessor):
@@ -270,17 +324,18 @@ class _RowEnds(StoppingCriteria):
         return self.done.to(input_ids.device)
 
 
-def sample_with_generate(
-    model: Any, tokenizer: Any, batch: Batch, *, n: int, temperature: float, top_p: float, budgets: torch.Tensor,
-    greedy: bool, words: torch.Tensor | None = None, watch: StopWatch | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_with_generate(model: Any, tokenizer: Any, batch: Batch, rows: SampleRows, draw: Draw, *,
+                         n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """transformers' `generate` with the behaviour log-probs recorded by a logits processor (any model).
 
-    `n` samples of each prompt of `batch`; `budgets` [B*n] int64, `words` ([B*n, 4] stream words: draws as in
-    `sample_prefix_tree`, so both samplers give the same ids; None: transformers' multinomial sampling) and
-    `watch` (stop strings) are per row, prompt-major. Returns [B*n, L] int64 token ids, [B*n, L] float32 behaviour
-    log-probs and [B*n] int64 lengths (tokens sampled by each row), on the CPU.
+    `n` samples of each prompt of `batch`, prompt-major; `rows` (`SampleRows`, node not read): budgets [B*n] int64,
+    words ([B*n, 4] stream words: draws as in `sample_prefix_tree`, so both samplers give the same ids; None:
+    transformers' multinomial sampling) and watch (stop strings), per row; `draw`: temperature, top_p, greedy.
+    Returns [B*n, L] int64 token ids, [B*n, L] float32 behaviour log-probs and [B*n] int64 lengths (tokens sampled
+    by each row), on the CPU.
     """
+    temperature, top_p, greedy = draw.temperature, draw.top_p, draw.greedy
+    budgets, words, watch = rows.budgets, rows.words, rows.watch
     tok = tokenizer
     P = batch.prompt_len
     temp = 1.0 if greedy else temperature

@@ -334,35 +334,53 @@ def reward(
 
     def wrap(fn: Callable[..., Any]):
         reward_name = name or fn.__name__
-        params = inspect.signature(fn).parameters
-        bad = [f for f in fields if f not in params or f in ROLLOUT_FIELDS]
-        if bad:
-            raise ValueError(f"reward {reward_name}: fields {bad} are not parameters of the function (or are "
-                             f"rollout fields, always filled); parameters: {sorted(params)}")
-
+        _check_fields(reward_name, fn, fields)
         declared = None if row_fields is None else check_row_fields(reward_name, row_fields)
-
-        def factory(**options: Any) -> FunctionReward:
-            return FunctionReward(fn, reward_name, {**defaults, **options}, fields=fields, row_fields=declared or ())
-
-        factory.__doc__ = fn.__doc__
-        factory.__name__ = fn.__name__
-        factory.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
-        factory.__module__ = getattr(fn, "__module__", __name__)
-        factory.__signature__ = _factory_signature(fn)  # type: ignore[attr-defined]
-        factory.default_weight = weight  # type: ignore[attr-defined]
-        factory.fn = fn  # type: ignore[attr-defined]
-        factory.fields = tuple(fields)  # type: ignore[attr-defined]
-        #: what `row_fields=` declared (None: nothing declared) and the row fields with no option given
-        factory.declared_row_fields = declared  # type: ignore[attr-defined]
-        factory.row_fields = check_row_fields(  # type: ignore[attr-defined]
-            reward_name, [*_inferred_row_fields(fn), *(declared or ())])
-        factory.reward_name = reward_name  # type: ignore[attr-defined]
+        factory = _reward_factory(fn, reward_name, weight, defaults, fields, declared)
         if register:
             register_reward(reward_name)(factory)
         return factory
 
     return wrap
+
+
+def _check_fields(name: str, fn: Callable[..., Any], fields: Sequence[str]) -> None:
+    """Check `@reward(fields=...)`: each one a parameter of `fn` and not a rollout field (those are always filled).
+
+    Raises:
+        ValueError: one line naming the reward, the bad fields and the function's parameters.
+    """
+    params = inspect.signature(fn).parameters
+    bad = [f for f in fields if f not in params or f in ROLLOUT_FIELDS]
+    if bad:
+        raise ValueError(f"reward {name}: fields {bad} are not parameters of the function (or are "
+                         f"rollout fields, always filled); parameters: {sorted(params)}")
+
+
+def _reward_factory(fn: Callable[..., Any], name: str, weight: float, defaults: Mapping[str, Any],
+                    fields: Sequence[str], declared: tuple[RowField, ...] | None) -> Callable[..., FunctionReward]:
+    """The factory `@reward` makes of `fn`: `factory(**options)` builds a `FunctionReward` with the execution
+    `defaults` under `options`; it carries `fn`'s name and docstring, the options it takes as its signature (what
+    the registry checks), and `default_weight`, `fn`, `fields`, `declared_row_fields` (None: none declared),
+    `row_fields` (inferred from the signature, then `declared`) and `reward_name`."""
+
+    def factory(**options: Any) -> FunctionReward:
+        return FunctionReward(fn, name, {**defaults, **options}, fields=fields, row_fields=declared or ())
+
+    factory.__doc__ = fn.__doc__
+    factory.__name__ = fn.__name__
+    factory.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
+    factory.__module__ = getattr(fn, "__module__", __name__)
+    factory.__signature__ = _factory_signature(fn)  # type: ignore[attr-defined]
+    factory.default_weight = weight  # type: ignore[attr-defined]
+    factory.fn = fn  # type: ignore[attr-defined]
+    factory.fields = tuple(fields)  # type: ignore[attr-defined]
+    #: what `row_fields=` declared (None: nothing declared) and the row fields with no option given
+    factory.declared_row_fields = declared  # type: ignore[attr-defined]
+    factory.row_fields = check_row_fields(  # type: ignore[attr-defined]
+        name, [*_inferred_row_fields(fn), *(declared or ())])
+    factory.reward_name = name  # type: ignore[attr-defined]
+    return factory
 
 
 #: The types of the execution options (what `REWARDS.validate` checks them against when the function does not take

@@ -238,6 +238,9 @@ class CodeReward:
         workers: completions run at once (default: the run's `threads` setting, else the CPU count).
     Raises:
         ValueError: an option out of range (the message names it).
+
+    The constructor takes each option as its own keyword: a registered reward's keyword parameters are its
+    declared options (`rewards:` config entries are checked against them by name), so they are not bundled.
     """
 
     name = "code"

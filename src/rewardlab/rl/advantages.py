@@ -781,6 +781,10 @@ def gigpo(*, token_rewards: Tensor, mask: Tensor, group: Tensor, turn_rewards: T
     Raises:
         ValueError: on shape mismatch, an unknown ``norm``, gamma outside [0, 1], a bad turn index, a turn whose
             tokens carry different keys, or a NaN/inf reward or turn reward inside the mask.
+
+    Every input and option is its own keyword: `compute_advantages` calls an estimator as
+    ``fn(token_rewards=, mask=, group=, **options)``, and the registry reads each estimator's declared options and
+    trainer inputs from these keyword names, so they are not bundled.
     """
     if norm not in ("std", "none"):
         raise ValueError(f"gigpo: unknown norm {norm!r}; valid: none, std")

@@ -25,7 +25,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from rewardlab.envs.sampling import episode_ends, sample_rollouts
-from rewardlab.policy import Batch, rollout_batch
+from rewardlab.policy import Batch, SamplingSettings, rollout_batch
 from rewardlab.registry import Registry
 from rewardlab.rewards.compose import component_weights
 from rewardlab.rl.episodes import episode_advantages, episode_tensors
@@ -158,8 +158,9 @@ def greedy_baseline(view: CreditView) -> Provided:
     for e in view.episodes:
         first.setdefault(e.last.group, e.last)
     groups = list(first)
-    greedy = sample_rollouts(run.policy, [first[g].row for g in groups], episodes=run.episodes, greedy=True,
-                             max_new_tokens=rl.sampling.max_new_tokens, max_prompt_length=rl.sampling.max_prompt_length)
+    greedy = sample_rollouts(run.policy, [first[g].row for g in groups], SamplingSettings(
+        max_new_tokens=rl.sampling.max_new_tokens, greedy=True, max_prompt_length=rl.sampling.max_prompt_length),
+        episodes=run.episodes)
     if rl.step_separator is not None:
         for r in greedy:
             run.policy.mark_steps(r, rl.step_separator)

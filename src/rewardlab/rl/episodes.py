@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rewardlab.policy.batch import episode_chunks
 from rewardlab.rl.advantages import compute_advantages
 from rewardlab.rl.segments import Segments
 
@@ -216,13 +217,7 @@ def episode_minibatches(episode: Tensor | None, size: int | None, generator: tor
     perm = torch.randperm(e, generator=generator)
     rank = torch.empty_like(perm)
     rank[perm] = torch.arange(e)
-    chunk = size or max(e, 1)
-    batch_of_row = rank[inverse] // chunk
-    rows = torch.arange(episode.shape[0])
-    key = rank[inverse] * max(episode.shape[0], 1) + rows  # episodes in shuffled order, rows in batch order
-    ordered = rows[torch.argsort(key)]
-    counts = torch.bincount(batch_of_row[ordered], minlength=(e + chunk - 1) // chunk if e else 0)
-    return [part for part in ordered.split(counts.tolist()) if part.numel()]
+    return episode_chunks(inverse, rank, size or max(e, 1))  # episodes in shuffled order, rows in batch order
 
 
 def episode_tensors(rollouts: Sequence[Any], width: int, *, state_ids: dict[str, int] | None = None

@@ -8,9 +8,13 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rewardlab.types import Rollout
+
+if TYPE_CHECKING:
+    from rewardlab.policy.settings import SamplingSettings
 
 
 def pairs_from_samples(
@@ -28,38 +32,57 @@ def pairs_from_samples(
     return combos[:k]
 
 
+@dataclass(frozen=True)
+class PairSettings:
+    """How preference pairs are made from a policy's samples (`generate_pairs`).
+
+    Attributes:
+        pairs_per_question: (chosen, rejected) pairs of one question at most.
+        subset: the pair rows' `subset` (e.g. the task's name).
+        batch_size: questions per `generate` call.
+        max_pairs: stop once this many pairs are made; None: every question.
+        seed: seeds the draw of pairs among a question's correct x incorrect completions.
+    """
+
+    pairs_per_question: int
+    subset: str
+    batch_size: int = 64
+    max_pairs: int | None = None
+    seed: int = 0
+
+
 def generate_pairs(
-    policy,
+    policy: Any,
     rows: Sequence[dict[str, Any]],
     verifier: Callable[[Sequence[Rollout]], list],
+    sampling: SamplingSettings,
     *,
     n: int,
-    pairs_per_question: int,
-    subset: str,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 32,
-    batch_size: int = 64,
-    max_pairs: int | None = None,
-    seed: int = 0,
+    settings: PairSettings,
     on_batch: Callable[[int, dict[str, float]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Preference pairs from a policy and a verifier: for each question, sample `n` completions, verify them, and pair
-    a correct with an incorrect completion of the same question (up to `pairs_per_question` pairs).
+    a correct with an incorrect completion of the same question (up to `settings.pairs_per_question` pairs).
 
     Args:
         policy: anything with `generate(prompts, n=, temperature=, top_p=, max_new_tokens=, rows=)` -> Rollouts
             (prompt-major, `n` per prompt), e.g. `rewardlab.policy.Policy`.
         rows: task rows with `prompt` (and whatever the verifier reads).
         verifier: a Reward; a completion is correct when its output is `correct`.
-        max_pairs: stop once this many pairs are made.
+        sampling: `rewardlab.policy.SamplingSettings`: max_new_tokens, temperature, top_p of each completion
+            (greedy, chunk and max_prompt_length are not read).
+        n: completions sampled per question.
+        settings: `PairSettings`: pairs_per_question, subset, batch_size, max_pairs, seed.
         on_batch: called after each batch with (questions done, running stats) (e.g. a progress bar).
     Returns:
         (pair rows in RewardBench format with the task `row` attached, stats: questions, samples, sample accuracy,
         questions with both outcomes, pairs).
+    Raises:
+        ValueError: what `policy.generate` and the verifier raise.
     """
-
-    rng = random.Random(seed)
+    temperature, top_p, max_new_tokens = sampling.temperature, sampling.top_p, sampling.max_new_tokens
+    pairs_per_question = settings.pairs_per_question
+    rng = random.Random(settings.seed)
 
     def judge(chunk: list[dict[str, Any]]) -> list[tuple[list[tuple[str, str]], dict[str, int]]]:
         rollouts = policy.generate([r["prompt"] for r in chunk], n=n, temperature=temperature, top_p=top_p,
@@ -77,7 +100,7 @@ def generate_pairs(
 
     pairs, stats = _pairs_in_batches(
         rows, judge, {"samples": 0, "correct_samples": 0, "mixed_questions": 0, "verifier_errors": 0},
-        subset=subset, batch_size=batch_size, max_pairs=max_pairs, on_batch=on_batch,
+        subset=settings.subset, batch_size=settings.batch_size, max_pairs=settings.max_pairs, on_batch=on_batch,
     )
     stats["sample_accuracy"] = stats["correct_samples"] / max(1, stats["samples"])
     return pairs, stats

@@ -372,6 +372,36 @@ def _remove(path: str) -> None:
         shutil.rmtree(path, onerror=retry)
 
 
+def _process_work_dir(work_dirs: list[str]) -> str:
+    """A new work dir for one program under process isolation: `<parent>/work`, mode 0700, in a fresh 0700 temp
+    dir `parent` of the caller's, which is appended to `work_dirs` (the caller removes it). A root caller's program
+    runs as uid 65534, which then owns the work dir."""
+    parent = tempfile.mkdtemp(prefix="rewardlab-sandbox-")  # 0700, the caller's
+    work_dirs.append(parent)
+    work_dir = os.path.join(parent, "work")
+    os.mkdir(work_dir, 0o700)
+    if os.geteuid() == 0:
+        os.chown(work_dir, 65534, 65534)  # process isolation runs a root caller's program as 65534
+    return work_dir
+
+
+def _submit(launcher: _Launcher, request: dict, source: str) -> Future:
+    """Hand one program to the launcher: `source` (UTF-8, lone surrogates kept) in a close-on-exec memfd, which is
+    closed here once the launcher has its copy. Returns the future of the launcher's reply.
+
+    Raises:
+        SandboxError: the launcher could not take the program.
+    """
+    source_fd = os.memfd_create("main.py", os.MFD_CLOEXEC)
+    try:
+        data = memoryview(source.encode("utf-8", errors="surrogatepass"))
+        while data:
+            data = data[os.write(source_fd, data):]
+        return launcher.submit(request, source_fd)
+    finally:
+        os.close(source_fd)
+
+
 class Sandbox:
     """Runs Python programs, each in its own sandbox (see the module docstring for what is contained).
 
@@ -430,64 +460,78 @@ class Sandbox:
                 raise TypeError(f"sandbox: source must be a str, got {type(source).__name__}")
         if not sources:
             return []
-        launcher = _launcher(self.python)
-        if self.isolation == "namespaces" and not launcher.namespaces:
-            raise SandboxError(f"sandbox: isolation='namespaces' but the kernel refused: {launcher.refusal}")
+        launcher = self._checked_launcher()
         by_process = self.isolation == "process" or (self.isolation == "auto" and not launcher.namespaces)
-        limits = self.limits
         batch = next(_BATCHES)
         results: list[SandboxResult | SandboxError | None] = [None] * len(sources)
         waiting: dict[Future, tuple[int, str | None]] = {}
         work_dirs: list[str] = []
         try:
             for i, source in enumerate(sources):
-                work_dir = None
-                if by_process:  # namespaces isolation needs nothing on disk: its work dir is a private tmpfs
-                    parent = tempfile.mkdtemp(prefix="rewardlab-sandbox-")  # 0700, the caller's
-                    work_dirs.append(parent)
-                    work_dir = os.path.join(parent, "work")
-                    os.mkdir(work_dir, 0o700)
-                    if os.geteuid() == 0:
-                        os.chown(work_dir, 65534, 65534)  # process isolation runs a root caller's program as 65534
-                request = {
-                    "batch": batch, "limit": self.workers, "timeout": float(limits.timeout),
-                    "cpu_seconds": limits.cpu, "memory_bytes": int(limits.memory_bytes),
-                    "file_size_bytes": int(limits.file_size_bytes), "disk_bytes": int(limits.disk_bytes),
-                    "open_files": int(limits.open_files), "max_processes": int(limits.max_processes),
-                    "isolation": self.isolation, "env": _base_env(), "work_dir": work_dir,
-                }
-                source_fd = os.memfd_create("main.py", os.MFD_CLOEXEC)
+                # namespaces isolation needs nothing on disk: its work dir is a private tmpfs
+                work_dir = _process_work_dir(work_dirs) if by_process else None
+                request = self._request(batch, work_dir)
                 try:
-                    data = memoryview(source.encode("utf-8", errors="surrogatepass"))
-                    while data:
-                        data = data[os.write(source_fd, data):]
-                    waiting[launcher.submit(request, source_fd)] = (i, work_dirs[-1] if work_dir else None)
+                    waiting[_submit(launcher, request, source)] = (i, work_dirs[-1] if work_dir else None)
                 except SandboxError as exc:
                     results[i] = exc
-                finally:
-                    os.close(source_fd)
-            # Programs run `workers` at a time, each for at most timeout: a launcher that answers later is stuck.
-            rounds = math.ceil(len(sources) / self.workers)
-            deadline = rounds * (limits.timeout + 1.0) + _CALLER_GRACE
-            try:
-                for future in as_completed(waiting, timeout=deadline):
-                    i, work_dir = waiting[future]
-                    try:
-                        results[i] = self._collect(future.result())
-                    except SandboxError as exc:
-                        results[i] = exc
-                    if work_dir is not None:
-                        _remove(work_dir)
-            except FuturesTimeout:
-                launcher.close()  # stuck: kill it and everything it runs; the next call starts a fresh one
-                for i, result in enumerate(results):
-                    if result is None:
-                        results[i] = SandboxError("sandbox: the launcher did not answer; restarted it")
+            self._gather(launcher, waiting, results)
         finally:
             for work_dir in work_dirs:
                 if os.path.exists(work_dir):
                     _remove(work_dir)
         return results  # type: ignore[return-value]
+
+    def _checked_launcher(self) -> _Launcher:
+        """This interpreter's launcher (started on first use).
+
+        Raises:
+            SandboxError: isolation="namespaces" but the kernel refused the namespace set-up; the launcher cannot
+                start.
+        """
+        launcher = _launcher(self.python)
+        if self.isolation == "namespaces" and not launcher.namespaces:
+            raise SandboxError(f"sandbox: isolation='namespaces' but the kernel refused: {launcher.refusal}")
+        return launcher
+
+    def _request(self, batch: int, work_dir: str | None) -> dict:
+        """The launcher's request for one program of `batch`: at most `workers` of the batch at once, the limits
+        (seconds, bytes, counts), the isolation, the scrubbed environment and the work dir (None: a private tmpfs)."""
+        limits = self.limits
+        return {
+            "batch": batch, "limit": self.workers, "timeout": float(limits.timeout),
+            "cpu_seconds": limits.cpu, "memory_bytes": int(limits.memory_bytes),
+            "file_size_bytes": int(limits.file_size_bytes), "disk_bytes": int(limits.disk_bytes),
+            "open_files": int(limits.open_files), "max_processes": int(limits.max_processes),
+            "isolation": self.isolation, "env": _base_env(), "work_dir": work_dir,
+        }
+
+    def _gather(self, launcher: _Launcher, waiting: dict[Future, tuple[int, str | None]],
+                results: list[SandboxResult | SandboxError | None]) -> None:
+        """Put each program's result (or its SandboxError) in its place in `results` as the launcher answers, and
+        remove its work dir then. Programs run `workers` at a time, each for at most timeout: a launcher that
+        answers later is stuck; it is closed (with everything it runs) and each program still without a result
+        gets a SandboxError."""
+        rounds = math.ceil(len(results) / self.workers)
+        deadline = rounds * (self.limits.timeout + 1.0) + _CALLER_GRACE
+        try:
+            for future in as_completed(waiting, timeout=deadline):
+                i, work_dir = waiting[future]
+                results[i] = self._outcome(future)
+                if work_dir is not None:
+                    _remove(work_dir)
+        except FuturesTimeout:
+            launcher.close()  # stuck: kill it and everything it runs; the next call starts a fresh one
+            for i, result in enumerate(results):
+                if result is None:
+                    results[i] = SandboxError("sandbox: the launcher did not answer; restarted it")
+
+    def _outcome(self, future: Future) -> SandboxResult | SandboxError:
+        """The result of an answered program, or the SandboxError the launcher's reply gave."""
+        try:
+            return self._collect(future.result())
+        except SandboxError as exc:
+            return exc
 
     def _collect(self, reply: dict) -> SandboxResult:
         fds = reply.get("fds", [])

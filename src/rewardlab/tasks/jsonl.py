@@ -212,21 +212,53 @@ def load_jsonl(
     dupes = len(numbered) - len(rows)
     counted = f"{_plural(len(numbered), 'row')}" + (f", {len(rows)} unique" if dupes else "")
     if test_path is None:
-        if test_size is None:
-            test_size = 0.1 if len(rows) > 1 else 0
-        train, test = dedup_and_split(rows, key=row_key, test_size=test_size, seed=seed)
-        held = (f"the {len(test)} held out are task.options.test_size={test_size!r} of its unique questions, split "
-                f"seed {seed}" if test else "none held out: task.options.test_size=0")
-        # The user's file is evaluated whole unless a split is asked for.
-        return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward, eval_split="all", all_rows=rows,
-                    source=f"both from {path} ({counted}; {held})", origins=origins)
+        return _split_task(path, rows, origins, counted, test_size=test_size, seed=seed, reward=reward)
+    return _held_out_task(path, test_path, rows, origins, counted, seed=seed, reward=reward)
+
+
+def _split_task(path: str, rows: list[Row], origins: dict[str, str], counted: str, *,
+                test_size: int | float | None, seed: int, reward: str) -> Task:
+    """The Task of `jsonl:PATH` without `test_path`: `test_size` of the unique `rows` (None: 0.1, and 0 for a single
+    question) split off as its test rows with `seed`; `evaluate` scores the whole file (`eval_split="all"`).
+    `counted` says how many rows the file holds (for `source`)."""
+    if test_size is None:
+        test_size = 0.1 if len(rows) > 1 else 0
+    train, test = dedup_and_split(rows, key=row_key, test_size=test_size, seed=seed)
+    held = (f"the {len(test)} held out are task.options.test_size={test_size!r} of its unique questions, split "
+            f"seed {seed}" if test else "none held out: task.options.test_size=0")
+    # The user's file is evaluated whole unless a split is asked for.
+    return Task(name=f"jsonl:{path}", train=train, test=test, reward=reward, eval_split="all", all_rows=rows,
+                source=f"both from {path} ({counted}; {held})", origins=origins)
+
+
+def _test_file(path: str, test_path: str) -> Path:
+    """`task.options.test_path` as a Path: an existing file other than the task file `path`.
+
+    Raises:
+        FileNotFoundError: `test_path` does not exist.
+        ValueError: `test_path` is the task file itself.
+    """
     tfile = Path(test_path)
     if not tfile.is_file():
         raise FileNotFoundError(f"task.options.test_path: {test_path}: not found")
-    if file.resolve() == tfile.resolve():
+    if Path(path).resolve() == tfile.resolve():
         raise ValueError(f"task.options.test_path: {test_path} is the task file itself; give a separate file of "
                          "held-out rows, or leave test_path out to hold out task.options.test_size (default 0.1) of "
                          f"{path}")
+    return tfile
+
+
+def _held_out_task(path: str, test_path: str, rows: list[Row], origins: dict[str, str], counted: str, *,
+                   seed: int, reward: str) -> Task:
+    """The Task of `jsonl:PATH` with `test_path`: the test rows are that whole file (what `evaluate` scores), the
+    training rows the unique `rows` of `path` whose question it does not hold. `counted` says how many rows the task
+    file holds (for `source`).
+
+    Raises:
+        FileNotFoundError / ValueError: see `_test_file` and `read_numbered_rows`; ValueError when `test_path` holds
+            every question of `path`.
+    """
+    tfile = _test_file(path, test_path)
     numbered_test = read_numbered_rows(tfile)
     test, test_origins = _unique(numbered_test, tfile)
     heldout = {row_key(r) for r in test}

@@ -118,6 +118,28 @@ def score_answer(row: Row, answer: str | None) -> float:
     return float(ds.score_answer(answer=answer, entry=entry))
 
 
+def _entry_row(entry: dict[str, Any], name: str, template: str, target: str, dataset_config: dict[str, Any]) -> Row:
+    """A reasoning-gym entry of dataset `name` as a task row: `prompt` (`format_prompt` with `template`), `answer`
+    (as text), `question`, `metadata`, `dataset`, `dataset_config` (what `score_answer` rebuilds the dataset from),
+    and `target` (`_steps_target`) when `target` is "steps".
+
+    Raises:
+        ValueError: see `_steps_target` (checked first) and `format_prompt`.
+    """
+    worked = _steps_target(entry, name) if target == "steps" else None  # before the prompt: the clearer error
+    row = {
+        "prompt": format_prompt(entry, template, name),
+        "answer": str(entry["answer"]),
+        "question": entry["question"],
+        "metadata": entry.get("metadata", {}),
+        "dataset": name,
+        "dataset_config": dataset_config,
+    }
+    if worked is not None:
+        row["target"] = worked
+    return row
+
+
 @register_loader("reasoning_gym", example="reasoning_gym:NAME (e.g. reasoning_gym:chain_sum)")
 def load_reasoning_gym(
     name: str,
@@ -158,21 +180,7 @@ def load_reasoning_gym(
     ds_config = dict(config, size=size, seed=seed)
     dataset = create_dataset(name, ds_config)
     scorer_config = {k: v for k, v in ds_config.items() if k not in ("size", "seed")}
-    rows = []
-    for entry in dataset:
-        worked = _steps_target(entry, name) if target == "steps" else None  # before the prompt: the clearer error
-        rows.append(
-            {
-                "prompt": format_prompt(entry, template, name),
-                "answer": str(entry["answer"]),
-                "question": entry["question"],
-                "metadata": entry.get("metadata", {}),
-                "dataset": name,
-                "dataset_config": scorer_config,
-            }
-        )
-        if worked is not None:
-            rows[-1]["target"] = worked
+    rows = [_entry_row(entry, name, template, target, scorer_config) for entry in dataset]
     train, test = dedup_and_split(rows, key=lambda r: r["question"], test_size=test_size, seed=seed)
     unique = len(train) + len(test)
     return Task(

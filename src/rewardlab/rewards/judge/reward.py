@@ -56,6 +56,9 @@ class Judge:
     Raises:
         ValueError: an unknown mode, a template without the mode's required fields, a bad scale, no backend, or an
             `api_key_env` that is not set.
+
+    The constructor takes each option as its own keyword: a registered reward's keyword parameters are its
+    declared options (`rewards:` config entries are checked against them by name), so they are not bundled.
     """
 
     name = "judge"

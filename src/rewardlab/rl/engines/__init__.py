@@ -28,30 +28,10 @@ with older weights (`rewardlab.rl.rollouts.Prefetch`); engine local holds only t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.types import RewardOutput, Rollout
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """How an engine samples, fixed for a run (the `rl` section).
-
-    Attributes:
-        max_new_tokens: tokens of a completion (of one model turn of an episode) at most.
-        temperature, top_p: as in `Policy.generate`.
-        max_prompt_length: a single completion's prompt is cut to its last this many tokens
-            (`rl.sampling.max_prompt_length`, `Policy.generate`); None: never cut.
-        chunk: rollouts (episodes) per chunk, a multiple of every `n` generate is called with
-            (`rl.sampling.rollout_chunk`); None: a call's whole batch is one chunk.
-    """
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    chunk: int | None = None
-    max_prompt_length: int | None = None
 
 
 def chunk_spans(count: int, per_chunk: int | None) -> list[tuple[int, int]]:
@@ -88,8 +68,8 @@ class Engine(Protocol):
 
     def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int],
                  version: int | None = None) -> list[Rollout]:
-        """`n` rollouts (episodes) of each row: `sample_rollouts(policy, rows, n=n, stream=stream, ...)` chunk by
-        chunk with the weights of policy version `version` (None: the last published), each rollout's
+        """`n` rollouts (episodes) of each row: `sample_rollouts(policy, rows, settings, n=n, stream=stream, ...)`
+        chunk by chunk with the weights of policy version `version` (None: the last published), each rollout's
         `policy_version` set."""
 
     def score(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
@@ -160,9 +140,7 @@ def sample_chunk(policy: Any, episodes: Any, settings: SamplingSettings, rows: S
     batch), each rollout's `policy_version` set to `version`."""
     from rewardlab.envs.sampling import sample_rollouts
 
-    out = sample_rollouts(policy, rows, episodes=episodes, n=n, temperature=settings.temperature,
-                          top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, stream=stream,
-                          first_row=first_row, max_prompt_length=settings.max_prompt_length)
+    out = sample_rollouts(policy, rows, settings, episodes=episodes, n=n, stream=stream, first_row=first_row)
     for r in out:
         r.policy_version = version
     return out
@@ -192,4 +170,4 @@ def make_engine(cfg: Any, *, episodes: Any, reward: Any, threads: int, task: Any
     return RayEngine(cfg, settings, threads=threads, task=task)
 
 
-__all__ = ["Engine", "LocalEngine", "SamplingSettings", "chunk_spans", "make_engine", "row_spans", "sample_chunk"]
+__all__ = ["Engine", "LocalEngine", "chunk_spans", "make_engine", "row_spans", "sample_chunk"]

@@ -40,7 +40,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rewardlab.rl.engines import SamplingSettings, chunk_spans, row_spans, sample_chunk
+from rewardlab.policy.settings import SamplingSettings
+from rewardlab.rl.engines import chunk_spans, row_spans, sample_chunk
 from rewardlab.types import RewardOutput, Rollout
 
 INSTALL_HINT = "pip install rewardlab[ray]"
