@@ -73,11 +73,14 @@ def make_rollout(completion: str = "c", row: dict | None = None, *, prompt: str 
 
 def pytest_collection_modifyitems(config, items):
     """Every fault-injection test is `slow` too, so `make test-fast` (`-m "not slow"`) leaves out the SIGKILL and
-    resume runs."""
+    resume runs. Every test that uses `ray_cluster` is in the xdist group "ray", so that under `pytest -n N --dist
+    loadgroup` (`make test`) they all run on one worker and share its one local cluster."""
     faults = Path(__file__).parent / "faults"
     for item in items:
         if faults in Path(item.fspath).parents:
             item.add_marker(pytest.mark.slow)
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture
