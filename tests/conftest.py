@@ -71,13 +71,28 @@ def make_rollout(completion: str = "c", row: dict | None = None, *, prompt: str 
     return Rollout(**{**base, **fields})
 
 
+def _module_fixture_user(item) -> bool:
+    """Whether `item` uses a module-scoped fixture (a run trained once and read by several tests, a built model)."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(d and d[-1].scope == "module" for d in defs.values())
+
+
 def pytest_collection_modifyitems(config, items):
     """Every fault-injection test is `slow` too, so `make test-fast` (`-m "not slow"`) leaves out the SIGKILL and
-    resume runs."""
+    resume runs.
+
+    xdist groups, for `pytest -n N --dist loadgroup` (`make test`), where a group's tests run on one worker: every
+    test that uses `ray_cluster` is in the group "ray" (one local cluster for all of them), and the tests of a module
+    that use one of its module-scoped fixtures are in a group named after the module (the fixture is built once, not
+    once per worker)."""
     faults = Path(__file__).parent / "faults"
     for item in items:
         if faults in Path(item.fspath).parents:
             item.add_marker(pytest.mark.slow)
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        elif _module_fixture_user(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture
