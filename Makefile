@@ -21,9 +21,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rewardlab quickstart --overwrite
 
-# Everything but the long Ray tests (`ray_long`), on TEST_WORKERS pytest-xdist worker processes (one torch thread
-# each, tests/conftest.py). --dist loadgroup keeps the tests of one xdist_group on one worker: the Ray tests (group
-# "ray") share that worker's one local cluster. TEST_WORKERS=0 runs the suite in this one process.
+# Everything but the long Ray tests (`ray_long`), on TEST_WORKERS pytest-xdist worker processes. --dist loadgroup
+# keeps the tests of one xdist_group on one worker (tests/conftest.py): the Ray tests (group "ray") share that worker's
+# one local cluster, the sandboxed programs (group "sandbox") run one at a time. TEST_WORKERS=0: this one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -m "not ray_long" -n $(TEST_WORKERS) --dist loadgroup
