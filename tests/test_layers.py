@@ -239,16 +239,6 @@ MANY_PARAMETERS_ALLOWED: dict[str, str] = {
                                     "keywords; to take a SamplingSettings once that call is changed",
     "policy/__init__.py:load_policy": "pending: rl/trainer.py (being restructured) spreads "
                                       "ModelConfig.policy_options() into it and overrides lora in those keywords",
-    "search/base.py:sample_solutions": "pending: search/report.py (owned by another helper) calls it with the "
-                                       "sampling keywords",
-    "search/best_of_n.py:best_of_n": "pending: search/report.py (owned by another helper) calls it with the "
-                                     "sampling keywords",
-    "search/voting.py:majority": "pending: search/report.py (owned by another helper) calls it with the sampling "
-                                 "keywords",
-    "search/voting.py:weighted_majority": "pending: search/report.py (owned by another helper) calls it with the "
-                                          "sampling keywords",
-    "search/beam.py:beam": "pending: search/report.py (owned by another helper) calls it with the sampling keywords",
-    "search/beam.py:dvts": "pending: search/report.py (owned by another helper) calls it with the sampling keywords",
 }
 
 
