@@ -21,9 +21,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rewardlab quickstart --overwrite
 
-# Everything but the long Ray tests (`ray_long`); the Ray tests in it share one local cluster.
+# Everything but the long Ray tests (`ray_long`), on TEST_WORKERS pytest-xdist worker processes. --dist loadgroup
+# keeps the tests of one xdist_group on one worker (tests/conftest.py): the Ray tests (group "ray") share that worker's
+# one local cluster, the sandboxed programs (group "sandbox") run one at a time. TEST_WORKERS=0: this one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not ray_long"
+	$(PY) -m pytest -m "not ray_long" -n $(TEST_WORKERS) --dist loadgroup
 
 # The long Ray tests: training on a two-node Ray cluster (ray.cluster_utils.Cluster) joined through rl.ray.address.
 test-ray-long: $(STAMP)

@@ -71,13 +71,44 @@ def make_rollout(completion: str = "c", row: dict | None = None, *, prompt: str 
     return Rollout(**{**base, **fields})
 
 
+def _module_fixture_user(item) -> bool:
+    """Whether `item` uses a module-scoped fixture (a run trained once and read by several tests, a built model)."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(d and d[-1].scope == "module" for d in defs.values())
+
+
+#: The test modules that run programs in the OS sandbox (the code reward, the python tool, HumanEval pairs). The
+#: sandbox's process limit for "process" isolation counts every process of its user (uid 65534) on the machine
+#: (`rewardlab.sandbox.launcher`), so two of them forking at once on two xdist workers could lend each other a
+#: process: they run in one xdist group, one at a time.
+SANDBOX_MODULES = ("tests/sandbox/test_sandbox.py", "tests/faults/test_fault_hostile_code.py",
+                   "tests/faults/test_fault_leftover_processes.py", "tests/faults/test_fault_reward_worker_killed.py",
+                   "tests/rewards/test_rewards_code.py", "tests/integrations/test_trl_reward_funcs.py",
+                   "tests/rm/test_rm_mutant_pairs.py", "tests/test_threads.py", "tests/envs/test_builtin_envs.py",
+                   "tests/envs/test_python_env_evaluate.py", "tests/tasks/test_environment_tasks.py",
+                   "tests/tasks/test_tasks_humaneval.py", "tests/tasks/test_task_vocabulary_and_chat.py",
+                   "tests/test_reward_output_accessors.py", "tests/commands/test_env_key_checks.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """Every fault-injection test is `slow` too, so `make test-fast` (`-m "not slow"`) leaves out the SIGKILL and
-    resume runs."""
+    resume runs.
+
+    xdist groups, for `pytest -n N --dist loadgroup` (`make test`), where a group's tests run on one worker: every
+    test that uses `ray_cluster` is in the group "ray" (one local cluster for all of them), and the tests of a module
+    that use one of its module-scoped fixtures are in a group named after the module (the fixture is built once, not
+    once per worker); the modules that run sandboxed programs are the group "sandbox" (`SANDBOX_MODULES`)."""
     faults = Path(__file__).parent / "faults"
     for item in items:
         if faults in Path(item.fspath).parents:
             item.add_marker(pytest.mark.slow)
+        module = item.nodeid.split("::")[0]
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        elif module in SANDBOX_MODULES:
+            item.add_marker(pytest.mark.xdist_group("sandbox"))
+        elif _module_fixture_user(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture

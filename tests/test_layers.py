@@ -235,20 +235,11 @@ MANY_PARAMETERS_ALLOWED: dict[str, str] = {
                               "as its own keyword",
     "integrations/verl_agent.py:RewardlabAgentLoop.__init__": "verl dictates it: AgentLoopBase's arguments, then "
                                                               "hydra passes each agent-loop config key as a keyword",
-    "policy/hf.py:Policy.generate": "pending: commands/prm.py (owned by another helper) calls it with the sampling "
-                                    "keywords; to take a SamplingSettings once that call is changed",
-    "policy/__init__.py:load_policy": "pending: rl/trainer.py (being restructured) spreads "
-                                      "ModelConfig.policy_options() into it and overrides lora in those keywords",
-    "search/base.py:sample_solutions": "pending: search/report.py (owned by another helper) calls it with the "
-                                       "sampling keywords",
-    "search/best_of_n.py:best_of_n": "pending: search/report.py (owned by another helper) calls it with the "
-                                     "sampling keywords",
-    "search/voting.py:majority": "pending: search/report.py (owned by another helper) calls it with the sampling "
-                                 "keywords",
-    "search/voting.py:weighted_majority": "pending: search/report.py (owned by another helper) calls it with the "
-                                          "sampling keywords",
-    "search/beam.py:beam": "pending: search/report.py (owned by another helper) calls it with the sampling keywords",
-    "search/beam.py:dvts": "pending: search/report.py (owned by another helper) calls it with the sampling keywords",
+    "policy/hf.py:Policy.generate": "the public sampling call, keyword for keyword Hugging Face's generate "
+                                    "(n, temperature, top_p, max_new_tokens, stop, ...): what a user of transformers "
+                                    "passes; the library's own samplers take a SamplingSettings",
+    "policy/__init__.py:load_policy": "its keywords are the model section's fields (ModelConfig.policy_options), "
+                                      "one each, so a config and a Python caller build the same policy",
 }
 
 

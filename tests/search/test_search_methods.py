@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewardlab.rewards import build_reward
-from rewardlab.search import beam, best_of_n, dvts, join_steps, majority, weighted_majority
+from rewardlab.search import SearchSettings, beam, best_of_n, dvts, join_steps, majority, weighted_majority
 from rewardlab.types import Rollout
 
 from scripted_policy import EOS, KnownStepScorer, ScriptedPolicy, TableScorer
@@ -54,10 +54,10 @@ def test_best_of_n_records_tokens_and_scorer_calls():
 def test_best_of_n_aggregates_step_scores():
     # "3+4=7\n7-2=4" has step scores [1, 0]; "3+4=8\n8-2=6" [0, 0]; "3+4=7\n7-2=5" [1, 1].
     policy = ScriptedPolicy(solutions={"3+4-2=": ["3+4=7\n7-2=4", "3+4=8\n8-2=6", "3+4=7\n7-2=5"]})
-    (by_last,) = best_of_n(policy, [ROW], KnownStepScorer(RIGHT), n=3, aggregate="last")
+    (by_last,) = best_of_n(policy, [ROW], KnownStepScorer(RIGHT), n=3, search=SearchSettings(aggregate="last"))
     assert by_last.scores == [0.0, 0.0, 1.0] and by_last.best.completion == "3+4=7\n7-2=5"
     policy = ScriptedPolicy(solutions={"3+4-2=": ["3+4=7\n7-2=4", "3+4=8\n8-2=6"]})
-    (by_mean,) = best_of_n(policy, [ROW], KnownStepScorer(RIGHT), n=2, aggregate="mean")
+    (by_mean,) = best_of_n(policy, [ROW], KnownStepScorer(RIGHT), n=2, search=SearchSettings(aggregate="mean"))
     assert by_mean.scores == [0.5, 0.0] and by_mean.best.completion == "3+4=7\n7-2=4"
 
 

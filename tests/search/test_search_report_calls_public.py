@@ -7,7 +7,7 @@ import pytest
 from conftest import write_jsonl
 from rewardlab.config import SearchConfig, load_config
 from rewardlab.rewards import REWARDS, build_reward, reward
-from rewardlab.search import best_of_n, majority, weighted_majority
+from rewardlab.search import Pool, SearchSettings, best_of_n, majority, weighted_majority
 from rewardlab.commands import search as search_command
 from rewardlab.search import report as report_module
 from rewardlab.search.base import pool_groups, pool_scores
@@ -45,10 +45,10 @@ def test_the_report_calls_the_public_functions_on_the_pool(tmp_path, monkeypatch
     calls = []
 
     def spy(name, fn):
-        def wrapped(policy, rows, *args, n, samples=None, **kwargs):
-            pool = [SAMPLES[row["prompt"]] for row in rows]  # the split's order
-            calls.append((name, n, [[r.completion for r in g] for g in samples] == pool))
-            return fn(policy, rows, *args, n=n, samples=samples, **kwargs)
+        def wrapped(policy, rows, *args, n, pool, **kwargs):
+            want = [SAMPLES[row["prompt"]] for row in rows]  # the split's order
+            calls.append((name, n, [[r.completion for r in g] for g in pool.samples] == want))
+            return fn(policy, rows, *args, n=n, pool=pool, **kwargs)
         return wrapped
 
     for name, fn in (("best_of_n", best_of_n), ("majority", majority), ("weighted_majority", weighted_majority)):
@@ -61,9 +61,9 @@ def test_the_report_calls_the_public_functions_on_the_pool(tmp_path, monkeypatch
 
 
 def test_altering_the_public_functions_alters_the_report(tmp_path, monkeypatch):
-    def worst_of_n(policy, rows, scorer, *, n, samples=None, scores=None, **kwargs):
-        flipped = [[-s for s in g] for g in scores]  # argmax of -score: the first lowest-scored sample
-        return best_of_n(policy, rows, scorer, n=n, samples=samples, scores=flipped, **kwargs)
+    def worst_of_n(policy, rows, scorer, *, n, pool, **kwargs):
+        flipped = [[-s for s in g] for g in pool.scores]  # argmax of -score: the first lowest-scored sample
+        return best_of_n(policy, rows, scorer, n=n, pool=Pool(pool.samples, flipped), **kwargs)
 
     def last_sample(policy, rows, *, n, **kwargs):
         out = majority(policy, rows, n=n, **kwargs)
@@ -105,10 +105,10 @@ def test_the_report_equals_the_public_functions_called_directly(tmp_path, monkey
 def test_pooled_samples_and_scores_are_checked():
     rows = [{"prompt": "q1"}, {"prompt": "q2"}]
     with pytest.raises(ValueError, match="^samples: 1 lists for 2 rows$"):
-        pool_groups(None, rows, 1, samples=[["a"]])
+        pool_groups(None, rows, 1, Pool([["a"]]), None, SearchSettings())
     with pytest.raises(ValueError, match="^samples: row 1 has 1, fewer than n=2$"):
-        pool_groups(None, rows, 2, samples=[["a", "b"], ["c"]])
-    assert pool_groups(None, rows, 1, samples=[["a", "b"], ["c", "d"]]) == [["a"], ["c"]]
+        pool_groups(None, rows, 2, Pool([["a", "b"], ["c"]]), None, SearchSettings())
+    assert pool_groups(None, rows, 1, Pool([["a", "b"], ["c", "d"]]), None, SearchSettings()) == [["a"], ["c"]]
     with pytest.raises(ValueError, match="^scores: row 0 has 0, fewer than n=1$"):
-        pool_scores(None, [["a"], ["c"]], 1, scores=[[], [1.0]])
-    assert pool_scores(None, [["a"], ["c"]], 1, scores=[[0.5, 9.0], [float("-inf")]]) == [0.5, float("-inf")]
+        pool_scores(None, [["a"], ["c"]], 1, Pool([], [[], [1.0]]))
+    assert pool_scores(None, [["a"], ["c"]], 1, Pool([], [[0.5, 9.0], [float("-inf")]])) == [0.5, float("-inf")]

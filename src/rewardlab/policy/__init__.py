@@ -39,6 +39,9 @@ def load_policy(
     model the run starts from. A resumed LoRA run builds the same policy and loads its adapter weights into it
     (`rewardlab.train_state.load_weights`).
 
+    Its keywords are the `model` config section's fields (`ModelConfig.policy_options()`), one each, so that a
+    config and a Python caller build the same policy.
+
     Args:
         autocast, gradient_checkpointing, logprob_chunk_tokens: see `Policy`.
         lora: LoRA adapter settings (`config.LoraConfig` as a dict: r, alpha, dropout, target_modules), or None.

@@ -304,6 +304,9 @@ class Policy:
     ) -> list[Rollout]:
         """Sample `n` completions of each task prompt.
 
+        Its keywords are Hugging Face `generate`'s (n, temperature, top_p, max_new_tokens, stop), one each, as a
+        user of transformers passes them; the library's own samplers pass a `SamplingSettings` whole.
+
         Prompts are checked against the model's context window (`context_window`, tokens) as `sample_ids` checks
         them: a prompt (formatted, with its prefix) that fills the window is a ValueError; a completion budget that
         would run past it is clamped to the room left (window - prompt tokens), and such a completion may end there

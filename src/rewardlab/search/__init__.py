@@ -7,13 +7,14 @@ compares them against pass@N and greedy decoding.
 """
 
 from rewardlab.rewards.steps import STEP_AGGREGATIONS
-from rewardlab.search.base import SearchResult, pick_best, sample_solutions, solution_score
+from rewardlab.search.base import Pool, SearchResult, SearchSettings, pick_best, sample_solutions, solution_score
 from rewardlab.search.beam import beam, dvts, join_steps
 from rewardlab.search.best_of_n import best_of_n, select_best_of_n
 from rewardlab.search.voting import (
     EQUIVALENCES,
     VerifierEquivalence,
     Vote,
+    Voting,
     exact_equivalent,
     group_answers,
     majority,
@@ -26,9 +27,12 @@ from rewardlab.search.voting import (
 __all__ = [
     "EQUIVALENCES",
     "STEP_AGGREGATIONS",
+    "Pool",
     "SearchResult",
+    "SearchSettings",
     "VerifierEquivalence",
     "Vote",
+    "Voting",
     "beam",
     "best_of_n",
     "dvts",

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.rewards.base import Reward
 from rewardlab.rewards.steps import STEP_AGGREGATIONS
 from rewardlab.types import Rollout, RewardOutput
@@ -48,6 +49,41 @@ class SearchResult:
     scorer_calls: int
     answer: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What every search method reads besides its sampling settings.
+
+    Attributes:
+        separator: the text that ends a step (steps are marked with it; a tree search samples one step at a time).
+        batch_size: about this many sequences per `generate` call.
+        aggregate: how a process scorer's step scores make one score (`STEP_AGGREGATIONS`: min | last | prod |
+            mean); an outcome score is used as it is.
+    """
+
+    separator: str = "\n"
+    batch_size: int = 1024
+    aggregate: str = "last"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Solutions already sampled (and scored) for several budgets N, e.g. `rewardlab search`'s shared pool: a pool
+    method takes the first N of each row and neither samples nor scores them again.
+
+    Attributes:
+        samples: one list of solutions per row, at least N each (then `policy` is not called and may be None).
+        scores: their scores, the same layout (-inf for a failed score; then `scorer` is not called and may be
+            None), or None: the scorer scores the samples.
+    """
+
+    samples: Sequence[Sequence[Rollout]]
+    scores: Sequence[Sequence[float]] | None = None
+
+
+#: The sampling of a whole solution when a pool method is given none: 64 tokens at temperature 0.8.
+SOLUTION_SAMPLING = SamplingSettings(max_new_tokens=64, temperature=0.8)
 
 
 def solution_score(output: RewardOutput, aggregate: str = "last") -> float:
@@ -105,28 +141,31 @@ def check_budget(n: int, beam_width: int | None = None) -> None:
             raise ValueError(f"search.beam_width: must divide n={n} (1 <= M <= N), got {beam_width}")
 
 
-def sample_solutions(
-    policy: SearchPolicy,
-    rows: Sequence[dict[str, Any]],
-    *,
-    n: int,
-    temperature: float = 0.8,
-    top_p: float = 1.0,
-    max_new_tokens: int = 64,
-    separator: str = "\n",
-    batch_size: int = 1024,
-    greedy: bool = False,
-) -> list[list[Rollout]]:
-    """`n` whole solutions per row (steps marked with `separator`), sampled in batches of about `batch_size`
-    sequences. Returns one list of n rollouts per row, in sampling order."""
-    per_call = max(1, batch_size // n)
+def sample_solutions(policy: SearchPolicy, rows: Sequence[dict[str, Any]], sampling: SamplingSettings, *,
+                     n: int, search: SearchSettings = SearchSettings()) -> list[list[Rollout]]:
+    """`n` whole solutions per row (steps marked with `search.separator`), sampled in batches of about
+    `search.batch_size` sequences. Returns one list of n rollouts per row, in sampling order.
+
+    Args:
+        policy: a `rewardlab.policy.Policy` (or an object with its `generate` and `mark_steps`).
+        rows: task rows with `prompt`.
+        sampling: `rewardlab.policy.SamplingSettings`: max_new_tokens (of a solution), temperature and top_p, or
+            greedy (then n must be 1); chunk and max_prompt_length are not read.
+        n: solutions per row.
+        search: `SearchSettings`: separator and batch_size (aggregate is not read).
+    Raises:
+        ValueError: what `policy.generate` raises.
+    """
+    per_call = max(1, search.batch_size // n)
     out: list[list[Rollout]] = []
     for start in range(0, len(rows), per_call):
         chunk = list(rows[start : start + per_call])
-        kwargs: dict[str, Any] = {"greedy": True} if greedy else {"n": n, "temperature": temperature, "top_p": top_p}
-        rollouts = policy.generate([r["prompt"] for r in chunk], max_new_tokens=max_new_tokens, rows=chunk, **kwargs)
+        kwargs: dict[str, Any] = ({"greedy": True} if sampling.greedy else
+                                  {"n": n, "temperature": sampling.temperature, "top_p": sampling.top_p})
+        rollouts = policy.generate([r["prompt"] for r in chunk], max_new_tokens=sampling.max_new_tokens, rows=chunk,
+                                   **kwargs)
         for i in range(len(chunk)):
-            group = [policy.mark_steps(r, separator) for r in rollouts[i * n : (i + 1) * n]]
+            group = [policy.mark_steps(r, search.separator) for r in rollouts[i * n : (i + 1) * n]]
             for r in group:
                 r.group = start + i
             out.append(group)
@@ -142,43 +181,34 @@ def _first_n(what: str, given: Sequence[Sequence[Any]], rows: int, n: int) -> li
     return [list(g[:n]) for g in given]
 
 
-def pool_groups(
-    policy: SearchPolicy | None,
-    rows: Sequence[dict[str, Any]],
-    n: int,
-    samples: Sequence[Sequence[Rollout]] | None = None,
-    **sampling: Any,
-) -> list[list[Rollout]]:
-    """The N candidates of each row for the pool methods (best-of-N and the votes): the first `n` of each row's
-    `samples` when given (a shared pool sampled once for several budgets; `policy` is not called), else `n` fresh
-    solutions per row from `sample_solutions(policy, rows, n=n, **sampling)`.
+def pool_groups(policy: SearchPolicy | None, rows: Sequence[dict[str, Any]], n: int, pool: Pool | None,
+                sampling: SamplingSettings | None, search: SearchSettings) -> list[list[Rollout]]:
+    """The N candidates of each row for the pool methods (best-of-N and the votes): the first `n` of each row of
+    `pool.samples` when given (`policy` is not called), else `n` fresh solutions per row from
+    `sample_solutions(policy, rows, sampling or SOLUTION_SAMPLING, n=n, search=search)`.
 
     Raises:
-        ValueError: `samples` with another number of rows than `rows`, or fewer than n in a row.
+        ValueError: `pool.samples` with another number of rows than `rows`, or fewer than n in a row; neither a
+            policy nor a pool.
     """
-    if samples is not None:
-        return _first_n("samples", samples, len(rows), n)
+    if pool is not None:
+        return _first_n("samples", pool.samples, len(rows), n)
     if policy is None:
         raise ValueError("search: give a policy or samples")
-    return sample_solutions(policy, rows, n=n, **sampling)
+    return sample_solutions(policy, rows, sampling or SOLUTION_SAMPLING, n=n, search=search)
 
 
-def pool_scores(
-    scorer: Reward | None,
-    groups: Sequence[Sequence[Rollout]],
-    n: int,
-    scores: Sequence[Sequence[float]] | None = None,
-    aggregate: str = "last",
-) -> list[float]:
-    """The scores of the candidates `groups` (N per row), flat in row order: the first `n` of each row's `scores`
-    when given (`scorer` is not called), else `score_solutions(scorer, ..., aggregate)` in one batch.
+def pool_scores(scorer: Reward | None, groups: Sequence[Sequence[Rollout]], n: int, pool: Pool | None,
+                aggregate: str = "last") -> list[float]:
+    """The scores of the candidates `groups` (N per row), flat in row order: the first `n` of each row of
+    `pool.scores` when given (`scorer` is not called), else `score_solutions(scorer, ..., aggregate)` in one batch.
 
     Raises:
-        ValueError: `scores` with another number of rows than `groups`, or fewer than n in a row; an unknown
-            aggregation.
+        ValueError: `pool.scores` with another number of rows than `groups`, or fewer than n in a row; an unknown
+            aggregation; neither a scorer nor scores.
     """
-    if scores is not None:
-        return [float(x) for g in _first_n("scores", scores, len(groups), n) for x in g]
+    if pool is not None and pool.scores is not None:
+        return [float(x) for g in _first_n("scores", pool.scores, len(groups), n) for x in g]
     if scorer is None:
         raise ValueError("search: give a scorer or scores")
     return score_solutions(scorer, [r for g in groups for r in g], aggregate)

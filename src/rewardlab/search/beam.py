@@ -12,9 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.rewards.base import Reward
-from rewardlab.search.base import SearchPolicy, SearchResult, check_budget, pick_best, score_solutions
+from rewardlab.search.base import SearchPolicy, SearchResult, SearchSettings, check_budget, pick_best, score_solutions
 from rewardlab.types import Rollout, split_steps
+
+
+#: The sampling of one step when a tree search is given none: 32 tokens at temperature 0.8.
+STEP_SAMPLING = SamplingSettings(max_new_tokens=32, temperature=0.8)
 
 
 @dataclass
@@ -70,28 +75,22 @@ def join_steps(pieces: Sequence[Rollout], separator: str = "\n", group: int = 0)
                    truncated=pieces[-1].truncated)
 
 
-def _expand(
-    policy: SearchPolicy,
-    rows: Sequence[dict[str, Any]],
-    parents: list[tuple[int, _Node | None]],
-    k: int,
-    depth: int,
-    settings: dict[str, Any],
-) -> list[_Node]:
+def _expand(policy: SearchPolicy, rows: Sequence[dict[str, Any]], parents: list[tuple[int, _Node | None]], k: int,
+            depth: int, tree: _Tree) -> list[_Node]:
     """k one-step children of each parent (row index, node or None for the root), parent-major."""
     if not parents:
         return []
-    sep = settings["separator"]
-    per_call = max(1, settings["batch_size"] // k)
+    sep, sampling = tree.search.separator, tree.sampling
+    per_call = max(1, tree.search.batch_size // k)
     pieces: list[Rollout] = []
     for start in range(0, len(parents), per_call):
         chunk = parents[start : start + per_call]
         pieces += policy.generate(
             [rows[i]["prompt"] for i, _ in chunk],
             n=k,
-            temperature=settings["temperature"],
-            top_p=settings["top_p"],
-            max_new_tokens=settings["max_step_tokens"],
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_new_tokens=sampling.max_new_tokens,
             rows=[rows[i] for i, _ in chunk],
             prefixes=[node.text if node is not None else "" for _, node in chunk],
             stop=sep,
@@ -103,19 +102,30 @@ def _expand(
         ended_step = sep in tail + piece.completion  # stopped at the separator (else EOS or the token limit)
         chain = (parent.pieces if parent is not None else []) + [piece]
         solution = join_steps(chain, sep, group=i)
-        children.append(_Node(i, chain, not ended_step or depth >= settings["max_steps"], solution))
+        children.append(_Node(i, chain, not ended_step or depth >= tree.max_steps, solution))
     return children
 
 
-def _settings(separator, temperature, top_p, max_step_tokens, max_steps, batch_size) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Tree:
+    """A tree search's settings, checked together (`_tree`)."""
+
+    sampling: SamplingSettings
+    max_steps: int
+    search: SearchSettings
+
+
+def _tree(n: int, beam_width: int, sampling: SamplingSettings | None, max_steps: int,
+          search: SearchSettings) -> _Tree:
+    check_budget(n, beam_width)
+    sampling = sampling or STEP_SAMPLING
     if max_steps < 1:
         raise ValueError(f"search.max_steps: must be >= 1, got {max_steps}")
-    if max_step_tokens < 1:
-        raise ValueError(f"search.max_step_tokens: must be >= 1, got {max_step_tokens}")
-    if not separator:
+    if sampling.max_new_tokens < 1:
+        raise ValueError(f"search.max_step_tokens: must be >= 1, got {sampling.max_new_tokens}")
+    if not search.separator:
         raise ValueError("search.separator: must be a non-empty string")
-    return {"separator": separator, "temperature": temperature, "top_p": top_p, "max_step_tokens": max_step_tokens,
-            "max_steps": max_steps, "batch_size": batch_size}
+    return _Tree(sampling, max_steps, search)
 
 
 def _result(finished: list[tuple[_Node, float]], tokens: int, calls: int) -> SearchResult:
@@ -126,21 +136,9 @@ def _result(finished: list[tuple[_Node, float]], tokens: int, calls: int) -> Sea
                         scorer_calls=calls, info={"steps": [len(node.pieces) for node, _ in finished]})
 
 
-def beam(
-    policy: SearchPolicy,
-    rows: Sequence[dict[str, Any]],
-    scorer: Reward,
-    *,
-    n: int,
-    beam_width: int,
-    max_steps: int = 8,
-    aggregate: str = "last",
-    separator: str = "\n",
-    temperature: float = 0.8,
-    top_p: float = 1.0,
-    max_step_tokens: int = 32,
-    batch_size: int = 1024,
-) -> list[SearchResult]:
+def beam(policy: SearchPolicy, rows: Sequence[dict[str, Any]], scorer: Reward,
+         sampling: SamplingSettings | None = None, *, n: int, beam_width: int, max_steps: int = 8,
+         search: SearchSettings = SearchSettings()) -> list[SearchResult]:
     """Step-level beam search with a step scorer (Snell et al. 2024; search-and-learn, Beeching et al. 2024).
 
     N beams, beam width M. Step 1: sample N first steps. Then, until no beam is open: score every new partial
@@ -157,27 +155,28 @@ def beam(
         policy: a `rewardlab.policy.Policy` (or an object with its `generate(..., prefixes=, stop=)`).
         rows: task rows with `prompt`.
         scorer: any rewardlab `Reward`; a process scorer's `step_scores` (one per step of `Rollout.step_text`).
+        sampling: `rewardlab.policy.SamplingSettings` of each step: max_new_tokens (the token limit of one step),
+            temperature, top_p; None: `STEP_SAMPLING` (32 tokens, temperature 0.8).
         n: N, beams; beam_width: M, children per kept beam; M must divide N.
-        max_steps: step limit (rounds of expansion). max_step_tokens: token limit of one step.
-        separator: the text that ends a step. temperature, top_p: sampling of each step.
-        batch_size: about this many sequences per `generate` call.
+        max_steps: step limit (rounds of expansion).
+        search: `SearchSettings`: separator (the text that ends a step), batch_size (about this many sequences per
+            `generate` call), aggregate.
     Returns:
         one `SearchResult` per row: candidates = every finished solution; cost = all sampled step tokens (pruned
         branches included) and every scorer call.
     Raises:
-        ValueError: n < 1, M not dividing N, max_steps < 1, max_step_tokens < 1, empty separator, unknown
+        ValueError: n < 1, M not dividing N, max_steps < 1, a step's max_new_tokens < 1, empty separator, unknown
             aggregation.
     """
-    check_budget(n, beam_width)
-    settings = _settings(separator, temperature, top_p, max_step_tokens, max_steps, batch_size)
+    tree = _tree(n, beam_width, sampling, max_steps, search)
     keep = n // beam_width
     tokens, calls = [0] * len(rows), [0] * len(rows)
     finished: list[list[tuple[_Node, float]]] = [[] for _ in rows]
     parents: list[tuple[int, _Node | None]] = [(i, None) for i in range(len(rows))]
     k, depth = n, 1
     while parents:
-        children = _expand(policy, rows, parents, k, depth, settings)
-        scores = score_solutions(scorer, [c.solution for c in children], aggregate)
+        children = _expand(policy, rows, parents, k, depth, tree)
+        scores = score_solutions(scorer, [c.solution for c in children], search.aggregate)
         open_: list[list[tuple[_Node, float]]] = [[] for _ in rows]
         for child, s in zip(children, scores):
             tokens[child.row] += len(child.pieces[-1].completion_ids)
@@ -191,21 +190,9 @@ def beam(
     return [_result(finished[i], tokens[i], calls[i]) for i in range(len(rows))]
 
 
-def dvts(
-    policy: SearchPolicy,
-    rows: Sequence[dict[str, Any]],
-    scorer: Reward,
-    *,
-    n: int,
-    beam_width: int,
-    max_steps: int = 8,
-    aggregate: str = "last",
-    separator: str = "\n",
-    temperature: float = 0.8,
-    top_p: float = 1.0,
-    max_step_tokens: int = 32,
-    batch_size: int = 1024,
-) -> list[SearchResult]:
+def dvts(policy: SearchPolicy, rows: Sequence[dict[str, Any]], scorer: Reward,
+         sampling: SamplingSettings | None = None, *, n: int, beam_width: int, max_steps: int = 8,
+         search: SearchSettings = SearchSettings()) -> list[SearchResult]:
     """Diverse verifier tree search, DVTS (Beeching, Tunstall and Rush 2024, "Scaling test-time compute with open
     models"; search-and-learn).
 
@@ -219,8 +206,7 @@ def dvts(
 
     Args, Returns and Raises: as for `beam` (candidates = the N/M subtree solutions).
     """
-    check_budget(n, beam_width)
-    settings = _settings(separator, temperature, top_p, max_step_tokens, max_steps, batch_size)
+    tree = _tree(n, beam_width, sampling, max_steps, search)
     tokens, calls = [0] * len(rows), [0] * len(rows)
     subtrees = n // beam_width
     final: list[list[tuple[_Node, float] | None]] = [[None] * subtrees for _ in rows]
@@ -228,8 +214,8 @@ def dvts(
     tree_of = [t for _ in rows for t in range(subtrees)]  # subtree index of each parent
     depth = 1
     while parents:
-        children = _expand(policy, rows, parents, beam_width, depth, settings)
-        scores = score_solutions(scorer, [c.solution for c in children], aggregate)
+        children = _expand(policy, rows, parents, beam_width, depth, tree)
+        scores = score_solutions(scorer, [c.solution for c in children], search.aggregate)
         next_parents: list[tuple[int, _Node | None]] = []
         next_tree: list[int] = []
         for p in range(len(parents)):

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.rewards.base import Reward
-from rewardlab.search.base import SearchPolicy, SearchResult, check_budget, pick_best, pool_groups, pool_scores
+from rewardlab.search.base import (Pool, SearchPolicy, SearchResult, SearchSettings, check_budget, pick_best,
+                                   pool_groups, pool_scores)
 from rewardlab.types import Rollout
 
 
@@ -20,49 +22,35 @@ def select_best_of_n(candidates: Sequence[Rollout], scores: Sequence[float], tok
                         tokens=tokens, scorer_calls=len(candidates), info={"index": i})
 
 
-def best_of_n(
-    policy: SearchPolicy | None,
-    rows: Sequence[dict[str, Any]],
-    scorer: Reward | None,
-    *,
-    n: int,
-    aggregate: str = "last",
-    separator: str = "\n",
-    temperature: float = 0.8,
-    top_p: float = 1.0,
-    max_new_tokens: int = 64,
-    batch_size: int = 1024,
-    samples: Sequence[Sequence[Rollout]] | None = None,
-    scores: Sequence[Sequence[float]] | None = None,
-) -> list[SearchResult]:
+def best_of_n(policy: SearchPolicy | None, rows: Sequence[dict[str, Any]], scorer: Reward | None,
+              sampling: SamplingSettings | None = None, *, n: int, search: SearchSettings = SearchSettings(),
+              pool: Pool | None = None) -> list[SearchResult]:
     """Best-of-N (rejection sampling with a verifier or reward model; e.g. Cobbe et al. 2021, Lightman et al. 2023).
 
     For each row: sample N whole solutions y_1..y_N, score each, return y_i with i = argmax_i s(y_i), the first
-    such i on a tie. s is `solution_score`: the scorer's step scores aggregated by `aggregate` (min | last | prod |
-    mean) when it gives step scores (steps split at `separator`), else its outcome score.
+    such i on a tie. s is `solution_score`: the scorer's step scores aggregated by `search.aggregate` (min | last |
+    prod | mean) when it gives step scores (steps split at `search.separator`), else its outcome score.
 
     Args:
         policy: a `rewardlab.policy.Policy` (or an object with its `generate` and `mark_steps`).
         rows: task rows with `prompt` (and what the scorer reads).
         scorer: any rewardlab `Reward`.
+        sampling: `rewardlab.policy.SamplingSettings` of each solution (max_new_tokens in tokens, temperature,
+            top_p); None: `SOLUTION_SAMPLING` (64 tokens, temperature 0.8).
         n: N, samples per row.
-        temperature, top_p, max_new_tokens: sampling settings of each solution (max_new_tokens in tokens).
-        batch_size: about this many sequences per `generate` call.
-        samples: already sampled solutions, one list per row with at least N each: the first N of each row are
-            the candidates and `policy` is not called (it may be None). `rewardlab search` passes its shared pool.
-        scores: their scores, one list per row (same layout as `samples`; -inf for a failed score): the first N
-            of each row are used and `scorer` is not called (it may be None).
+        search: `SearchSettings`: separator, batch_size (about this many sequences per `generate` call), aggregate.
+        pool: already sampled solutions (and their scores), at least N per row: the first N of each row are the
+            candidates and `policy` (with scores, `scorer`) is not called (it may be None). `rewardlab search`
+            passes its shared pool.
     Returns:
         one `SearchResult` per row (`info["index"]`: the chosen candidate's index); cost: the sampled tokens
         (of the N candidates), N scorer calls.
     Raises:
-        ValueError: n < 1, an unknown aggregation, `samples` or `scores` with another number of rows or fewer than N
-            in a row.
+        ValueError: n < 1, an unknown aggregation, a pool with another number of rows or fewer than N in a row.
     """
     check_budget(n)
-    groups = pool_groups(policy, rows, n, samples, temperature=temperature, top_p=top_p,
-                         max_new_tokens=max_new_tokens, separator=separator, batch_size=batch_size)
-    flat = pool_scores(scorer, groups, n, scores, aggregate)  # one batch for all rows
+    groups = pool_groups(policy, rows, n, pool, sampling, search)
+    flat = pool_scores(scorer, groups, n, pool, search.aggregate)  # one batch for all rows
     return [
         select_best_of_n(g, flat[i * n : (i + 1) * n], tokens=sum(len(r.completion_ids) for r in g))
         for i, g in enumerate(groups)

@@ -22,15 +22,15 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from rewardlab.policy import Policy
+from rewardlab.policy import Policy, SamplingSettings
 from rewardlab.registry import Registry
 from rewardlab.rewards.base import Reward
 from rewardlab.rewards.steps import final_answer
-from rewardlab.search.base import sample_solutions, score_solutions
+from rewardlab.search.base import Pool, SearchSettings, sample_solutions, score_solutions
 from rewardlab.train_state import restore_rng_state, rng_state_record
 from rewardlab.search.beam import beam, dvts
 from rewardlab.search.best_of_n import best_of_n
-from rewardlab.search.voting import EQUIVALENCES, VerifierEquivalence, majority, weighted_majority
+from rewardlab.search.voting import EQUIVALENCES, VerifierEquivalence, Voting, majority, weighted_majority
 from rewardlab.types import ProgressBar, Rollout
 
 #: The methods `rewardlab search` can compare, in table order. Meta: `display` (name in tables and plots), `style`
@@ -44,18 +44,18 @@ METHODS: Registry = Registry("search method")
 # so the report's figures are that function's figures.
 @METHODS.register("best_of_n", display="best-of-N", style=("o", "-"), pool=True, scorer=True)
 def _pool_best_of_n(rows, samples, scores, n, equivalent):
-    return best_of_n(None, rows, None, n=n, samples=samples, scores=scores)
+    return best_of_n(None, rows, None, n=n, pool=Pool(samples, scores))
 
 
 @METHODS.register("majority", display="majority", style=("s", "-"), pool=True, scorer=False)
 def _pool_majority(rows, samples, scores, n, equivalent):
-    return majority(None, rows, n=n, equivalent=equivalent, extract=final_answer, samples=samples)
+    return majority(None, rows, n=n, voting=Voting(equivalent, final_answer), pool=Pool(samples))
 
 
 @METHODS.register("weighted_majority", display="weighted majority", style=("x", "--"), pool=True, scorer=True)
 def _pool_weighted_majority(rows, samples, scores, n, equivalent):
-    return weighted_majority(None, rows, None, n=n, equivalent=equivalent, extract=final_answer, samples=samples,
-                             scores=scores)
+    return weighted_majority(None, rows, None, n=n, voting=Voting(equivalent, final_answer),
+                             pool=Pool(samples, scores))
 
 
 METHODS.register("beam", display="beam search", style=("^", "-"), pool=False, scorer=True)(beam)
@@ -218,12 +218,17 @@ class _Pool:
         return cls(samples, scores, rec["correct"], rec["tokens"])
 
 
+def _search_settings(s: Any) -> SearchSettings:
+    """What every search method reads besides its sampling settings, from the `search` section `s`."""
+    return SearchSettings(separator=s.separator, batch_size=s.batch_size, aggregate=s.aggregate)
+
+
 def _greedy_unit(c: _Comparison) -> dict[str, Any]:
     """Greedy decoding, the floor: {"correct", "tokens" (per row), "greedy_s"}."""
     s = c.settings
     t0 = time.perf_counter()
-    greedy = [g[0] for g in sample_solutions(c.policy, c.rows, n=1, greedy=True, max_new_tokens=s.max_new_tokens,
-                                             separator=s.separator, batch_size=s.batch_size)]
+    greedy = [g[0] for g in sample_solutions(c.policy, c.rows, SamplingSettings(max_new_tokens=s.max_new_tokens,
+                                             greedy=True), n=1, search=_search_settings(s))]
     return {"correct": _correct(c.verifier, greedy), "tokens": [len(r.completion_ids) for r in greedy],
             "greedy_s": time.perf_counter() - t0}
 
@@ -234,8 +239,8 @@ def _pool_unit(c: _Comparison, n_max: int, need_scores: bool) -> dict[str, Any]:
     s, rows = c.settings, c.rows
     t0 = time.perf_counter()
     with c.stage("sampling", len(rows)) as bar:
-        pool = sample_solutions(c.policy, rows, n=n_max, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                                top_p=s.top_p, separator=s.separator, batch_size=s.batch_size)
+        pool = sample_solutions(c.policy, rows, SamplingSettings(max_new_tokens=s.max_new_tokens,
+                                temperature=s.temperature, top_p=s.top_p), n=n_max, search=_search_settings(s))
         bar.advance(len(rows))
     flat = [r for g in pool for r in g]
     correct_flat = _correct(c.verifier, flat)
@@ -283,9 +288,9 @@ def _tree_cell(c: _Comparison, m: str, n: int) -> dict[str, Any]:
     "wall_s"}}."""
     s = c.settings
     t0 = time.perf_counter()
-    out = TREE_METHODS[m](c.policy, c.rows, c.scorer, n=n, beam_width=s.beam_width, max_steps=s.max_steps,
-                          aggregate=s.aggregate, max_step_tokens=s.max_step_tokens, temperature=s.temperature,
-                          top_p=s.top_p, separator=s.separator, batch_size=s.batch_size)
+    step = SamplingSettings(max_new_tokens=s.max_step_tokens, temperature=s.temperature, top_p=s.top_p)
+    out = TREE_METHODS[m](c.policy, c.rows, c.scorer, step, n=n, beam_width=s.beam_width, max_steps=s.max_steps,
+                          search=_search_settings(s))
     hits = _correct(c.verifier, [r.best for r in out])
     flat = _correct(c.verifier, [x for r in out for x in r.candidates])  # one verifier batch
     ends = list(itertools.accumulate(len(r.candidates) for r in out))

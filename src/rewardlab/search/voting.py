@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from rewardlab.policy.settings import SamplingSettings
 from rewardlab.registry import Registry
 from rewardlab.rewards.base import Reward
 from rewardlab.rewards.steps import final_answer
-from rewardlab.search.base import SearchPolicy, SearchResult, check_budget, pick_best, pool_groups, pool_scores
+from rewardlab.search.base import (Pool, SearchPolicy, SearchResult, SearchSettings, check_budget, pick_best,
+                                   pool_groups, pool_scores)
 from rewardlab.types import Rollout
 
 #: equivalent(a, b, row) -> True when answers a and b (strings) are the same answer to the row's question.
@@ -167,79 +169,61 @@ def _voted(group: list[Rollout], scores: list[float], vote: Vote, tokens: int, s
                         info={"index": vote.index, "groups": vote.groups, "totals": vote.totals})
 
 
-def majority(
-    policy: SearchPolicy | None,
-    rows: Sequence[dict[str, Any]],
-    *,
-    n: int,
-    equivalent: Equivalence = math_equivalent,
-    extract: Callable[[str], str] = final_answer,
-    separator: str = "\n",
-    temperature: float = 0.8,
-    top_p: float = 1.0,
-    max_new_tokens: int = 64,
-    batch_size: int = 1024,
-    samples: Sequence[Sequence[Rollout]] | None = None,
-) -> list[SearchResult]:
-    """Sample N solutions per row and return the majority-vote answer (`majority_vote` over `extract(completion)`).
+@dataclass(frozen=True)
+class Voting:
+    """How the votes read an answer: `extract` turns a completion into its final answer, `equivalent` says when
+    two answers are one (`Equivalence`: math_equivalent, exact_equivalent, `VerifierEquivalence`)."""
 
-    `samples`: already sampled solutions, one list per row with at least N each; the first N of each row are voted
-    on and `policy` is not called (it may be None). `rewardlab search` passes its shared pool.
+    equivalent: Equivalence = math_equivalent
+    extract: Callable[[str], str] = final_answer
 
+
+def majority(policy: SearchPolicy | None, rows: Sequence[dict[str, Any]], sampling: SamplingSettings | None = None, *,
+             n: int, voting: Voting = Voting(), search: SearchSettings = SearchSettings(),
+             pool: Pool | None = None) -> list[SearchResult]:
+    """Sample N solutions per row and return the majority-vote answer (`majority_vote` over
+    `voting.extract(completion)`, answers compared with `voting.equivalent`).
+
+    Args:
+        policy, rows, sampling, n, search: as in `rewardlab.search.best_of_n` (aggregate is not read).
+        voting: `Voting`: equivalent, extract.
+        pool: already sampled solutions, at least N per row; the first N of each row are voted on and `policy` is
+            not called (it may be None); its scores are not read. `rewardlab search` passes its shared pool.
     Returns:
         one `SearchResult` per row: `best` = the first sample giving the winning answer, `answer` = that answer,
         `score` = its vote count, `info["index"]` = the index of `best`; cost: the sampled tokens, 0 scorer calls.
     Raises:
-        ValueError: n < 1; `samples` with another number of rows or fewer than N in a row.
+        ValueError: n < 1; a pool with another number of rows or fewer than N in a row.
     """
     check_budget(n)
     out = []
-    for row, group in zip(rows, pool_groups(policy, rows, n, samples, temperature=temperature, top_p=top_p,
-                                            max_new_tokens=max_new_tokens, separator=separator,
-                                            batch_size=batch_size)):
-        vote = majority_vote([extract(r.completion) for r in group], equivalent, row)
+    for row, group in zip(rows, pool_groups(policy, rows, n, pool, sampling, search)):
+        vote = majority_vote([voting.extract(r.completion) for r in group], voting.equivalent, row)
         out.append(_voted(group, [1.0] * len(group), vote, sum(len(r.completion_ids) for r in group), 0))
     return out
 
 
-def weighted_majority(
-    policy: SearchPolicy | None,
-    rows: Sequence[dict[str, Any]],
-    scorer: Reward | None,
-    *,
-    n: int,
-    aggregate: str = "last",
-    equivalent: Equivalence = math_equivalent,
-    extract: Callable[[str], str] = final_answer,
-    separator: str = "\n",
-    temperature: float = 0.8,
-    top_p: float = 1.0,
-    max_new_tokens: int = 64,
-    batch_size: int = 1024,
-    samples: Sequence[Sequence[Rollout]] | None = None,
-    scores: Sequence[Sequence[float]] | None = None,
-) -> list[SearchResult]:
-    """Sample N solutions per row, score them (`solution_score` with `aggregate`), return the weighted-majority
-    answer (`weighted_majority_vote`).
+def weighted_majority(policy: SearchPolicy | None, rows: Sequence[dict[str, Any]], scorer: Reward | None,
+                      sampling: SamplingSettings | None = None, *, n: int, voting: Voting = Voting(),
+                      search: SearchSettings = SearchSettings(), pool: Pool | None = None) -> list[SearchResult]:
+    """Sample N solutions per row, score them (`solution_score` with `search.aggregate`), return the
+    weighted-majority answer (`weighted_majority_vote`).
 
-    `samples` / `scores`: already sampled solutions / their scores, one list per row with at least N each; the
-    first N of each row are used and `policy` / `scorer` is not called (it may be None). `rewardlab search` passes
-    its shared pool.
-
+    Args:
+        policy, rows, scorer, sampling, n, search, pool: as in `rewardlab.search.best_of_n`.
+        voting: `Voting`: equivalent, extract.
     Returns:
         one `SearchResult` per row: `best` = the first sample giving the winning answer, `score` = the winning
         group's summed score, `info["index"]` = the index of `best`; cost: the sampled tokens, N scorer calls.
     Raises:
-        ValueError: n < 1, an unknown aggregation; `samples` or `scores` with another number of rows or fewer than
-            N in a row.
+        ValueError: n < 1, an unknown aggregation; a pool with another number of rows or fewer than N in a row.
     """
     check_budget(n)
-    groups = pool_groups(policy, rows, n, samples, temperature=temperature, top_p=top_p,
-                         max_new_tokens=max_new_tokens, separator=separator, batch_size=batch_size)
-    flat = pool_scores(scorer, groups, n, scores, aggregate)
+    groups = pool_groups(policy, rows, n, pool, sampling, search)
+    flat = pool_scores(scorer, groups, n, pool, search.aggregate)
     out = []
     for i, (row, group) in enumerate(zip(rows, groups)):
         scores = flat[i * n : (i + 1) * n]
-        vote = weighted_majority_vote([extract(r.completion) for r in group], scores, equivalent, row)
+        vote = weighted_majority_vote([voting.extract(r.completion) for r in group], scores, voting.equivalent, row)
         out.append(_voted(group, scores, vote, sum(len(r.completion_ids) for r in group), n))
     return out
