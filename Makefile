@@ -28,7 +28,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -m "not ray_long" -n $(TEST_WORKERS) --dist loadgroup
 
-# The long Ray tests: training on a two-node Ray cluster (ray.cluster_utils.Cluster) joined through rl.ray_address.
+# The long Ray tests: training on a two-node Ray cluster (ray.cluster_utils.Cluster) joined through rl.ray.address.
 test-ray-long: $(STAMP)
 	$(PY) -m pytest -m ray_long
 

@@ -62,7 +62,8 @@ def main() -> None:
         run_dir = out / f"{estimator}_seed{seed}"
         wall = run(["train", "--model", start, *TASK, "--out", str(run_dir), "--seed", str(seed), *ENV,
                     f"rl.estimator={estimator}", f"rl.steps={a.rl_steps}", "rl.prompts_per_step=8",
-                    "rl.group_size=8", "rl.max_new_tokens=10", f"rl.lr={a.lr}", f"rl.temperature={a.temperature}",
+                    "rl.group_size=8", "rl.sampling.max_new_tokens=10", f"rl.lr={a.lr}",
+                    f"rl.sampling.temperature={a.temperature}",
                     "threads=1"])
         ev = evaluate(str(run_dir / "checkpoints" / f"step-{a.rl_steps}"), out / f"eval_{estimator}_seed{seed}")
         return f"{estimator}/seed{seed}", {**ev, "train_s": wall}

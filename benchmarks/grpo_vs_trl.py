@@ -157,7 +157,7 @@ def _load_avg() -> str:
 def child_rewardlab(cfg: dict[str, Any]) -> dict[str, Any]:
     """Train with rewardlab's `train` for the budget (or the steps) in `cfg`; returns the timing record."""
     import rewardlab.rl.trainer as trainer_mod
-    from rewardlab.config import ModelConfig, RLConfig, TrainConfig
+    from rewardlab.config import ModelConfig, RLConfig, SamplingParams, TrainConfig
     from rewardlab.rl.trainer import train
 
     from rewardlab.runs import RunDir
@@ -178,7 +178,8 @@ def child_rewardlab(cfg: dict[str, Any]) -> dict[str, Any]:
     q = _quickstart()
     rl = RLConfig(
         steps=cfg["steps"] or 10**9, prompts_per_step=cfg["prompts"], group_size=cfg["group_size"], epochs=1,
-        lr=cfg["lr"], temperature=cfg["temperature"], max_new_tokens=cfg["max_new_tokens"], beta=0.0,
+        lr=cfg["lr"], sampling=SamplingParams(temperature=cfg["temperature"], max_new_tokens=cfg["max_new_tokens"]),
+        beta=0.0,
         lr_schedule="constant", estimator="grpo", loss="ppo_clip", agg="token-mean",
         micro_batch_size=cfg.get("micro_batch"),
     )

@@ -36,9 +36,9 @@ def quickstart_overrides() -> list[str]:
     from rewardlab.config import QuickstartConfig
 
     q = QuickstartConfig()
-    rl = {k: v for k, v in q.rl.model_dump().items() if k in ("prompts_per_step", "group_size", "max_new_tokens")}
     return [f"model.path={q.model.path}", f"task.spec={q.task.spec}", f"task.options={json.dumps(q.task.options)}",
-            *(f"rl.{k}={v}" for k, v in rl.items()), "rl.eval_every=0", "threads=1"]
+            f"rl.prompts_per_step={q.rl.prompts_per_step}", f"rl.group_size={q.rl.group_size}",
+            f"rl.sampling.max_new_tokens={q.rl.sampling.max_new_tokens}", "rl.eval.every=0", "threads=1"]
 
 
 def env() -> dict[str, str]:
@@ -102,12 +102,13 @@ def breakdown() -> dict[str, Any]:
     ray.init(logging_level=logging.WARNING)
     out["ray.init"] = time.perf_counter() - t
     # the actors RayEngine starts, with its arguments, then timed part by part instead of `start`
-    rollout = ray.remote(RolloutWorker).options(num_cpus=rl.rollout_worker_cpus, num_gpus=rl.rollout_worker_gpus)
-    reward = ray.remote(RewardWorker).options(num_cpus=rl.reward_worker_cpus, num_gpus=rl.reward_worker_gpus)
-    settings = SamplingSettings(max_new_tokens=rl.max_new_tokens)
+    rollout = ray.remote(RolloutWorker).options(num_cpus=rl.ray.rollout_worker_cpus,
+                                                num_gpus=rl.ray.rollout_worker_gpus)
+    reward = ray.remote(RewardWorker).options(num_cpus=rl.ray.reward_worker_cpus, num_gpus=rl.ray.reward_worker_gpus)
+    settings = SamplingSettings(max_new_tokens=rl.sampling.max_new_tokens)
     t = time.perf_counter()
-    workers = ([rollout.remote(cfg, settings, 1, logs, task) for _ in range(rl.rollout_workers)]
-               + [reward.remote(cfg, 1, logs, task) for _ in range(rl.reward_workers)])
+    workers = ([rollout.remote(cfg, settings, 1, logs, task) for _ in range(rl.ray.rollout_workers)]
+               + [reward.remote(cfg, 1, logs, task) for _ in range(rl.ray.reward_workers)])
     ray.get([w.__ray_call__.remote(lambda worker: None) for w in workers])
     out["actors up"] = time.perf_counter() - t
     t = time.perf_counter()

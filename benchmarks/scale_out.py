@@ -1,5 +1,5 @@
 """Scale-out figures for `rl.engine: ray` (docs/scale-out.md): Ray's overhead per step, steps/s and rewards/s with an
-expensive reward on 1 and 2 reward workers and with `rl.max_staleness=1`, a measured cost model checked against
+expensive reward on 1 and 2 reward workers and with `rl.ray.max_staleness=1`, a measured cost model checked against
 those runs, and accuracy at equal wall time for asynchronous against synchronous training.
 
     python benchmarks/scale_out.py --steps 10 --repeats 3 --budget 90   # the README's figures (15 min on 2 cores)
@@ -134,7 +134,7 @@ def quickstart_config(threads: int, seed: int = 0) -> dict[str, Any]:
 
     q = QuickstartConfig()
     rl = q.rl.model_dump()
-    rl.update(eval_every=0)
+    rl["eval"].update(every=0)
     return {"model": q.model.model_dump(), "task": q.task.model_dump(), "rl": rl, "threads": threads, "seed": seed}
 
 
@@ -143,7 +143,7 @@ def part_overhead(args, work: Path) -> dict[str, Any]:
           f"{args.repeats} repeats", flush=True)
     base = quickstart_config(args.threads)
     base["rl"].update(steps=args.steps)
-    ray = {**base, "rl": {**base["rl"], "engine": "ray", "rollout_workers": 1, "reward_workers": 1}}
+    ray = {**base, "rl": {**base["rl"], "engine": "ray", "ray": {"rollout_workers": 1, "reward_workers": 1}}}
     steps: dict[str, list[float]] = {"local": [], "ray": []}
     runs: dict[str, list[dict[str, Any]]] = {"local": [], "ray": []}
     for r in range(args.repeats):
@@ -187,13 +187,13 @@ def part_expensive(args, work: Path) -> dict[str, Any]:
     rows = code_rows(work / "code_rows.jsonl")
     base = {"task": {"spec": f"jsonl:{rows}", "options": {"reward": "code", "test_size": 100}},
             "rewards": [{"name": "code", "workers": 1}], "threads": args.threads, "seed": 0,
-            "rl": {"steps": args.steps, "prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": TOKENS,
-                   "temperature": 1.0, "lr": 1e-4, "rollout_chunk": CHUNK}}
+            "rl": {"steps": args.steps, "prompts_per_step": PROMPTS, "group_size": GROUP, "lr": 1e-4,
+                   "sampling": {"max_new_tokens": TOKENS, "temperature": 1.0, "rollout_chunk": CHUNK}}}
     out: dict[str, Any] = {}
     for name, nr, nw, lag in EXPENSIVE_RUNS:
         rl = dict(base["rl"])
         if lag is not None:
-            rl.update(engine="ray", rollout_workers=nr, reward_workers=nw, max_staleness=lag)
+            rl.update(engine="ray", ray={"rollout_workers": nr, "reward_workers": nw, "max_staleness": lag})
         res = run("expensive-" + name.replace(" ", "_").replace(",", "").replace("=", ""), {**base, "rl": rl}, work)
         out[name] = throughput(res, 2) | {"rollout_workers": nr, "reward_workers": nw, "max_staleness": lag or 0,
                                           "engine": "local" if lag is None else "ray"}
@@ -312,8 +312,8 @@ def part_accuracy(args, work: Path) -> dict[str, Any]:
         for lag in (0, 1):
             cfg = quickstart_config(args.threads, seed)
             cfg["model"]["path"] = checkpoint
-            cfg["rl"].update(steps=10**6, eval_every=10**6, eval_n=500, engine="ray", rollout_workers=1,
-                             reward_workers=1, max_staleness=lag)
+            cfg["rl"].update(steps=10**6, eval={"every": 10**6, "n": 500}, engine="ray",
+                             ray={"rollout_workers": 1, "reward_workers": 1, "max_staleness": lag})
             res = run(f"accuracy-seed{seed}-lag{lag}", cfg, work, budget_s=args.budget)
             last = res["metrics"][-1]
             out["runs"][f"seed{seed}-lag{lag}"] = {"seed": seed, "max_staleness": lag, "steps": len(res["metrics"]),

@@ -126,7 +126,7 @@ def test_reward_error_with_on_error_raise_is_one_line(tmp_path, capsys):
     task = write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"{i}=", "answer": str(i)} for i in range(12)])
     code = main(["train", "--out", str(tmp_path / "run"), "--task", f"jsonl:{task}", "--no-progress",
                  "rewards=[{name: reasoning_gym}]", "on_error=raise", "rl.steps=1", "rl.prompts_per_step=2",
-                 "rl.group_size=2", "rl.max_new_tokens=2", *TINY_OVERRIDES])
+                 "rl.group_size=2", "rl.sampling.max_new_tokens=2", *TINY_OVERRIDES])
     assert code == 2
     line = _stderr_line(capsys)
     assert "reasoning_gym: KeyError" in line

@@ -83,7 +83,8 @@ def test_train_and_sft_apply_the_threads_setting(tmp_path, one_thread_after):
               + ", size: 40, test_size: 4}"]
     torch.set_num_threads(2)
     train(load_config(TrainConfig, None, [*common, f"out={tmp_path / 't'}", "rl.steps=1", "rl.prompts_per_step=2",
-                                          "rl.group_size=2", "rl.max_new_tokens=2", "threads=1"]), show_progress=False)
+                                          "rl.group_size=2", "rl.sampling.max_new_tokens=2", "threads=1"]),
+          show_progress=False)
     assert torch.get_num_threads() == 1 and default_workers() == 1
     torch.set_num_threads(2)
     run_sft(load_config(SFTConfig, None, [*common, f"out={tmp_path / 's'}", "sft.steps=1", "sft.batch_size=4",

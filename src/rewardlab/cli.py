@@ -102,6 +102,27 @@ def parse(argv: list[str] | None = None) -> tuple[str, argparse.Namespace, list[
     return verb, args, overrides
 
 
+def _load(cls, path: str | None, overrides: list[str]):
+    """`config.load_config`, each `ConfigDeprecationWarning` (a key given by its old name) printed as one
+    "rewardlab: warning: ..." line; other warnings go on as they were."""
+    import warnings
+
+    from rewardlab.config import ConfigDeprecationWarning, load_config
+    from rewardlab.runs import warn
+
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigDeprecationWarning)
+            return load_config(cls, path, overrides)
+    finally:  # said before a config error too
+        for w in caught:
+            if issubclass(w.category, ConfigDeprecationWarning):
+                warn(str(w.message))
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def main(argv: list[str] | None = None) -> int:
     verb, args, overrides = parse(argv)
     command = COMMANDS[verb]
@@ -115,13 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
 
-    from rewardlab.config import load_config
     from rewardlab.interrupt import EXIT_INTERRUPTED, Interrupted, resume_command, sigterm_grace_s
     from rewardlab.rewards import RewardError
 
     try:
         sigterm_grace_s()  # a bad REWARDLAB_SIGTERM_GRACE_S is an error before anything starts
-        cfg = load_config(command.config, args.config, overrides)
+        cfg = _load(command.config, args.config, overrides)
         result = command.run(cfg, mode=mode, show_progress=not args.no_progress)
         if command.prints_summary:
             print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))

@@ -208,26 +208,31 @@ def _config_diffs(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, 
 ALWAYS_MAY_CHANGE = ("threads",)
 
 
-def _read_run_config(path: Path) -> dict[str, Any]:
-    """A run's config.yaml as a mapping, read as data (`config.read_config_file`).
+def _read_run_config(path: Path, renamed: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A run's config.yaml as a mapping, read as data (`config.read_config_file`), the keys an earlier release wrote
+    by their old names moved to their new places (`renamed`, {old dotted key: new}: `config.renamed_keys` of the
+    verb's config class; `config.move_renamed`, without warnings).
 
     Raises:
-        RunDirError: one line naming the file: not UTF-8, invalid or too deeply nested YAML, not a mapping.
+        RunDirError: one line naming the file: not UTF-8, invalid or too deeply nested YAML, not a mapping, a key
+            given both by its old and its new name.
     """
-    from rewardlab.config import ConfigError, read_config_file
+    from rewardlab.config import ConfigError, move_renamed, read_config_file
 
     try:
-        return read_config_file(path)
+        return move_renamed(read_config_file(path), renamed or {}, quiet=True)
     except ConfigError as exc:
         raise RunDirError(f"--resume: {exc}; resume a run whose config.yaml this project wrote, or pass "
                           "--overwrite") from None
 
 
-def check_resume_config(run: RunDir, config_text: str, may_change: Iterable[str] = ()) -> list[tuple[str, Any, Any]]:
+def check_resume_config(run: RunDir, config_text: str, may_change: Iterable[str] = (),
+                        renamed: Mapping[str, str] | None = None) -> list[tuple[str, Any, Any]]:
     """For a resume that continues the same job: the run's config.yaml must hold the same settings as `config_text`
     (the YAML of the resolved config), but for `out` (which may be spelt differently), the dotted keys in
-    `may_change` (train: rl.steps, to train on) and ALWAYS_MAY_CHANGE. A run killed before it wrote config.yaml gets
-    `config_text` written. Nothing is written otherwise (see `RunDir.apply_config_changes`).
+    `may_change` (train: rl.steps, to train on) and ALWAYS_MAY_CHANGE. A config.yaml an earlier release wrote is
+    read with its keys `renamed` ({old dotted key: new}, `config.renamed_keys`) first. A run killed before it wrote
+    config.yaml gets `config_text` written. Nothing is written otherwise (see `RunDir.apply_config_changes`).
 
     Returns:
         the allowed changes, (dotted key, the run's value, the new value) each, in config order.
@@ -240,7 +245,7 @@ def check_resume_config(run: RunDir, config_text: str, may_change: Iterable[str]
     if not path.is_file():
         run.write_config(config_text)
         return []
-    old, new = _read_run_config(path), yaml.safe_load(config_text) or {}
+    old, new = _read_run_config(path, renamed), yaml.safe_load(config_text) or {}
     allowed = set(may_change) | set(ALWAYS_MAY_CHANGE)
     diffs = [d for d in _config_diffs(old, new) if d[0] != "out"]
     refused = [d for d in diffs if d[0] not in allowed]
@@ -375,32 +380,36 @@ class RunDir:
     def write_config(self, text: str) -> None:
         atomic_write_text(self.path / "config.yaml", text)
 
-    def record_config(self, text: str, *, resume: bool, may_change: Iterable[str] = ()) -> None:
+    def record_config(self, text: str, *, resume: bool, may_change: Iterable[str] = (),
+                      renamed: Mapping[str, str] | None = None) -> None:
         """A new run writes its resolved config (`text`, YAML) to config.yaml; a resumed one checks that config.yaml
-        holds the same settings but for `out` and the dotted keys in `may_change` (`check_resume_config`), then
-        writes and logs the changes allowed (`apply_config_changes`). A training verb that resumes from a checkpoint
-        uses `resume_training` instead (it also checks the step count against the checkpoint first).
+        holds the same settings but for `out` and the dotted keys in `may_change` (`check_resume_config`, the keys
+        an earlier release wrote by their old names read through `renamed`), then writes and logs the changes
+        allowed (`apply_config_changes`). A training verb that resumes from a checkpoint uses `resume_training`
+        instead (it also checks the step count against the checkpoint first).
 
         Raises:
             RunDirError: on a resume whose settings differ (one line naming the keys).
         """
         if resume:
-            self.apply_config_changes(check_resume_config(self, text, may_change))
+            self.apply_config_changes(check_resume_config(self, text, may_change, renamed), renamed)
         else:
             self.write_config(text)
 
-    def apply_config_changes(self, changes: Iterable[tuple[str, Any, Any]]) -> None:
+    def apply_config_changes(self, changes: Iterable[tuple[str, Any, Any]],
+                             renamed: Mapping[str, str] | None = None) -> None:
         """Write the allowed changes of a resume (`check_resume_config`'s) into config.yaml, so that it states what
         the run now does, and say so: a `config_changed` event each ({key, old, new}) and one warning line
-        ("--resume: rl.steps 20 -> 22; written to config.yaml"). Nothing happens without changes.
+        ("--resume: rl.steps 20 -> 22; written to config.yaml"). A config.yaml that holds keys by their old names
+        (`renamed`, {old dotted key: new}) is rewritten with the new ones. Nothing happens otherwise.
         """
         import yaml
 
         changes = list(changes)
-        if not changes:
-            return
         path = self.path / "config.yaml"
-        config = _read_run_config(path)
+        if not changes and not (renamed and _read_run_config(path) != _read_run_config(path, renamed)):
+            return
+        config = _read_run_config(path, renamed)
         for key, _, value in changes:
             *parents, last = key.split(".")
             node = config
@@ -408,6 +417,8 @@ class RunDir:
                 node = node.setdefault(part, {})
             node[last] = value
         self.write_config(yaml.safe_dump(config, sort_keys=False))
+        if not changes:
+            return
         for key, old, value in changes:
             self.log_event("config_changed", key=key, old=old, new=value)
         shown = ", ".join(f"{key} {old!r} -> {value!r}" for key, old, value in changes)
@@ -630,19 +641,21 @@ class RunDir:
         self.log_event("resume_from", checkpoint=found[1].name, step=found[0])
         return found
 
-    def resume_training(self, text: str, *, may_change: Iterable[str], steps: int, steps_key: str) -> tuple[int, Path]:
+    def resume_training(self, text: str, *, may_change: Iterable[str], steps: int, steps_key: str,
+                        renamed: Mapping[str, str] | None = None) -> tuple[int, Path]:
         """A training verb's resume, in the order that leaves the directory untouched when it is refused: check the
-        config against config.yaml (`check_resume_config`), find the checkpoint and refuse a step count below it,
-        roll the logs back (`resume_checkpoint`), then write and log the allowed changes (`apply_config_changes`).
+        config against config.yaml (`check_resume_config`, its keys by old names read through `renamed`), find the
+        checkpoint and refuse a step count below it, roll the logs back (`resume_checkpoint`), then write and log
+        the allowed changes (`apply_config_changes`).
 
         Returns:
             (step, path) of the checkpoint to continue from.
         Raises:
             RunDirError: other settings than `may_change`, no valid checkpoint, or `steps` below its step (one line).
         """
-        changes = check_resume_config(self, text, may_change)
+        changes = check_resume_config(self, text, may_change, renamed)
         found = self.resume_checkpoint(steps=steps, steps_key=steps_key)
-        self.apply_config_changes(changes)
+        self.apply_config_changes(changes, renamed)
         return found
 
     # --------------------------------------------------------------- plots

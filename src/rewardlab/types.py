@@ -49,7 +49,7 @@ class Rollout:
         episode_id: shared by the rows of one episode when it is split into several rows (a chat template that is
             not append-only); None for a rollout that is its own episode.
         termination: why the episode ended: `stop` (the model answered without a tool call), `env_done`,
-            `max_turns`, `max_new_tokens` (a model turn hit rl.max_new_tokens), `max_episode_tokens`, `context`
+            `max_turns`, `max_new_tokens` (a model turn hit rl.sampling.max_new_tokens), `max_episode_tokens`, `context`
             (the model's context window is full); None on a row that is not its episode's last.
         tool_calls: per turn in `turns`, the parsed tool calls, each a dict with `name`, `arguments`, `status`
             (`ok`, `malformed`, `unknown_tool`, `bad_arguments`, `error`, `timeout`) and `seconds`. Default: [].

@@ -149,10 +149,10 @@ def test_a_turn_budget_below_the_format_is_warned_and_one_that_fits_is_not():
     from rewardlab.envs.sampling import turn_budget_warning
 
     guess = EpisodeSettings(make_env("guess_number"), 8, 256, name="guess_number")
-    assert turn_budget_warning(guess, _Policy(), 8, key="rl.max_new_tokens") == (
-        "rl.max_new_tokens=8 is below the 9 tokens a model turn of environment 'guess_number' needs for its own "
-        "format with this model's tokenizer (min_turn_tokens): such turns are cut and end their episode "
-        "max_new_tokens; set rl.max_new_tokens to at least 9")
+    assert turn_budget_warning(guess, _Policy(), 8, key="rl.sampling.max_new_tokens") == (
+        "rl.sampling.max_new_tokens=8 is below the 9 tokens a model turn of environment 'guess_number' needs for its "
+        "own format with this model's tokenizer (min_turn_tokens): such turns are cut and end their episode "
+        "max_new_tokens; set rl.sampling.max_new_tokens to at least 9")
     assert turn_budget_warning(guess, _Policy(), 9) is None and turn_budget_warning(guess, _Policy(), 64) is None
     assert turn_budget_warning(None, _Policy(), 1) is None  # a single-turn task
     assert turn_budget_warning(guess, object(), 1) is None  # no tokenizer to count with
@@ -172,8 +172,8 @@ def test_evaluate_warns_at_start_when_a_turn_cannot_hold_the_environments_format
 
 @pytest.mark.parametrize("budget,warned", [(7, True), (8, False)])
 def test_train_warns_at_start_when_a_turn_cannot_hold_the_environments_format(tmp_path, capsys, budget, warned):
-    assert main(["train", *GUESS, "model.path=tiny", *TINY_OVERRIDES, f"rl.max_new_tokens={budget}", "rl.steps=1",
-                 "rl.prompts_per_step=2", "rl.group_size=2", "env.max_turns=2", f"out={tmp_path / 'run'}",
+    assert main(["train", *GUESS, "model.path=tiny", *TINY_OVERRIDES, f"rl.sampling.max_new_tokens={budget}",
+                 "rl.steps=1", "rl.prompts_per_step=2", "rl.group_size=2", "env.max_turns=2", f"out={tmp_path / 'run'}",
                  "--no-progress"]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "min_turn_tokens" in line]
-    assert len(lines) == warned and (not warned or "rl.max_new_tokens=7 is below the 8 tokens" in lines[0])
+    assert len(lines) == warned and (not warned or "rl.sampling.max_new_tokens=7 is below the 8 tokens" in lines[0])

@@ -14,10 +14,11 @@ def test_preset_tools_sets_the_sections_and_keys_given_still_win():
     plain = load_config(QuickstartConfig)
     tools = load_config(QuickstartConfig, None, ["preset=tools"])
     assert plain.preset == "arithmetic" and plain.task.spec == "reasoning_gym:chain_sum"
-    assert plain.sft.tool_frac is None and plain.rl.max_new_tokens == 4
+    assert plain.sft.tool_frac is None and plain.rl.sampling.max_new_tokens == 4
     assert tools.task.spec == "env:calculator"
     assert tools.task.options == {"size": 5000, "test_size": 300, "max_terms": 2}
-    assert (tools.sft.tool_frac, tools.sft.eval_every, tools.rl.max_new_tokens, tools.env.max_turns) == (0.5, 0, 24, 3)
+    assert (tools.sft.tool_frac, tools.sft.eval_every, tools.rl.sampling.max_new_tokens,
+            tools.env.max_turns) == (0.5, 0, 24, 3)
     # an override of one key, before or after the preset, changes that key only
     for overrides in (["rl.steps=5", "preset=tools"], ["preset=tools", "rl.steps=5"]):
         edited = load_config(QuickstartConfig, None, overrides)
@@ -32,7 +33,7 @@ def test_preset_tools_sets_the_sections_and_keys_given_still_win():
     (["preset=tools", "task.spec=reasoning_gym:chain_sum"], "preset tools runs env:calculator"),
     (["task.spec=env:calculator"], "run it with preset tools"),
     (["preset=tools", "task.options.parser=hermes"], "task.options.parser: preset tools runs"),
-    (["preset=tools", "env.max_episode_tokens=16"], "rl.max_new_tokens: 24 tokens per model turn"),
+    (["preset=tools", "env.max_episode_tokens=16"], "rl.sampling.max_new_tokens: 24 tokens per model turn"),
 ])
 def test_preset_refusals_are_one_line(overrides, match):
     with pytest.raises(ConfigError, match=match):

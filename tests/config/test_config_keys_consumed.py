@@ -24,9 +24,9 @@ ENV_ONLY = ["env.max_turns=2", "env.max_episode_tokens=30", "env.max_tool_tokens
             "env.tool_timeout_s=2", "env.max_tool_calls_per_turn=2", "rl.turn_rewards=info_gain"]
 SINGLE_TURN_ONLY = ["rl.step_separator=';'"]
 #: Keys that only engine ray reads, refused on engine local (every run below) in both modes.
-RAY_ONLY = ["rl.rollout_workers=3", "rl.reward_workers=1", "rl.ray_address=auto", "rl.rollout_worker_cpus=1",
-            "rl.rollout_worker_gpus=0.5", "rl.reward_worker_cpus=1", "rl.reward_worker_gpus=0.5", "rl.ray_dashboard=true",
-            "rl.max_staleness=1"]
+RAY_ONLY = ["rl.ray.rollout_workers=3", "rl.ray.reward_workers=1", "rl.ray.address=auto",
+            "rl.ray.rollout_worker_cpus=1", "rl.ray.rollout_worker_gpus=0.5", "rl.ray.reward_worker_cpus=1",
+            "rl.ray.reward_worker_gpus=0.5", "rl.ray.dashboard=true", "rl.ray.max_staleness=1"]
 
 
 @pytest.fixture
@@ -72,20 +72,20 @@ def _single_task(tmp_path):
     return [f"task.spec=jsonl:{write_jsonl(tmp_path / 'task.jsonl', rows)}", "task.options={test_size: 5}"]
 
 
-BASE = [*TINY_OVERRIDES, "rl.steps=1", "rl.prompts_per_step=2", "rl.group_size=2", "rl.max_new_tokens=3",
-        "save_every=1", "keep_checkpoints=1", "threads=1", "rl.eval_every=1", "rl.eval_n=2", "rl.log_samples=3",
-        "rl.rollout_chunk=2"]
+BASE = [*TINY_OVERRIDES, "rl.steps=1", "rl.prompts_per_step=2", "rl.group_size=2", "rl.sampling.max_new_tokens=3",
+        "save_every=1", "keep_checkpoints=1", "threads=1", "rl.eval.every=1", "rl.eval.n=2", "rl.logging.log_samples=3",
+        "rl.sampling.rollout_chunk=2"]
 SINGLE_RUNS = [
     [],
     ["rl.estimator=gae", "rl.beta=0.1", "rl.kl_in=reward", "rl.ref_refresh_every=1", "rl.entropy_coef=0.01",
      "rl.mask_truncated=true", "rl.lr_schedule=cosine", "rl.warmup_steps=1"],
-    ["rl.group_filter=dapo", "rl.filter_metric=score", "rl.max_rounds=2", "rl.clip_eps=0.3",
-     "rl.curriculum=pass_rate", "rl.beta=0.1", "rl.kl_in=loss"],
+    ["rl.filtering.group_filter=dapo", "rl.filtering.filter_metric=score", "rl.filtering.max_rounds=2",
+     "rl.clip_eps=0.3", "rl.filtering.curriculum=pass_rate", "rl.beta=0.1", "rl.kl_in=loss"],
     ["rl.estimator=pure", "rl.step_separator='+'", "rewards=[{name: test_walk_steps}]", "on_error=skip"],
 ]
 ENV_RUNS = [
     ["rl.estimator=turn_grpo", "rl.turn_rewards=info_gain"],
-    ["rl.estimator=gae", "rl.beta=0.1", "rl.mask_truncated={max_turns: 0.5}", "rl.group_filter=dapo",
+    ["rl.estimator=gae", "rl.beta=0.1", "rl.mask_truncated={max_turns: 0.5}", "rl.filtering.group_filter=dapo",
      "rl.minibatch_size=1", "rl.epochs=2"],
 ]
 

@@ -14,7 +14,8 @@ def test_env_keys_on_a_task_that_is_not_an_environment_are_refused_by_name(cls):
     assert load_config(cls, None, ["task.spec=env:calculator", "env.max_turns=3"]).env.max_turns == 3
 
 
-@pytest.mark.parametrize("cls, key", [(TrainConfig, "rl.max_new_tokens"), (EvaluateConfig, "eval.max_new_tokens")])
+@pytest.mark.parametrize("cls, key", [(TrainConfig, "rl.sampling.max_new_tokens"),
+                                      (EvaluateConfig, "eval.max_new_tokens")])
 def test_a_turn_budget_over_the_episode_budget_is_one_line_naming_both(cls, key):
     with pytest.raises(ConfigError, match=rf"{key}: 33 tokens per model turn is more than env.max_episode_tokens "
                                           r"\(32\)"):
@@ -53,7 +54,7 @@ def test_verbs_that_sample_single_completions_refuse_environment_tasks(verb):
 
 
 @pytest.mark.parametrize("override, key", [("env.max_turns=true", "env.max_turns"), ("rl.lr=false", "rl.lr"),
-                                           ("rl.max_prompt_length=true", "rl.max_prompt_length"),
+                                           ("rl.sampling.max_prompt_length=true", "rl.sampling.max_prompt_length"),
                                            ("env.tool_timeout_s=true", "env.tool_timeout_s")])
 def test_a_boolean_where_a_number_is_due_is_one_line_naming_the_key(override, key):
     # pydantic reads true as 1: env.max_turns=true ran episodes of one turn

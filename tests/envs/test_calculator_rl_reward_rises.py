@@ -21,8 +21,8 @@ def test_grpo_in_the_calculator_raises_the_reward_by_calling_the_tool(tmp_path):
     main(["sft", "--model", "tiny", "--out", str(sft), "--no-progress", *task, "sft.steps=300", "sft.batch_size=64",
           "sft.lr=1e-3", "sft.tool_frac=0.5", "sft.eval_every=0"])
     main(["train", "--model", str(sft / "checkpoints" / "step-300"), "--out", str(grpo), "--no-progress", *task,
-          "rl.steps=10", "rl.prompts_per_step=16", "rl.group_size=8", "rl.lr=2e-4", "rl.temperature=0.7",
-          "rl.max_new_tokens=24", "save_every=100"])
+          "rl.steps=10", "rl.prompts_per_step=16", "rl.group_size=8", "rl.lr=2e-4", "rl.sampling.temperature=0.7",
+          "rl.sampling.max_new_tokens=24", "save_every=100"])
     m = _metrics(grpo)
     assert [x["step"] for x in m] == list(range(1, 11))
     # the first step samples the SFT model; the last three, the policy after 7-9 updates

@@ -429,7 +429,7 @@ def test_train_runs_grpo_episodes_of_a_saved_hf_chat_model_on_the_calculator(lab
     cfg = load_config(TrainConfig, None, [
         "task.spec=env:calculator", "task.options.parser=hermes", "task.options.size=50", "task.options.test_size=5",
         f"model.path={tmp_path / 'model'}", "model.prompt_format=chat", f"out={tmp_path / 'run'}", "rl.steps=2",
-        "rl.prompts_per_step=2", "rl.group_size=2", "rl.max_new_tokens=40", "rl.temperature=0.7",
+        "rl.prompts_per_step=2", "rl.group_size=2", "rl.sampling.max_new_tokens=40", "rl.sampling.temperature=0.7",
         "env.max_turns=3", "env.max_episode_tokens=200"])
     train(cfg, show_progress=False)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

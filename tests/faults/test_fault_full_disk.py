@@ -29,7 +29,7 @@ def _args(tmp_path, out):
     task = write_jsonl(tmp_path / "task.jsonl", rows)
     return ["train", "--out", str(out), "--task", f"jsonl:{task}", "task.options={test_size: 5}", *TINY_OVERRIDES,
             "rewards=[{name: chrf}]", f"rl.steps={STEPS}", "rl.prompts_per_step=2", "rl.group_size=4",
-            "rl.max_new_tokens=3", "rl.lr=1e-2", "save_every=2"]
+            "rl.sampling.max_new_tokens=3", "rl.lr=1e-2", "save_every=2"]
 
 
 def test_a_full_disk_fails_the_checkpoint_cleanly_and_the_run_resumes(tmp_path):

@@ -60,7 +60,7 @@ def test_train_killed_while_a_math_item_hangs_leaves_no_process(tmp_path, signum
     task = _hang_rows(tmp_path)
     args = ["train", "--model", "tiny", "--task", f"jsonl:{task}", "--out", str(tmp_path / "run"), *TINY_OVERRIDES,
             "rewards=[{name: code, timeout: 5}, {name: math, timeout: 120}]", "rl.steps=3", "rl.prompts_per_step=2",
-            "rl.group_size=2", "rl.max_new_tokens=32", "threads=1"]
+            "rl.group_size=2", "rl.sampling.max_new_tokens=32", "threads=1"]
     tree = Tree(cli(args), tmp_path / "stderr.txt", _env())
     try:
         # The code reward started the launcher; then the math pool forked its worker, which is now stuck.
@@ -86,7 +86,7 @@ def test_train_sigterm_finishes_the_step_checkpoints_exits_143_and_leaves_no_pro
     out = tmp_path / "run"
     args = ["train", "--model", "tiny", "--task", f"jsonl:{task}", "--out", str(out), *TINY_OVERRIDES,
             "rewards=[{name: code, timeout: 5}, {name: math, timeout: 20}]", "rl.steps=50", "rl.prompts_per_step=2",
-            "rl.group_size=2", "rl.max_new_tokens=8", "threads=1", "save_every=100"]
+            "rl.group_size=2", "rl.sampling.max_new_tokens=8", "threads=1", "save_every=100"]
     tree = Tree(cli(args, pause=0.15), tmp_path / "stderr.txt", _env(REWARDLAB_SIGTERM_GRACE_S="60"))
     try:
         tree.wait_for("metrics line 2", lambda: count_lines(out / "metrics.jsonl") >= 2, timeout=120)

@@ -23,7 +23,7 @@ def _train_args(tmp_path, out):
     task = write_jsonl(tmp_path / "task.jsonl", rows)
     return ["train", "--out", str(out), "--task", f"jsonl:{task}", "task.options={test_size: 5}", *TINY_OVERRIDES,
             "rewards=[{name: chrf}]", f"rl.steps={STEPS}", "rl.prompts_per_step=2", "rl.group_size=4",
-            "rl.max_new_tokens=3", "rl.lr=1e-2", "save_every=100", "rl.eval_every=3", "rl.eval_n=3"]
+            "rl.sampling.max_new_tokens=3", "rl.lr=1e-2", "save_every=100", "rl.eval.every=3", "rl.eval.n=3"]
 
 
 def _sft_args(out):

@@ -20,8 +20,8 @@ def _args(tmp_path, out):
     # make the update draw from the torch RNG as well.
     return ["train", "--out", str(out), "--task", f"jsonl:{task}", "task.options={test_size: 5}", *TINY_OVERRIDES,
             "rewards=[{name: chrf}]", f"rl.steps={STEPS}", "rl.prompts_per_step=2", "rl.group_size=4",
-            "rl.max_new_tokens=3", "rl.lr=1e-2", "rl.epochs=2", "rl.minibatch_size=4", f"save_every={SAVE_EVERY}",
-            "keep_checkpoints=2"]
+            "rl.sampling.max_new_tokens=3", "rl.lr=1e-2", "rl.epochs=2", "rl.minibatch_size=4",
+            f"save_every={SAVE_EVERY}", "keep_checkpoints=2"]
 
 
 def _latest_checkpoint(run):

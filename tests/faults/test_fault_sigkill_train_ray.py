@@ -22,9 +22,9 @@ def _args(tmp_path, out, address):
     return ["train", f"--out={out}", *TINY_OVERRIDES, "task.spec=reasoning_gym:chain_sum",
             "task.options={size: 40, test_size: 4, min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, "
             "template: compact}", f"rewards=[{{name: '{tmp_path / 'r.py'}:digits'}}]", f"rl.steps={STEPS}",
-            "rl.prompts_per_step=4", "rl.group_size=2", "rl.rollout_chunk=4", "rl.max_new_tokens=4", "rl.lr=5e-2",
-            "threads=1", "seed=7", f"save_every={SAVE_EVERY}", "keep_checkpoints=2", "rl.engine=ray",
-            "rl.rollout_workers=2", "rl.reward_workers=2", f"rl.ray_address={address}"]
+            "rl.prompts_per_step=4", "rl.group_size=2", "rl.sampling.rollout_chunk=4", "rl.sampling.max_new_tokens=4",
+            "rl.lr=5e-2", "threads=1", "seed=7", f"save_every={SAVE_EVERY}", "keep_checkpoints=2", "rl.engine=ray",
+            "rl.ray.rollout_workers=2", "rl.ray.reward_workers=2", f"rl.ray.address={address}"]
 
 
 def _semantic(metrics):

@@ -55,8 +55,8 @@ def main(n: int, micro: int) -> None:
     policy = Policy(model, build_tokenizer())
     policy.model.train()
     rl = SimpleNamespace(epochs=1, minibatch_size=None, micro_batch_size=micro, loss="ppo_clip", agg="token-mean",
-                         temperature=1.0, entropy_coef=0.0, kl_in="loss", beta=0.0, kl_estimator="k3", grad_clip=1.0,
-                         ref_refresh_every=None)
+                         sampling=SimpleNamespace(temperature=1.0), entropy_coef=0.0, kl_in="loss", beta=0.0,
+                         kl_estimator="k3", grad_clip=1.0, ref_refresh_every=None)
     state = SimpleNamespace(cfg=SimpleNamespace(rl=rl), policy=policy, critic=None, reference=None, step=1,
                             optimizer=torch.optim.AdamW(model.parameters(), lr=1e-6), loss_options={}, agg_options={},
                             scheduler=SimpleNamespace(step=lambda: None),

@@ -120,11 +120,13 @@ def _cfg(tmp_path, *overrides):
     (["rl.loss_options={clip_low: -0.1}"], "rl.loss_options: ppo_clip: clip_low and clip_high must be >= 0"),
     (["rl.estimator_options={lambda: 0.9}"],
      "rl.estimator_options: unknown option 'lambda' for advantage estimator 'grpo'; valid: eps, scale"),
-    (["rl.curriculum=pass_rate", "rl.curriculum_options={sigmaa: 0.1}"],
-     "rl.curriculum_options: unknown option 'sigmaa' for curriculum 'pass_rate'; valid: ema, initial, mu, sigma"),
-    (["rl.group_filter=dapo", "rl.group_filter_options={min_std: 0.1}"],
-     "rl.group_filter_options: unknown option 'min_std' for group filter 'dapo'; valid: (none)"),
-    (["rl.group_filter_options={min_std: 0.1}"], "rl.group_filter_options: ['min_std'] given without rl.group_filter"),
+    (["rl.filtering.curriculum=pass_rate", "rl.filtering.curriculum_options={sigmaa: 0.1}"],
+     "rl.filtering.curriculum_options: unknown option 'sigmaa' for curriculum 'pass_rate'; valid: ema, initial, mu, "
+     "sigma"),
+    (["rl.filtering.group_filter=dapo", "rl.filtering.group_filter_options={min_std: 0.1}"],
+     "rl.filtering.group_filter_options: unknown option 'min_std' for group filter 'dapo'; valid: (none)"),
+    (["rl.filtering.group_filter_options={min_std: 0.1}"],
+     "rl.filtering.group_filter_options: ['min_std'] given without rl.filtering.group_filter"),
     (["rl.loss=reinforce", "rl.clip_eps=0.2"], "rl.clip_eps: policy loss 'reinforce' has no clip range"),
 ])
 def test_check_config_refuses_unknown_options_at_config_time(tmp_path, overrides, message):
@@ -134,10 +136,10 @@ def test_check_config_refuses_unknown_options_at_config_time(tmp_path, overrides
 
 
 def test_clip_eps_maps_onto_the_loss_options_and_max_len_only_where_declared(tmp_path):
-    rl = _cfg(tmp_path, "rl.clip_eps=0.1", "rl.max_new_tokens=6").rl
+    rl = _cfg(tmp_path, "rl.clip_eps=0.1", "rl.sampling.max_new_tokens=6").rl
     assert resolve_loss_options(rl) == {"clip_low": 0.1, "clip_high": 0.1}  # token-mean declares no max_len
     rl = _cfg(tmp_path, "rl.clip_eps=0.1", "rl.loss_options={clip_high: 0.28}", "rl.agg=seq-mean-token-sum-norm",
-              "rl.max_new_tokens=6").rl
+              "rl.sampling.max_new_tokens=6").rl
     assert resolve_loss_options(rl) == {"clip_low": 0.1, "clip_high": 0.28, "max_len": 6}
     rl = _cfg(tmp_path, "rl.loss=gspo", "rl.clip_eps=0.1", "rl.loss_options={clip: 0.2}").rl
     assert resolve_loss_options(rl) == {"clip": 0.2}  # loss_options take precedence

@@ -1,4 +1,4 @@
-"""Asynchronous training's fixed lag (rl.max_staleness = k): step s trains on the batch of step s sampled by policy
+"""Asynchronous training's fixed lag (rl.ray.max_staleness = k): step s trains on the batch of step s sampled by policy
 version max(0, s - 1 - k), staleness logged, every finished rollout trained, filtered or in flight, and a resume
 trains what the uninterrupted run trains.
 
@@ -29,8 +29,8 @@ def dense(completion):
 '''
 TASK = ["task.spec=reasoning_gym:chain_sum", "task.options={size: 40, test_size: 4, min_terms: 2, max_terms: 2, "
         "min_digits: 1, max_digits: 1, template: compact}", "rl.prompts_per_step=2", "rl.group_size=2",
-        "rl.max_new_tokens=4", "rl.lr=5e-2", "threads=1", "seed=5"]
-RAY = ["rl.engine=ray", "rl.rollout_workers=1", "rl.reward_workers=1"]
+        "rl.sampling.max_new_tokens=4", "rl.lr=5e-2", "threads=1", "seed=5"]
+RAY = ["rl.engine=ray", "rl.ray.rollout_workers=1", "rl.ray.reward_workers=1"]
 PER_STEP = 4  # rollouts per batch: 2 prompts x 2
 
 
@@ -38,7 +38,7 @@ PER_STEP = 4  # rollouts per batch: 2 prompts x 2
 
 def _stub_run(lag: int, steps: int, start_step: int = 0):
     engine = SimpleNamespace(version=start_step)
-    cfg = SimpleNamespace(rl=SimpleNamespace(max_staleness=lag, steps=steps, engine="local",
+    cfg = SimpleNamespace(rl=SimpleNamespace(ray=SimpleNamespace(max_staleness=lag), steps=steps, engine="local",
                                              max_reward_error_frac=None))
     return SimpleNamespace(cfg=cfg, engine=engine)
 
@@ -100,8 +100,8 @@ def test_a_resumed_prefetch_goes_on_from_the_checkpoint_without_older_weights(mo
 
 
 def test_max_staleness_on_engine_local_is_one_line_naming_the_key():
-    with pytest.raises((ConfigError, ValueError), match=r"rl\.max_staleness: applies to rl\.engine ray only"):
-        load_config(TrainConfig, None, [*TINY_OVERRIDES, *TASK, "rl.max_staleness=1"])
+    with pytest.raises((ConfigError, ValueError), match=r"rl\.ray\.max_staleness: applies to rl\.engine ray only"):
+        load_config(TrainConfig, None, [*TINY_OVERRIDES, *TASK, "rl.ray.max_staleness=1"])
 
 
 # -- lag 0 on the asynchronous code path is the synchronous loop, byte for byte ---------------------------------------
@@ -116,8 +116,8 @@ def test_lag_0_produced_in_the_prefetch_thread_logs_what_the_plain_run_logs(tmp_
     def run(name):
         cfg = load_config(TrainConfig, None, [
             "task.spec=env:test_turns", f"out={tmp_path / name}", *TINY_OVERRIDES, "rl.prompts_per_step=2",
-            "rl.group_size=4", "rl.max_new_tokens=4", "env.max_turns=3", "env.max_episode_tokens=24", "rl.lr=1e-2",
-            "rl.steps=3", "rl.estimator=turn_grpo", "threads=1", "seed=3"])
+            "rl.group_size=4", "rl.sampling.max_new_tokens=4", "env.max_turns=3", "env.max_episode_tokens=24",
+            "rl.lr=1e-2", "rl.steps=3", "rl.estimator=turn_grpo", "threads=1", "seed=3"])
         train(cfg, show_progress=False)
         return _lines(tmp_path / name / "metrics.jsonl"), (tmp_path / name / "samples.jsonl").read_bytes()
 
@@ -169,7 +169,7 @@ def frozen(tmp_path_factory):
 @pytest.mark.slow  # trains once on Ray (in `make test`, within its 90 s of Ray tests)
 def test_lag_2_on_ray_staleness_warm_up_accounting_and_the_checkpoint(tmp_path, ray_cluster, frozen):
     k, steps = 2, 4
-    metrics, samples, summary = _run(tmp_path, "lag", *RAY, f"rl.max_staleness={k}", f"rl.steps={steps}",
+    metrics, samples, summary = _run(tmp_path, "lag", *RAY, f"rl.ray.max_staleness={k}", f"rl.steps={steps}",
                                      "save_every=1")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert metrics[0]["policy/grad_norm"] > 0  # the weights move: versions differ
@@ -206,10 +206,10 @@ def test_lag_2_a_run_resumed_from_its_final_checkpoint_for_more_steps_logs_the_l
     """A run of 2 steps, resumed for 4: the final checkpoint's prefetched batches (step 3 on version 0, step 4 on
     version 1) make it log what the uninterrupted 4-step run logs, staleness included."""
     k = 2
-    metrics, samples, _ = _run(tmp_path, "whole", *RAY, f"rl.max_staleness={k}", "rl.steps=4", "save_every=1")
-    first, _, _ = _run(tmp_path, "split", *RAY, f"rl.max_staleness={k}", "rl.steps=2", "save_every=1")
+    metrics, samples, _ = _run(tmp_path, "whole", *RAY, f"rl.ray.max_staleness={k}", "rl.steps=4", "save_every=1")
+    first, _, _ = _run(tmp_path, "split", *RAY, f"rl.ray.max_staleness={k}", "rl.steps=2", "save_every=1")
     assert _semantic(first) == _semantic(metrics[:2])
-    again, again_samples, _ = _run(tmp_path, "split", *RAY, f"rl.max_staleness={k}", "rl.steps=4",
+    again, again_samples, _ = _run(tmp_path, "split", *RAY, f"rl.ray.max_staleness={k}", "rl.steps=4",
                                    "save_every=1", mode="resume")
     assert _semantic(again) == _semantic(metrics)
     assert [m["async/staleness_max"] for m in again] == [0.0, 1.0, 2.0, 2.0]
@@ -219,7 +219,7 @@ def test_lag_2_a_run_resumed_from_its_final_checkpoint_for_more_steps_logs_the_l
 @pytest.mark.slow
 @pytest.mark.ray_long  # a child driver on the session's cluster, killed, and two more runs
 def test_lag_1_killed_by_sigkill_and_resumed_logs_the_uninterrupted_run(tmp_path, ray_cluster):
-    """The child joins the session's cluster (rl.ray_address), is SIGKILLed after a seeded number of metrics
+    """The child joins the session's cluster (rl.ray.address), is SIGKILLed after a seeded number of metrics
     lines, and is resumed here: steps 1..6 once each, the uninterrupted run's metrics (timings and ray/* aside),
     staleness 0 at step 1 and exactly 1 after, before and after the resume."""
     import random
@@ -232,7 +232,7 @@ def test_lag_1_killed_by_sigkill_and_resumed_logs_the_uninterrupted_run(tmp_path
     (tmp_path / "r.py").write_text(REWARD)
     address = ray_cluster.get_runtime_context().gcs_address
     common = [*TINY_OVERRIDES, *TASK, f"rewards=[{{name: '{tmp_path / 'r.py'}:dense'}}]", *RAY,
-              f"rl.ray_address={address}", "rl.max_staleness=1", "rl.steps=6", "save_every=2", "keep_checkpoints=2"]
+              f"rl.ray.address={address}", "rl.ray.max_staleness=1", "rl.steps=6", "save_every=2", "keep_checkpoints=2"]
     cfg = lambda out: load_config(TrainConfig, None, [*common, f"out={out}"])  # noqa: E731
     train(cfg(tmp_path / "a"), show_progress=False)
     k, _ = kill_midway("TrainConfig", [*common, f"out={tmp_path / 'b'}"], "rewardlab.rl.trainer.train",
@@ -261,7 +261,7 @@ def test_engine_ray_samples_with_the_version_asked_and_keeps_the_last_k_plus_1(r
     from rewardlab.rl.engines.ray_engine import RayEngine
     from rewardlab.tasks import load as load_task
 
-    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *TASK, *RAY, "rl.max_staleness=1"])
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *TASK, *RAY, "rl.ray.max_staleness=1"])
     rows = load_task(cfg.task.spec, **cfg.task.options).train[:2]
     policy = load_policy("tiny", seed=cfg.seed, **cfg.model.policy_options())
     engine = RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)

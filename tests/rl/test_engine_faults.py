@@ -45,11 +45,11 @@ def dense(completion):
 
 RUN = [*TINY_OVERRIDES, "task.spec=reasoning_gym:chain_sum", "task.options={size: 40, test_size: 4, min_terms: 2, "
        "max_terms: 2, min_digits: 1, max_digits: 1, template: compact}", "rl.prompts_per_step=4", "rl.group_size=2",
-       "rl.rollout_chunk=4", "rl.max_new_tokens=4", "rl.steps=3", "rl.lr=5e-2", "threads=1", "seed=11",
-       "rl.max_reward_error_frac=null"]
+       "rl.sampling.rollout_chunk=4", "rl.sampling.max_new_tokens=4", "rl.steps=3", "rl.lr=5e-2", "threads=1",
+       "seed=11", "rl.max_reward_error_frac=null"]
 #: Two rollout workers (one chunk each a step) and one reward worker (both chunks of a step: when it dies in the first,
 #: the second, queued behind it, fails too and both run again on its replacement).
-RAY = ["rl.engine=ray", "rl.rollout_workers=2", "rl.reward_workers=1"]
+RAY = ["rl.engine=ray", "rl.ray.rollout_workers=2", "rl.ray.reward_workers=1"]
 
 
 def _lines(path: Path) -> list[dict]:
@@ -166,7 +166,7 @@ def test_a_chunk_whose_workers_keep_dying_fails_after_max_reruns_naming_the_work
 
     pids = tmp_path / "pids"
     (tmp_path / "d.py").write_text(DIES.format(pids=str(pids)))
-    cfg = load_config(TrainConfig, None, [*RUN, "rl.engine=ray", "rl.rollout_workers=1", "rl.reward_workers=1",
+    cfg = load_config(TrainConfig, None, [*RUN, "rl.engine=ray", "rl.ray.rollout_workers=1", "rl.ray.reward_workers=1",
                                           f"rewards=[{{name: '{tmp_path / 'd.py'}:dies'}}]"])
     engine = RayEngine(cfg, SamplingSettings(max_new_tokens=4, chunk=2), threads=1)
     rollouts = [Rollout(prompt="1+1=", prompt_ids=[1], completion=c, completion_ids=[2], logprobs=[0.0])

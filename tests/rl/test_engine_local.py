@@ -1,5 +1,5 @@
-"""Rollout engines without Ray: chunking (rl.rollout_chunk), sampling a batch chunk by chunk, the local engine, the
-engine config keys, the policy version, and the one-line error of engine ray without the ray package."""
+"""Rollout engines without Ray: chunking (rl.sampling.rollout_chunk), sampling a batch chunk by chunk, the local engine,
+the engine config keys, the policy version, and the one-line error of engine ray without the ray package."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_chunk_spans_cover_the_batch_in_order_and_a_chunk_holds_whole_groups():
     assert chunk_spans(0, 3) == [] and chunk_spans(0, None) == []
     assert row_spans(6, 2, 4) == [(0, 2), (2, 4), (4, 6)]  # 4 rollouts = 2 rows of 2 samples
     assert row_spans(6, 2, None) == [(0, 6)]
-    with pytest.raises(ValueError, match="rl.rollout_chunk: 3 is not a multiple"):
+    with pytest.raises(ValueError, match="rl.sampling.rollout_chunk: 3 is not a multiple"):
         row_spans(6, 2, 3)
 
 
@@ -107,17 +107,17 @@ def _config(tmp_path, name, *overrides):
                                                  for a in range(10) for b in range(3)])
     return load_config(TrainConfig, None, [
         f"task.spec=jsonl:{task}", "task.options={test_size: 5}", f"out={tmp_path / name}", *TINY_OVERRIDES,
-        "rl.steps=2", "rl.prompts_per_step=3", "rl.group_size=2", "rl.max_new_tokens=4", "rl.lr=1e-2",
+        "rl.steps=2", "rl.prompts_per_step=3", "rl.group_size=2", "rl.sampling.max_new_tokens=4", "rl.lr=1e-2",
         "rewards=[{name: exact_match}]", "threads=1", *overrides])
 
 
 @pytest.mark.parametrize("override, key", [
-    ("rl.rollout_chunk=3", "rl.rollout_chunk"),  # not a multiple of rl.group_size=2
-    ("rl.rollout_workers=4", "rl.rollout_workers"),
-    ("rl.reward_workers=1", "rl.reward_workers"),
-    ("rl.ray_address=auto", "rl.ray_address"),
-    ("rl.rollout_worker_gpus=1", "rl.rollout_worker_gpus"),
-    ("rl.ray_dashboard=true", "rl.ray_dashboard"),
+    ("rl.sampling.rollout_chunk=3", "rl.sampling.rollout_chunk"),  # not a multiple of rl.group_size=2
+    ("rl.ray.rollout_workers=4", "rl.ray.rollout_workers"),
+    ("rl.ray.reward_workers=1", "rl.ray.reward_workers"),
+    ("rl.ray.address=auto", "rl.ray.address"),
+    ("rl.ray.rollout_worker_gpus=1", "rl.ray.rollout_worker_gpus"),
+    ("rl.ray.dashboard=true", "rl.ray.dashboard"),
 ])
 def test_engine_keys_that_do_not_apply_are_refused_naming_the_key(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -125,8 +125,8 @@ def test_engine_keys_that_do_not_apply_are_refused_naming_the_key(tmp_path, over
 
 
 def test_the_dashboard_of_a_cluster_that_is_joined_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"rl\.ray_dashboard: .*joins an existing one"):
-        _config(tmp_path, "run", "rl.engine=ray", "rl.ray_address=auto", "rl.ray_dashboard=true")
+    with pytest.raises(ConfigError, match=r"rl\.ray\.dashboard: .*joins an existing one"):
+        _config(tmp_path, "run", "rl.engine=ray", "rl.ray.address=auto", "rl.ray.dashboard=true")
 
 
 def test_engine_ray_without_ray_is_one_line_naming_the_extra(tmp_path, monkeypatch):
@@ -138,7 +138,7 @@ def test_engine_ray_without_ray_is_one_line_naming_the_extra(tmp_path, monkeypat
 
 def test_a_rollout_chunk_of_the_whole_batch_is_the_default(tmp_path):
     lines = []
-    for name, extra in [("default", []), ("whole", ["rl.rollout_chunk=6"])]:
+    for name, extra in [("default", []), ("whole", ["rl.sampling.rollout_chunk=6"])]:
         train(_config(tmp_path, name, *extra), show_progress=False)
         lines.append([{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
                       for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])

@@ -1,6 +1,6 @@
-"""Engine ray on one local Ray cluster (the session's `ray_cluster`): for a seed and rl.rollout_chunk, 1 and 2 rollout
-and reward workers log the rollouts, rewards and metrics.jsonl values (timings and ray/* aside) of engine local, bit
-for bit, on a single-turn task and on env:guess_number, and with model.lora (only the adapter published); published
+"""Engine ray on one local Ray cluster (the session's `ray_cluster`): for a seed and rl.sampling.rollout_chunk, 1 and 2
+rollout and reward workers log the rollouts, rewards and metrics.jsonl values (timings and ray/* aside) of engine local,
+bit for bit, on a single-turn task and on env:guess_number, and with model.lora (only the adapter published); published
 weights are counted; a reward's errors come back as errors; a user's environment named by its file runs on the
 workers."""
 
@@ -29,11 +29,11 @@ def dense(completion):
 
 SINGLE_TURN = ["task.spec=reasoning_gym:chain_sum", "task.options={size: 40, test_size: 4, min_terms: 2, max_terms: 2, "
                "min_digits: 1, max_digits: 1, template: compact}", "rl.prompts_per_step=4", "rl.group_size=2",
-               "rl.rollout_chunk=4", "rl.max_new_tokens=4"]
+               "rl.sampling.rollout_chunk=4", "rl.sampling.max_new_tokens=4"]
 GUESS = ["task.spec=env:guess_number", "task.options={n: 8, size: 20, test_size: 2}", "env.max_turns=3",
          "env.max_episode_tokens=48"]
-WORKERS = {"local": [], "ray-1": ["rl.engine=ray", "rl.rollout_workers=1", "rl.reward_workers=1"],
-           "ray-2": ["rl.engine=ray", "rl.rollout_workers=2", "rl.reward_workers=2"]}
+WORKERS = {"local": [], "ray-1": ["rl.engine=ray", "rl.ray.rollout_workers=1", "rl.ray.reward_workers=1"],
+           "ray-2": ["rl.engine=ray", "rl.ray.rollout_workers=2", "rl.ray.reward_workers=2"]}
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +83,8 @@ def test_ray_workers_log_what_local_logs_on_a_single_turn_task(tmp_path, ray_clu
 
 @pytest.mark.slow  # trains three times on Ray (in `make test`, within its 90 s of Ray tests)
 def test_ray_workers_log_what_local_logs_on_guess_number_episodes(tmp_path, ray_cluster, guesser):
-    task = [f"model.path={guesser}", *GUESS, "rl.prompts_per_step=2", "rl.group_size=2", "rl.rollout_chunk=2",
-            "rl.max_new_tokens=8", "rl.estimator=turn_grpo", "rl.lr=1e-3"]
+    task = [f"model.path={guesser}", *GUESS, "rl.prompts_per_step=2", "rl.group_size=2", "rl.sampling.rollout_chunk=2",
+            "rl.sampling.max_new_tokens=8", "rl.estimator=turn_grpo", "rl.lr=1e-3"]
     runs = {name: _run(tmp_path, name, *task, *extra) for name, extra in WORKERS.items()}
     metrics, samples = runs["local"]
     assert len(samples) == 8 and sum(s["n_turns"] > 1 for s in samples) >= 4  # episodes of several turns
@@ -103,7 +103,7 @@ def test_ray_workers_import_a_users_environment_by_its_relative_file_and_log_wha
     monkeypatch.chdir(tmp_path)
     task = [*TINY_OVERRIDES, "task.spec=env:./unit_game_ray.py:UnitGame", "task.options={size: 8, test_size: 2}",
             "env.max_turns=2", "env.max_episode_tokens=32", "rl.prompts_per_step=2", "rl.group_size=2",
-            "rl.max_new_tokens=3"]
+            "rl.sampling.max_new_tokens=3"]
     metrics, samples = _run(tmp_path, "local", *task)
     ray_metrics, ray_samples = _run(tmp_path, "ray-1", *task, *WORKERS["ray-1"])
     assert len(samples) == 8 and {s["n_turns"] for s in samples} == {1, 2}
@@ -170,8 +170,8 @@ def test_a_cluster_that_cannot_be_joined_is_one_line_naming_rl_ray_address(monke
 
     monkeypatch.setattr(ray_cluster, "is_initialized", lambda: False)  # as in a process not connected yet
     monkeypatch.setattr(ray_cluster, "init", init)
-    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", "rl.ray_address=auto"])
-    with pytest.raises(ValueError, match=r"^rl\.ray_address: cannot join 'auto': Could not find any running Ray "
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", "rl.ray.address=auto"])
+    with pytest.raises(ValueError, match=r"^rl\.ray\.address: cannot join 'auto': Could not find any running Ray "
                                          r"instance\.$"):
         RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
 
@@ -250,11 +250,11 @@ def test_an_address_nothing_answers_at_is_one_line_naming_it_within_seconds(monk
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a process not connected yet
     monkeypatch.setattr(ray, "init", init)
     t0 = time.monotonic()
-    status = main(["train", *TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", f"rl.ray_address={address}",
+    status = main(["train", *TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", f"rl.ray.address={address}",
                    f"--out={tmp_path / 'run'}", "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and time.monotonic() - t0 < 15
-    assert len(err) == 1 and err[0].startswith(f"rewardlab train: error: rl.ray_address: cannot join {address!r}")
+    assert len(err) == 1 and err[0].startswith(f"rewardlab train: error: rl.ray.address: cannot join {address!r}")
     assert f"nothing answers at 127.0.0.1:{port}" in err[0]
     assert not (tmp_path / "run").exists()
 
@@ -293,8 +293,8 @@ def test_a_dashboard_without_its_packages_is_one_line_naming_rl_ray_dashboard(mo
 
     monkeypatch.setattr(ray_cluster, "is_initialized", lambda: False)
     monkeypatch.setattr(ray_cluster, "init", init)
-    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", "rl.ray_dashboard=true"])
-    with pytest.raises(ValueError, match=r"^rl\.ray_dashboard: .*pip install 'ray\[default\]'.*missing packages\.$"):
+    cfg = load_config(TrainConfig, None, [*TINY_OVERRIDES, *SINGLE_TURN, "rl.engine=ray", "rl.ray.dashboard=true"])
+    with pytest.raises(ValueError, match=r"^rl\.ray\.dashboard: .*pip install 'ray\[default\]'.*missing packages\.$"):
         RayEngine(cfg, SamplingSettings(max_new_tokens=4), threads=1)
 
 

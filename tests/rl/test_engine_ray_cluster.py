@@ -1,4 +1,4 @@
-"""rl.ray_address: a run joins an existing two-node Ray cluster (`ray.cluster_utils.Cluster`, standing in for
+"""rl.ray.address: a run joins an existing two-node Ray cluster (`ray.cluster_utils.Cluster`, standing in for
 `ray start --head` and `ray start --address=...`) and logs what engine local logs. In a child process: the session's
 local cluster (`ray_cluster`) holds this process's one Ray connection."""
 
@@ -30,14 +30,15 @@ cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_
 cluster.add_node(num_cpus=1)
 cluster.wait_for_nodes()
 try:
-    train(load_config(TrainConfig, None, [*overrides, f"rl.ray_address={cluster.address}"]), show_progress=False)
+    train(load_config(TrainConfig, None, [*overrides, f"rl.ray.address={cluster.address}"]), show_progress=False)
 finally:
     cluster.shutdown()
 """
 
 RUN = [*TINY_OVERRIDES, "task.spec=reasoning_gym:chain_sum", "task.options={size: 40, test_size: 4, min_terms: 2, "
        "max_terms: 2, min_digits: 1, max_digits: 1, template: compact}", "rl.steps=2", "rl.prompts_per_step=4",
-       "rl.group_size=2", "rl.rollout_chunk=4", "rl.max_new_tokens=4", "rl.lr=5e-2", "threads=1", "seed=5",
+       "rl.group_size=2", "rl.sampling.rollout_chunk=4", "rl.sampling.max_new_tokens=4", "rl.lr=5e-2", "threads=1",
+       "seed=5",
 ]
 
 
@@ -53,8 +54,8 @@ def test_a_run_joins_a_two_node_cluster_by_address_and_logs_what_local_logs(tmp_
                                    "    return sum(c.isdigit() for c in completion) / max(1, len(completion))\n")
     run = [*RUN, f"rewards=[{{name: '{tmp_path / 'r.py'}:digits'}}]"]  # imported by path on every worker too
     train(load_config(TrainConfig, None, [*run, f"out={tmp_path / 'local'}"]), show_progress=False)
-    ray_run = [*run, f"out={tmp_path / 'ray'}", "rl.engine=ray", "rl.rollout_workers=2", "rl.rollout_worker_cpus=1",
-               "rl.reward_workers=1", "rl.reward_worker_cpus=0"]
+    ray_run = [*run, f"out={tmp_path / 'ray'}", "rl.engine=ray", "rl.ray.rollout_workers=2",
+               "rl.ray.rollout_worker_cpus=1", "rl.ray.reward_workers=1", "rl.ray.reward_worker_cpus=0"]
     src = str(Path(__file__).resolve().parents[2] / "src")  # this checkout's rewardlab, in the child too
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [src, os.environ.get("PYTHONPATH", "")] if p)}
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(ray_run)], env=env, capture_output=True,

@@ -54,7 +54,7 @@ def test_pass_rate_state_round_trip_reproduces_draws():
 
 @pytest.mark.parametrize("option, value", [("mu", 1.5), ("sigma", 0.0), ("ema", 0.0)])
 def test_pass_rate_rejects_bad_options(option, value):
-    with pytest.raises(ValueError, match=f"rl.curriculum_options.{option}"):
+    with pytest.raises(ValueError, match=f"rl.filtering.curriculum_options.{option}"):
         CURRICULA["pass_rate"](list(range(3)), seed=0, **{option: value})
 
 
@@ -64,14 +64,15 @@ def test_uniform_is_the_row_sampler_and_takes_no_options():
     assert sorted(sampler.next_indices(4)) == [0, 1, 2, 3]  # one epoch visits every row once
     with pytest.raises(ValueError) as err:
         make_curriculum("uniform", list("ab"), seed=0, mu=0.5)
-    assert str(err.value) == "rl.curriculum_options: unknown option 'mu' for curriculum 'uniform'; valid: (none)"
+    assert str(err.value) == ("rl.filtering.curriculum_options: unknown option 'mu' for curriculum 'uniform'; "
+                              "valid: (none)")
 
 
 def test_curriculum_and_filter_options_are_checked_by_name():
     # a misspelt option was swallowed before (uniform's **options, dapo's **_); now it is named with the valid ones
     with pytest.raises(ValueError) as err:
         make_curriculum("pass_rate", list("ab"), seed=0, sigmaa=0.3)
-    assert str(err.value) == ("rl.curriculum_options: unknown option 'sigmaa' for curriculum 'pass_rate'; "
+    assert str(err.value) == ("rl.filtering.curriculum_options: unknown option 'sigmaa' for curriculum 'pass_rate'; "
                               "valid: ema, initial, mu, sigma")
     assert make_curriculum("pass_rate", list("ab"), seed=0, sigma=0.3).sigma == 0.3
     metric, group = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1])

@@ -45,7 +45,7 @@ def _dense(tmp_path):
 
 def _train(tmp_path, out, *overrides):
     return load_config(TrainConfig, None, [*_task(tmp_path), *TINY_OVERRIDES, LORA, "rl.prompts_per_step=2",
-                                           "rl.group_size=4", "rl.max_new_tokens=3", "rl.lr=5e-2", "threads=1",
+                                           "rl.group_size=4", "rl.sampling.max_new_tokens=3", "rl.lr=5e-2", "threads=1",
                                            _dense(tmp_path), f"out={tmp_path / out}", *overrides])
 
 
@@ -150,7 +150,7 @@ def test_sft_adapter_chains_into_train_evaluate_and_merge(tmp_path, capsys):
                  "--out", str(tmp_path / "sft")]) == 0
     sft_ck = tmp_path / "sft" / "checkpoints" / "step-4"
     assert main(["train", *common, LORA, "--model", str(sft_ck), "rl.steps=2", "rl.prompts_per_step=2",
-                 "rl.group_size=4", "rl.max_new_tokens=3", "rl.lr=5e-2", "rl.beta=0.1", _dense(tmp_path),
+                 "rl.group_size=4", "rl.sampling.max_new_tokens=3", "rl.lr=5e-2", "rl.beta=0.1", _dense(tmp_path),
                  "--out", str(tmp_path / "grpo")]) == 0
     grpo_ck = tmp_path / "grpo" / "checkpoints" / "step-2"
     config = json.loads((grpo_ck / "adapter_config.json").read_text())
@@ -232,7 +232,7 @@ def test_quickstart_with_lora_chains_its_stages_through_adapter_checkpoints(tmp_
     assert main(["quickstart", "--no-progress", *TINY_OVERRIDES, LORA, "threads=1", "--out", str(q),
                  "task.options={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, template: compact, "
                  "size: 300, test_size: 20}", "sft.steps=3", "sft.batch_size=8", "sft.eval_every=0", "rl.steps=2",
-                 "rl.prompts_per_step=2", "rl.group_size=2", "rl.eval_every=0", "rl.lr=1e-2", "eval.n=2",
+                 "rl.prompts_per_step=2", "rl.group_size=2", "rl.eval.every=0", "rl.lr=1e-2", "eval.n=2",
                  "eval.k=[1,2]"]) == 0
     summary = json.loads((q / "summary.json").read_text())
     sft_ck, grpo_ck = q / "sft" / "checkpoints" / "step-3", q / "grpo" / "checkpoints" / "step-2"

@@ -43,8 +43,8 @@ def _setup(seed: int, *, episodes: bool):
 
 
 def _state(policy, loss: str, agg: str, micro: int | None, *, entropy_coef=0.01, beta=0.05):
-    rl = SimpleNamespace(loss=loss, agg=agg, micro_batch_size=micro, temperature=1.0, entropy_coef=entropy_coef,
-                         kl_in="loss", beta=beta, kl_estimator="k3")
+    rl = SimpleNamespace(loss=loss, agg=agg, micro_batch_size=micro, sampling=SimpleNamespace(temperature=1.0),
+                         entropy_coef=entropy_coef, kl_in="loss", beta=beta, kl_estimator="k3")
     options = {"max_len": 6} if agg == "seq-mean-token-sum-norm" else {}
     return SimpleNamespace(cfg=SimpleNamespace(rl=rl), policy=policy, loss_options=dict(options),
                            agg_options=dict(options), specs=SimpleNamespace(loss=LossSpec(loss, agg, "k3", options,
@@ -145,7 +145,7 @@ def _run(tmp_path, name, *overrides):
     task = write_jsonl(tmp_path / "task.jsonl", rows)
     cfg = load_config(TrainConfig, None, [
         f"task.spec=jsonl:{task}", "task.options={test_size: 5}", f"out={tmp_path / name}", *TINY_OVERRIDES,
-        "rl.prompts_per_step=4", "rl.group_size=4", "rl.max_new_tokens=4", "rl.lr=1e-3", "rl.steps=2",
+        "rl.prompts_per_step=4", "rl.group_size=4", "rl.sampling.max_new_tokens=4", "rl.lr=1e-3", "rl.steps=2",
         "rl.beta=0.05", "rl.entropy_coef=0.01", *overrides])
     train(cfg, show_progress=False)
     return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

@@ -27,8 +27,8 @@ def test_a_qwen_vocabulary_model_trains_with_micro_batches_lora_and_checkpointin
     code = main(["train", "--model", str(model), "--task", f"jsonl:{write_jsonl(tmp_path / 't.jsonl', ROWS)}",
                  "--out", str(out), "--no-progress", "task.options={test_size: 3}",
                  f"rewards=[{{name: '{tmp_path / 'dense.py'}:dense'}}]", "rl.steps=2", "rl.prompts_per_step=2",
-                 "rl.group_size=4", "rl.max_new_tokens=6", "rl.micro_batch_size=2", "rl.beta=0.05", "rl.lr=1e-2",
-                 "model.lora={r: 4, alpha: 8}", "model.gradient_checkpointing=true", "threads=1"])
+                 "rl.group_size=4", "rl.sampling.max_new_tokens=6", "rl.micro_batch_size=2", "rl.beta=0.05",
+                 "rl.lr=1e-2", "model.lora={r: 4, alpha: 8}", "model.gradient_checkpointing=true", "threads=1"])
     assert code == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]

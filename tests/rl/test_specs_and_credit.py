@@ -24,7 +24,7 @@ def _cfg(tmp_path, *overrides):
     task = write_jsonl(tmp_path / "task.jsonl", ROWS)
     return load_config(TrainConfig, None, [f"task.spec=jsonl:{task}", "task.options={test_size: 2}",
                                            f"out={tmp_path / 'run'}", *TINY_OVERRIDES, "rl.prompts_per_step=2",
-                                           "rl.group_size=2", "rl.max_new_tokens=3", "threads=1", *overrides])
+                                           "rl.group_size=2", "rl.sampling.max_new_tokens=3", "threads=1", *overrides])
 
 
 @pytest.mark.parametrize("overrides, message", [

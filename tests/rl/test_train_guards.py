@@ -43,7 +43,7 @@ def _task(tmp_path):
 
 def _overrides(tmp_path, out, *extra):
     return [f"task.spec=jsonl:{_task(tmp_path)}", "task.options={test_size: 5}", f"out={tmp_path / out}",
-            *TINY_OVERRIDES, "rl.prompts_per_step=2", "rl.group_size=4", "rl.max_new_tokens=3", "rl.lr=1e-2",
+            *TINY_OVERRIDES, "rl.prompts_per_step=2", "rl.group_size=4", "rl.sampling.max_new_tokens=3", "rl.lr=1e-2",
             "rewards=[{name: test_guard_flaky}]", *extra]
 
 
@@ -182,11 +182,11 @@ def test_resume_refuses_other_settings_naming_each_key_and_touches_nothing(four_
     assert _errors(capsys) == [f"rewardlab train: error: --resume: {d} was started with other settings: rl.lr (run: "
                                f"0.01, now: 0.005); resume with its settings ({d / 'config.yaml'}) or pass --overwrite"]
     # four keys that may not change: every one is named
-    assert main([*_cli(four_steps, d, "rl.steps=4", "save_every=2", "rl.lr=5e-3", "rl.temperature=0.5", "seed=3",
-                       "rl.group_size=2"), "--resume"]) == 2
+    assert main([*_cli(four_steps, d, "rl.steps=4", "save_every=2", "rl.lr=5e-3", "rl.sampling.temperature=0.5",
+                       "seed=3", "rl.group_size=2"), "--resume"]) == 2
     (line,) = _errors(capsys)
     for key in ("seed (run: 0, now: 3)", "rl.group_size (run: 4, now: 2)", "rl.lr (run: 0.01, now: 0.005)",
-                "rl.temperature (run: 1.0, now: 0.5)"):
+                "rl.sampling.temperature (run: 1.0, now: 0.5)"):
         assert key in line
     assert _snapshot(d) == before
 
@@ -260,7 +260,7 @@ def test_an_asynchronous_stop_for_reward_errors_names_the_newest_checkpoint_and_
     from rewardlab.types import RewardOutput
 
     events = []
-    rl = SimpleNamespace(max_reward_error_frac=0.5, max_staleness=1, engine="ray")
+    rl = SimpleNamespace(max_reward_error_frac=0.5, ray=SimpleNamespace(max_staleness=1), engine="ray")
     run = SimpleNamespace(cfg=SimpleNamespace(rl=rl), rundir=SimpleNamespace(log_event=lambda *a, **kw:
                                                                             events.append((a, kw))))
     prefetch = Prefetch(run, 3, background=False)

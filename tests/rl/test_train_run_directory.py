@@ -18,7 +18,7 @@ def _args(tmp_path, out, *extra):
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(3)]
     task = write_jsonl(tmp_path / "task.jsonl", rows)
     return ["train", "--no-progress", "--out", str(out), "--task", f"jsonl:{task}", "task.options={test_size: 5}",
-            *TINY_OVERRIDES, "rl.prompts_per_step=2", "rl.group_size=4", "rl.max_new_tokens=3", "rl.lr=1e-2",
+            *TINY_OVERRIDES, "rl.prompts_per_step=2", "rl.group_size=4", "rl.sampling.max_new_tokens=3", "rl.lr=1e-2",
             "rewards=[{name: chrf}]", *extra]  # chrF: partial credit, so the rewards vary and the model moves
 
 

@@ -40,7 +40,7 @@ def _task_file(tmp_path):
 def _config(tmp_path, out="run", *overrides):
     return load_config(TrainConfig, None, [
         f"task.spec=jsonl:{_task_file(tmp_path)}", "task.options={test_size: 5}", f"out={tmp_path / out}",
-        *TINY_OVERRIDES, "rl.prompts_per_step=4", "rl.group_size=4", "rl.max_new_tokens=4", "rl.lr=1e-2",
+        *TINY_OVERRIDES, "rl.prompts_per_step=4", "rl.group_size=4", "rl.sampling.max_new_tokens=4", "rl.lr=1e-2",
         "rewards=[{name: test_digit_frac}]", *overrides,
     ])
 
@@ -353,8 +353,8 @@ def test_entropy_bonus_keeps_entropy_up(tmp_path):
 
 def test_dynamic_sampling_drops_tied_groups_and_regenerates(tmp_path):
     # prompts "a+0=" (10 of 30) always score 1.0: their groups are tied and must be dropped
-    cfg = _config(tmp_path, "run", "rl.steps=2", "rl.group_filter=dapo", "rl.max_rounds=4", "rl.filter_metric=score",
-                  "rewards=[{name: test_prompt_tied}]")
+    cfg = _config(tmp_path, "run", "rl.steps=2", "rl.filtering.group_filter=dapo", "rl.filtering.max_rounds=4",
+                  "rl.filtering.filter_metric=score", "rewards=[{name: test_prompt_tied}]")
     train(cfg, show_progress=False)
     metrics = _metrics(tmp_path / "run")
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
@@ -370,18 +370,19 @@ def test_dynamic_sampling_drops_tied_groups_and_regenerates(tmp_path):
 
 
 def test_curriculum_and_truncation_masking_run(tmp_path):
-    cfg = _config(tmp_path, "run", "rl.steps=2", "rl.curriculum=pass_rate", "rl.curriculum_options={sigma: 0.3}",
-                  "rl.mask_truncated=true", "rl.max_new_tokens=2")
+    cfg = _config(tmp_path, "run", "rl.steps=2", "rl.filtering.curriculum=pass_rate",
+                  "rl.filtering.curriculum_options={sigma: 0.3}", "rl.mask_truncated=true",
+                  "rl.sampling.max_new_tokens=2")
     train(cfg, show_progress=False)
     m = _metrics(tmp_path / "run")
     assert len(m) == 2 and m[0]["rollout/truncated_frac"] > 0
 
 
 def test_unknown_curriculum_and_filter_names(tmp_path):
-    with pytest.raises(ValueError, match="rl.curriculum: unknown name 'nope'; valid: pass_rate, uniform"):
-        train(_config(tmp_path, "run", "rl.curriculum=nope"), show_progress=False)
-    with pytest.raises(ValueError, match="rl.group_filter: unknown name 'x'; valid: dapo"):
-        train(_config(tmp_path, "run", "rl.group_filter=x"), show_progress=False)
+    with pytest.raises(ValueError, match="rl.filtering.curriculum: unknown name 'nope'; valid: pass_rate, uniform"):
+        train(_config(tmp_path, "run", "rl.filtering.curriculum=nope"), show_progress=False)
+    with pytest.raises(ValueError, match="rl.filtering.group_filter: unknown name 'x'; valid: dapo"):
+        train(_config(tmp_path, "run", "rl.filtering.group_filter=x"), show_progress=False)
 
 
 if "test_sometimes_fails" not in REWARDS:
@@ -400,8 +401,8 @@ def test_composed_and_shaped_reward_logs_every_component_and_error_counts(tmp_pa
                "{shape: overlong, reward: {name: test_digit_frac}, max_len: 4, buffer: 2, factor: 1.0, weight: 0.5}, "
                "{compose: penalty, reward: {name: test_constant}, penalties: [{name: test_digit_frac}]}, "
                "{name: test_sometimes_fails, weight: 0.1}]")
-    train(_config(tmp_path, "run", "rl.steps=3", "rl.step_separator='5'", "rl.group_filter=dapo",
-                  "rl.max_rounds=2", rewards), show_progress=False)
+    train(_config(tmp_path, "run", "rl.steps=3", "rl.step_separator='5'", "rl.filtering.group_filter=dapo",
+                  "rl.filtering.max_rounds=2", rewards), show_progress=False)
     metrics = _metrics(tmp_path / "run")
     for key in ("reward/gated/mean", "reward/test_digit_frac/mean", "reward/penalty/mean",
                 "reward/test_sometimes_fails/mean", "reward/unshaped/mean"):

@@ -15,7 +15,7 @@ def _config(tmp_path, *overrides):
     task = write_jsonl(tmp_path / "task.jsonl", rows)
     return load_config(TrainConfig, None, [
         f"task.spec=jsonl:{task}", "task.options={test_size: 5}", f"out={tmp_path / 'run'}", *TINY_OVERRIDES,
-        "rl.prompts_per_step=3", "rl.group_size=2", "rl.max_new_tokens=4", "rewards=[{name: exact_match}]",
+        "rl.prompts_per_step=3", "rl.group_size=2", "rl.sampling.max_new_tokens=4", "rewards=[{name: exact_match}]",
         *overrides,
     ])
 

@@ -15,7 +15,7 @@ def _config(tmp_path, name, *overrides):
     task = write_jsonl(tmp_path / "task.jsonl", rows)
     return load_config(TrainConfig, None, [
         f"task.spec=jsonl:{task}", "task.options={test_size: 5}", f"out={tmp_path / name}", *TINY_OVERRIDES,
-        "rl.prompts_per_step=3", "rl.group_size=2", "rl.max_new_tokens=4", "rewards=[{name: exact_match}]",
+        "rl.prompts_per_step=3", "rl.group_size=2", "rl.sampling.max_new_tokens=4", "rewards=[{name: exact_match}]",
         "seed=7", *overrides,
     ])
 
@@ -39,7 +39,8 @@ def test_produce_passes_one_stream_per_rollout_and_round(tmp_path, monkeypatch):
         return generate(self, prompts, **kw)
 
     monkeypatch.setattr(Policy, "generate", recording_generate)
-    _collect(_config(tmp_path, "run", "rl.group_filter=dapo", "rl.max_rounds=2"), step=3, torch_seed=0)
+    _collect(_config(tmp_path, "run", "rl.filtering.group_filter=dapo", "rl.filtering.max_rounds=2"), step=3,
+             torch_seed=0)
     assert seen == [[(7, 3, k, 1) for k in range(6)], [(7, 3, k, 2) for k in range(6)]]
 
 

@@ -26,7 +26,7 @@ import episode_envs  # noqa: E402,F401  (registers env:test_turns and its reward
 def _config(tmp_path, out, *overrides):
     return load_config(TrainConfig, None, [
         "task.spec=env:test_turns", f"out={tmp_path / out}", *TINY_OVERRIDES, "rl.prompts_per_step=2",
-        "rl.group_size=4", "rl.max_new_tokens=4", "env.max_turns=3", "env.max_episode_tokens=40", "rl.lr=1e-2",
+        "rl.group_size=4", "rl.sampling.max_new_tokens=4", "env.max_turns=3", "env.max_episode_tokens=40", "rl.lr=1e-2",
         *overrides])
 
 

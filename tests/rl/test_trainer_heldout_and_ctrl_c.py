@@ -1,4 +1,4 @@
-"""`train` during the run: greedy held-out evaluation every rl.eval_every steps (eval/accuracy) that leaves training
+"""`train` during the run: greedy held-out evaluation every rl.eval.every steps (eval/accuracy) that leaves training
 unchanged, rollout/generated per step and in total (every group-filter round), and a first Ctrl-C that ends the run
 after the step with a checkpoint, the summary and `Interrupted`, from which --resume continues to the uninterrupted
 run's end."""
@@ -34,7 +34,7 @@ def _config(tmp_path, out, *overrides):
     # chrF as the task's verifier: greedy completions get partial credit, so eval/score_mean is a number to check.
     return load_config(TrainConfig, None, [
         f"task.spec=jsonl:{task}", f"task.options={{test_path: {test}, reward: chrf}}", f"out={tmp_path / out}",
-        *TINY_OVERRIDES, "rl.prompts_per_step=2", "rl.group_size=4", "rl.max_new_tokens=3", "rl.lr=1e-2",
+        *TINY_OVERRIDES, "rl.prompts_per_step=2", "rl.group_size=4", "rl.sampling.max_new_tokens=3", "rl.lr=1e-2",
         "rl.epochs=2", "rl.minibatch_size=4", *overrides,
     ])
 
@@ -44,7 +44,7 @@ _lines, _sha, _without = read_jsonl, sha256_of, without_keys
 
 def test_eval_every_logs_heldout_greedy_accuracy_and_leaves_training_unchanged(tmp_path):
     plain = trainer.train(_config(tmp_path, "A", "rl.steps=5"), show_progress=False)
-    evald = trainer.train(_config(tmp_path, "B", "rl.steps=5", "rl.eval_every=2", "rl.eval_n=4"),
+    evald = trainer.train(_config(tmp_path, "B", "rl.steps=5", "rl.eval.every=2", "rl.eval.n=4"),
                           show_progress=False)
     a, b = _lines(tmp_path / "A" / "metrics.jsonl"), _lines(tmp_path / "B" / "metrics.jsonl")
     # evaluated at every 2nd step and at the last; the run without it logs no eval/*
@@ -67,10 +67,10 @@ def test_eval_every_logs_heldout_greedy_accuracy_and_leaves_training_unchanged(t
 
 
 def test_eval_every_without_heldout_rows_is_refused_before_the_run_directory(tmp_path):
-    cfg = _config(tmp_path, "R", "rl.steps=1", "rl.eval_every=1", "task.options={test_size: 0}")
+    cfg = _config(tmp_path, "R", "rl.steps=1", "rl.eval.every=1", "task.options={test_size: 0}")
     assert load_task(cfg.task.spec, **cfg.task.options).test == []
-    with pytest.raises(ValueError, match=r"^rl.eval_every: task jsonl:.* has no held-out test rows to evaluate on; "
-                                         r"hold some out \(task.options.test_size\) or set rl.eval_every=0$"):
+    with pytest.raises(ValueError, match=r"^rl.eval.every: task jsonl:.* has no held-out test rows to evaluate on; "
+                                         r"hold some out \(task.options.test_size\) or set rl.eval.every=0$"):
         trainer.train(cfg, show_progress=False)
     assert not (tmp_path / "R").exists()
 
@@ -78,8 +78,8 @@ def test_eval_every_without_heldout_rows_is_refused_before_the_run_directory(tmp
 def test_rollout_generated_counts_every_group_filter_round(tmp_path):
     # exact_match on the untrained model scores every rollout 0: DAPO drops every group, so each step runs all 3
     # rounds of 2 prompts x 4 rollouts = 24 rollouts, all logged in samples.jsonl.
-    trainer.train(_config(tmp_path, "R", "rl.steps=3", "rewards=[{name: exact_match}]", "rl.group_filter=dapo",
-                          "rl.max_rounds=3"), show_progress=False)
+    trainer.train(_config(tmp_path, "R", "rl.steps=3", "rewards=[{name: exact_match}]",
+                          "rl.filtering.group_filter=dapo", "rl.filtering.max_rounds=3"), show_progress=False)
     metrics = _lines(tmp_path / "R" / "metrics.jsonl")
     assert [m["filter/rounds"] for m in metrics] == [3, 3, 3]
     assert [m["rollout/generated"] for m in metrics] == [24, 24, 24]
@@ -101,7 +101,7 @@ def _interrupt_at(monkeypatch, at_step):
 
 
 def test_ctrl_c_finishes_the_step_checkpoints_it_and_resume_reaches_the_uninterrupted_end(tmp_path, monkeypatch):
-    common = ["rl.steps=6", "save_every=4", "rl.eval_every=2", "rl.eval_n=3"]
+    common = ["rl.steps=6", "save_every=4", "rl.eval.every=2", "rl.eval.n=3"]
     full = trainer.train(_config(tmp_path, "A", *common), show_progress=False)
 
     handler = signal.getsignal(signal.SIGINT)

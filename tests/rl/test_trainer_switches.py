@@ -1,7 +1,7 @@
 """Each switch of the trainer changes what it names, checked on one step of the tiny model against a computation of
 the test's own: rl.mask_truncated (the loss weight of truncated rollouts), rl.kl_in (the KL in the token rewards or
-not), rl.curriculum (the prompt sampler and its pass rates), rl.group_filter (the groups kept), rl.epochs and
-rl.minibatch_size (the optimizer steps an update takes).
+not), rl.filtering.curriculum (the prompt sampler and its pass rates), rl.filtering.group_filter (the groups kept),
+rl.epochs and rl.minibatch_size (the optimizer steps an update takes).
 
 `tests/mutation_check.py` breaks each switch in a copy of the source and names the test that fails (docs/layout.md,
 "Tests that catch what they name"); these are the tests for the switches no other non-slow test caught.
@@ -46,7 +46,7 @@ def make_state(tmp_path):
     def make(*overrides):
         cfg = load_config(TrainConfig, None, [
             f"task.spec=jsonl:{task}", "task.options={test_size: 5}", f"out={tmp_path / f'run{len(states)}'}",
-            *TINY_OVERRIDES, "rl.prompts_per_step=4", "rl.group_size=4", "rl.max_new_tokens=3", "rl.steps=2",
+            *TINY_OVERRIDES, "rl.prompts_per_step=4", "rl.group_size=4", "rl.sampling.max_new_tokens=3", "rl.steps=2",
             "rewards=[{name: test_switch_any_digit}]", "threads=1", *overrides])
         states.append(trainer.setup(cfg))
         return states[-1][0]
@@ -66,7 +66,7 @@ def _gradient(state, credit, idx):
 @pytest.mark.parametrize("setting, weight", [("true", 0.0), ("{max_new_tokens: 0.25}", 0.25)])
 def test_mask_truncated_weighs_the_loss_of_truncated_rollouts(make_state, setting, weight):
     # max_new_tokens 2: the untrained tiny model rarely ends a completion that early, so most are truncated
-    state = make_state(f"rl.mask_truncated={setting}", "rl.max_new_tokens=2")
+    state = make_state(f"rl.mask_truncated={setting}", "rl.sampling.max_new_tokens=2")
     credit = assign_credit(state, produce(state, 1))
     truncated = torch.tensor([r.truncated for r in credit.rows])
     assert truncated.any()
@@ -103,8 +103,8 @@ def test_kl_in_reward_subtracts_beta_times_the_kl_from_the_token_rewards(make_st
 
 def test_the_pass_rate_curriculum_draws_the_prompts_and_learns_their_pass_rates(make_state):
     ema, initial = 0.5, 0.5
-    state = make_state("rl.curriculum=pass_rate", f"rl.curriculum_options={{ema: {ema}, initial: {initial}}}",
-                       "rl.prompts_per_step=8")
+    state = make_state("rl.filtering.curriculum=pass_rate",
+                       f"rl.filtering.curriculum_options={{ema: {ema}, initial: {initial}}}", "rl.prompts_per_step=8")
     drawn = state.sampler.state_dict()
     batch = produce(state, 1)
     index = {row["prompt"]: i for i, row in enumerate(state.task.train)}
@@ -123,7 +123,8 @@ def test_the_pass_rate_curriculum_draws_the_prompts_and_learns_their_pass_rates(
 
 
 def test_the_group_filter_keeps_exactly_the_groups_whose_metric_varies(make_state):
-    state = make_state("rl.group_filter=dapo", "rl.max_rounds=1", "rl.filter_metric=score", "rl.group_size=2")
+    state = make_state("rl.filtering.group_filter=dapo", "rl.filtering.max_rounds=1",
+                       "rl.filtering.filter_metric=score", "rl.group_size=2")
     batch = produce(state, 1)
     scores: dict[int, set[float]] = {}
     for e in batch.episodes:

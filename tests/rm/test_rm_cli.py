@@ -148,7 +148,7 @@ def test_trained_models_plug_into_rl_training(pipeline, tmp_path, name, estimato
     process = ["rl.estimator=pure", "rl.step_separator='\n'"] if estimator == "pure" else []
     assert main(["train", "--no-progress", "--model", "tiny", "--task", "worked:chain_sum", "--out", str(out), WORKED,
                  f"rewards=[{{name: {name}, path: {ckpt}}}]", "rl.steps=1", "rl.prompts_per_step=2",
-                 "rl.group_size=2", "rl.max_new_tokens=12", *process, *TINY_OVERRIDES]) == 0
+                 "rl.group_size=2", "rl.sampling.max_new_tokens=12", *process, *TINY_OVERRIDES]) == 0
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert f"reward/{name}/mean" in metrics[0]  # the model reward is logged as a component
     if estimator == "pure":  # the PRM's per-step scores reached the trainer as step rewards, one per marked step

@@ -65,59 +65,65 @@ def test_generate_max_prompt_length_keeps_the_last_tokens(policy):
 def test_check_prompt_lengths_names_the_row_by_file_and_line(data, policy):
     task = load(f"jsonl:{data}")
     with pytest.raises(ValueError) as err:
-        check_prompt_lengths(task, policy, max_new_tokens=4, key="rl.max_new_tokens", prompt_key="rl.max_prompt_length")
+        check_prompt_lengths(task, policy, max_new_tokens=4, key="rl.sampling.max_new_tokens",
+                             prompt_key="rl.sampling.max_prompt_length")
     assert str(err.value) == (
-        f"{data}:3: a prompt of 102 tokens + rl.max_new_tokens=4 is more than the model's context window of 64 tokens "
-        f"(1 of 7 rows of task jsonl:{data}); shorten that prompt, lower rl.max_new_tokens, or set "
-        "rl.max_prompt_length to cut long prompts from the left (at most 60)")
-    note = check_prompt_lengths(task, policy, max_new_tokens=4, key="rl.max_new_tokens", max_prompt_length=32,
-                                prompt_key="rl.max_prompt_length")
-    assert note == (f"rl.max_prompt_length: 1 of 7 rows of task jsonl:{data} have prompts longer than 32 tokens; "
-                    f"they are cut from the left to their last 32 tokens (first at {data}:3, 102 tokens)")
-    with pytest.raises(ValueError, match=r"^rl.max_prompt_length: 61 \+ rl.max_new_tokens=4 is more than the model's "
-                                         r"context window of 64 tokens; lower rl.max_prompt_length to at most 60"):
-        check_prompt_lengths(task, policy, max_new_tokens=4, key="rl.max_new_tokens", max_prompt_length=61,
-                             prompt_key="rl.max_prompt_length")
+        f"{data}:3: a prompt of 102 tokens + rl.sampling.max_new_tokens=4 is more than the model's context window of "
+        f"64 tokens (1 of 7 rows of task jsonl:{data}); shorten that prompt, lower rl.sampling.max_new_tokens, or set "
+        "rl.sampling.max_prompt_length to cut long prompts from the left (at most 60)")
+    note = check_prompt_lengths(task, policy, max_new_tokens=4, key="rl.sampling.max_new_tokens",
+                                max_prompt_length=32, prompt_key="rl.sampling.max_prompt_length")
+    assert note == (f"rl.sampling.max_prompt_length: 1 of 7 rows of task jsonl:{data} have prompts longer than 32 "
+                    f"tokens; they are cut from the left to their last 32 tokens (first at {data}:3, 102 tokens)")
+    with pytest.raises(ValueError, match=r"^rl.sampling.max_prompt_length: 61 \+ rl.sampling.max_new_tokens=4 is more "
+                                         r"than the model's context window of 64 tokens; lower "
+                                         r"rl.sampling.max_prompt_length to at most 60"):
+        check_prompt_lengths(task, policy, max_new_tokens=4, key="rl.sampling.max_new_tokens", max_prompt_length=61,
+                             prompt_key="rl.sampling.max_prompt_length")
     with pytest.raises(ValueError, match=r"^search.max_new_tokens: 64 tokens leave no room for a prompt"):
         check_prompt_lengths(task, policy, max_new_tokens=64, key="search.max_new_tokens")
     short = load(f"jsonl:{write_jsonl(data.parent / 'short.jsonl', [{'prompt': '1+1=', 'answer': '2'}])}")
-    assert check_prompt_lengths(short, policy, max_new_tokens=4, key="rl.max_new_tokens") is None
+    assert check_prompt_lengths(short, policy, max_new_tokens=4, key="rl.sampling.max_new_tokens") is None
 
 
 # ------------------------------------------------------------------------------------------------ the verbs
 def test_train_refuses_a_prompt_past_the_window_before_the_run_starts(tmp_path, capsys, data):
     out = tmp_path / "run"
     rc = main(["train", "--no-progress", "--task", f"jsonl:{data}", "--out", str(out), "rl.steps=1",
-               "rl.prompts_per_step=2", "rl.group_size=2", "rl.max_new_tokens=4", *SMALL])
+               "rl.prompts_per_step=2", "rl.group_size=2", "rl.sampling.max_new_tokens=4", *SMALL])
     assert rc == 2 and not out.exists()  # before: rc 0, the long prompt sampled silently past the window
     assert _err_line(capsys).startswith(f"rewardlab train: error: {data}:3: a prompt of 102 tokens + "
-                                        "rl.max_new_tokens=4 is more than the model's context window of 64 tokens")
+                                        "rl.sampling.max_new_tokens=4 is more than the model's context window of 64 "
+                                        "tokens")
 
 
 def test_train_with_max_prompt_length_cuts_long_prompts_and_says_so(tmp_path, capsys, data):
     out = tmp_path / "run"
     rc = main(["train", "--no-progress", "--task", f"jsonl:{data}", "--out", str(out), "rl.steps=2",
-               "rl.prompts_per_step=7", "rl.group_size=2", "rl.max_new_tokens=4", "rl.max_prompt_length=32",
-               "rl.eval_every=1", "rl.eval_n=7", "task.options={test_size: 0.5}", *SMALL])
+               "rl.prompts_per_step=7", "rl.group_size=2", "rl.sampling.max_new_tokens=4",
+               "rl.sampling.max_prompt_length=32", "rl.eval.every=1", "rl.eval.n=7", "task.options={test_size: 0.5}",
+               *SMALL])
     assert rc == 0, capsys.readouterr().err[-2000:]
-    assert (f"rewardlab: warning: rl.max_prompt_length: 1 of 7 rows of task jsonl:{data} have prompts longer than 32 "
-            f"tokens; they are cut from the left to their last 32 tokens (first at {data}:3, 102 tokens)"
+    assert (f"rewardlab: warning: rl.sampling.max_prompt_length: 1 of 7 rows of task jsonl:{data} have prompts "
+            f"longer than 32 tokens; they are cut from the left to their last 32 tokens (first at {data}:3, 102 tokens)"
             ) in capsys.readouterr().err
     assert "eval/accuracy" in json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])  # held out, cut too
 
 
 def test_max_prompt_length_too_long_for_the_window_is_refused(tmp_path, capsys, data):
     out = tmp_path / "run"
-    assert main(["train", "--no-progress", "--task", f"jsonl:{data}", "--out", str(out), "rl.max_new_tokens=4",
-                 "rl.max_prompt_length=61", *SMALL]) == 2
-    assert _err_line(capsys) == ("rewardlab train: error: rl.max_prompt_length: 61 + rl.max_new_tokens=4 is more than "
-                                 "the model's context window of 64 tokens; lower rl.max_prompt_length to at most 60 "
-                                 "(or rl.max_new_tokens)") and not out.exists()
+    assert main(["train", "--no-progress", "--task", f"jsonl:{data}", "--out", str(out), "rl.sampling.max_new_tokens=4",
+                 "rl.sampling.max_prompt_length=61", *SMALL]) == 2
+    assert _err_line(capsys) == ("rewardlab train: error: rl.sampling.max_prompt_length: 61 + "
+                                 "rl.sampling.max_new_tokens=4 is more than the model's context window of 64 tokens; "
+                                 "lower rl.sampling.max_prompt_length to at most 60 (or rl.sampling.max_new_tokens)"
+                                 ) and not out.exists()
 
 
 def test_max_prompt_length_on_an_environment_task_is_refused(tmp_path, capsys):
-    assert main(["train", "--task", "env:calculator", "--out", str(tmp_path / "run"), "rl.max_prompt_length=32"]) == 2
-    assert "rl.max_prompt_length: cuts single-turn prompts, and 'env:calculator' is an environment task" in (
+    assert main(["train", "--task", "env:calculator", "--out", str(tmp_path / "run"),
+                 "rl.sampling.max_prompt_length=32"]) == 2
+    assert "rl.sampling.max_prompt_length: cuts single-turn prompts, and 'env:calculator' is an environment task" in (
         _err_line(capsys))
 
 

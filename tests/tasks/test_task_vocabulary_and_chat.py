@@ -15,7 +15,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-SMALL_RL = ["rl.steps=1", "rl.prompts_per_step=2", "rl.group_size=2", "rl.max_new_tokens=2", "save_every=1"]
+SMALL_RL = ["rl.steps=1", "rl.prompts_per_step=2", "rl.group_size=2", "rl.sampling.max_new_tokens=2", "save_every=1"]
 
 
 def _err_line(capsys) -> str:

@@ -83,7 +83,7 @@ def test_a_bad_environment_spec_is_one_line(game_dir, spec, message):
 def test_train_sft_and_evaluate_run_the_users_environment_from_the_cli(game_dir, capsys):
     common = ["--no-progress", "--model", "tiny", *TINY_OVERRIDES, "threads=1", *EPISODES]
     assert main(["train", *common, "--task", "env:./unit_game_user.py:UnitGame", "--out", "rl", "rl.steps=2",
-                 "rl.prompts_per_step=2", "rl.group_size=2", "rl.max_new_tokens=3"]) == 0
+                 "rl.prompts_per_step=2", "rl.group_size=2", "rl.sampling.max_new_tokens=3"]) == 0
     samples = [json.loads(x) for x in (game_dir / "rl" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 8 and all(s["row"]["row_id"].startswith("env:./unit_game_user.py:UnitGame/train/")
                                      for s in samples)

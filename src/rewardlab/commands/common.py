@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rewardlab.config import dump_config
+from rewardlab.config import dump_config, renamed_keys
 from rewardlab.policy import Policy, load_policy
 from rewardlab.runs import RunDir, RunMode, warn
 from rewardlab.tasks import Task, check_prompt_lengths, check_task_for_policy, describe_task
@@ -76,7 +76,8 @@ def open_run(cfg: Any, *, mode: RunMode = "new", may_change: Iterable[str] = ())
     """
     run = RunDir.start(cfg.out, mode=mode)
     try:
-        run.record_config(dump_config(cfg), resume=mode == "resume", may_change=may_change)
+        run.record_config(dump_config(cfg), resume=mode == "resume", may_change=may_change,
+                          renamed=renamed_keys(type(cfg)))
     except BaseException:
         run.close()
         raise

@@ -15,7 +15,7 @@ from rewardlab.commands import evaluate as evaluate_command
 from rewardlab.commands import sft as sft_command
 from rewardlab.commands import train as train_command
 from rewardlab.commands.common import open_run
-from rewardlab.config import EvaluateConfig, QuickstartConfig, SFTConfig, TaskConfig, TrainConfig
+from rewardlab.config import EvaluateConfig, QuickstartConfig, RLConfig, SFTConfig, TaskConfig, TrainConfig
 from rewardlab.runs import RunDir, RunMode, warn
 
 def _stage_mode(path: Path, resume: bool) -> dict[str, Any]:
@@ -194,6 +194,11 @@ def no_tool_task(cfg: QuickstartConfig) -> TaskConfig:
     return TaskConfig(spec=f"reasoning_gym:{dataset}", options={**defaults, **options, "template": "compact"})
 
 
+def _with_max_new_tokens(rl: RLConfig, max_new_tokens: int) -> RLConfig:
+    """`rl` with rl.sampling.max_new_tokens set to `max_new_tokens` (the no-tool arm's single completions)."""
+    return rl.model_copy(update={"sampling": rl.sampling.model_copy(update={"max_new_tokens": max_new_tokens})})
+
+
 def _tools_quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress: bool) -> dict[str, Any]:
     """The `tools` preset: the calculator environment, and the same budget trained without the tool."""
     out = top.path
@@ -221,7 +226,7 @@ def _tools_quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_pro
                                                              out=str(out / "no_tool_sft"), **plain))
     nt_model = cfg.model.model_copy(update={"path": sft_nt["final_checkpoint"]})
     grpo_nt = stage("no_tool_grpo", train_command.run,
-                    TrainConfig(model=nt_model, rl=cfg.rl.model_copy(update={"max_new_tokens": cfg.eval.max_new_tokens}),
+                    TrainConfig(model=nt_model, rl=_with_max_new_tokens(cfg.rl, cfg.eval.max_new_tokens),
                                 out=str(out / "no_tool_grpo"), **plain))
     eval_nt = evaluate(grpo_nt["final_checkpoint"], "eval_no_tool", False)
 

@@ -1,11 +1,15 @@
 """Loading configs: YAML files, dotted command-line overrides (`rl.lr=1e-4`), section defaults and one-line errors.
 
 The schemas themselves live in `rewardlab.config.schema`; this module knows nothing of any verb. An unknown key or a
-bad value raises `ConfigError` with one line naming the key and what was expected.
+bad value raises `ConfigError` with one line naming the key and what was expected. A key that moved keeps its old
+name for one release: a section's class lists its moved keys in `RENAMED` ({old: new}, dotted below the section),
+and the old name is read at the new place with one `ConfigDeprecationWarning` line (`move_renamed`).
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,108 @@ from pydantic import BaseModel, ValidationError
 
 class ConfigError(ValueError):
     """A config problem, one line naming the key."""
+
+
+class ConfigDeprecationWarning(FutureWarning):
+    """A config key given by the name it had before it moved: read at its new place until the next release. The
+    message is one line: "rl.temperature is now rl.sampling.temperature; the old key is read until the next
+    release"."""
+
+
+def _has(node: Any, parts: list[str]) -> bool:
+    """Whether the nested mapping `node` gives the dotted key `parts` (a section given as a model gives all its
+    keys)."""
+    for part in parts:
+        if isinstance(node, BaseModel):
+            return part in type(node).model_fields
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _copied_dicts(node: Any) -> Any:
+    """`node` with every nested dict copied (other values shared), so that keys can move without touching it."""
+    return {k: _copied_dicts(v) for k, v in node.items()} if isinstance(node, dict) else node
+
+
+def move_renamed(data: dict[str, Any], renamed: Mapping[str, str], *, label: str = "",
+                 quiet: bool = False) -> dict[str, Any]:
+    """`data` (a nested mapping) with each key given by an old name moved to its new place: `renamed` maps old dotted
+    keys to new ones, both relative to `data`; `label` prefixes them in messages ("rl."). Each key moved warns once
+    (`ConfigDeprecationWarning`, "rl.temperature is now rl.sampling.temperature; the old key is read until the next
+    release") unless `quiet` (a run directory's config.yaml, written by an earlier release). `data` is not changed.
+
+    Raises:
+        ConfigError: one line naming both keys, when the old and the new name are both given.
+    """
+    out = _copied_dicts(data)
+    for old, new in renamed.items():
+        *parents, last = old.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        if _has(out, new.split(".")):
+            raise ConfigError(f"config error: {label}{old} and {label}{new} are one setting, given twice (the old "
+                              f"name and the new); give {label}{new} only")
+        *new_parents, new_last = new.split(".")
+        target = out
+        for part in new_parents:
+            target = target.setdefault(part, {}) if isinstance(target, dict) else None
+        if not isinstance(target, dict):  # a value where the new section goes: validation names it
+            continue
+        target[new_last] = node.pop(last)
+        if not quiet:
+            warnings.warn(f"{label}{old} is now {label}{new}; the old key is read until the next release",
+                          ConfigDeprecationWarning, stacklevel=2)
+    return out
+
+
+def renamed_keys(cls: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """Every moved key of config `cls`, its sections' included: {old dotted key: new dotted key}, from the
+    sections' `RENAMED` tables (e.g. {"rl.temperature": "rl.sampling.temperature"} for a verb with an `rl`)."""
+    out = {f"{prefix}{old}": f"{prefix}{new}" for old, new in getattr(cls, "RENAMED", {}).items()}
+    for name, field in cls.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out.update(renamed_keys(field.annotation, f"{prefix}{name}."))
+    return out
+
+
+def _renamed_override(item: str, renamed: Mapping[str, str]) -> str:
+    """`item` with its key renamed: `rl.temperature=0.7` -> `rl.sampling.temperature=0.7`; a key below a moved one
+    (`rl.curriculum_options.mu=0.5`) moves with it."""
+    key, sep, value = item.partition("=")
+    for old, new in renamed.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old):] + sep + value
+    return item
+
+
+def _upgraded(cls: type[BaseModel], data: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The file's mapping and the overrides with the moved keys of `cls` at their new places (`move_renamed`), one
+    warning line per old key given.
+
+    Raises:
+        ConfigError: an old key and its new name both given (in the file, on the command line, or one in each).
+    """
+    renamed = renamed_keys(cls)
+    keys = [item.partition("=")[0] for item in overrides]
+    given = []
+    for old, new in renamed.items():
+        old_given = _has(data, old.split(".")) or any(k == old or k.startswith(old + ".") for k in keys)
+        new_given = _has(data, new.split(".")) or any(k == new or k.startswith(new + ".") for k in keys)
+        if old_given and new_given:
+            raise ConfigError(f"config error: {old} and {new} are one setting, given twice (the old name and the "
+                              f"new); give {new} only")
+        if old_given:
+            given.append(old)
+    for old in given:
+        warnings.warn(f"{old} is now {renamed[old]}; the old key is read until the next release",
+                      ConfigDeprecationWarning, stacklevel=3)
+    return (move_renamed(data, renamed, quiet=True),
+            [_renamed_override(item, renamed) for item in overrides])
 
 
 class _YamlError(Exception):
@@ -157,10 +263,11 @@ def with_section_defaults(cls: type[BaseModel], data: dict[str, Any]) -> dict[st
 
 
 def validate(cls: type[BaseModel], data: dict[str, Any]) -> Any:
-    """Validate a nested dict as config `cls`; partly given sections keep the verb's other defaults
-    (`with_section_defaults`). Raises ConfigError naming the first bad key."""
+    """Validate a nested dict as config `cls`; a key given by its old name moves to its new place (`move_renamed`,
+    one warning line each), and partly given sections keep the verb's other defaults (`with_section_defaults`).
+    Raises ConfigError naming the first bad key."""
     try:
-        return cls.model_validate(with_section_defaults(cls, data))
+        return cls.model_validate(with_section_defaults(cls, move_renamed(data, renamed_keys(cls))))
     except ValidationError as exc:
         raise ConfigError("config error: " + _describe(exc.errors()[0], cls)) from None
 
@@ -197,11 +304,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def load_config(cls: type[BaseModel], path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
     """Load config `cls` from an optional YAML file, then apply dotted overrides.
 
+    A key given by its old name (in the file or an override) is read at its new place, with one
+    `ConfigDeprecationWarning` line per key (`renamed_keys`).
+
     Raises:
         ConfigError: a missing or unparsable file (named with its line), a top level that is not a mapping, an
-            unknown key or a bad value.
+            unknown key or a bad value, a key given both by its old and its new name.
     """
-    data = read_config_file(path) if path is not None else {}
+    data, overrides = _upgraded(cls, read_config_file(path) if path is not None else {}, list(overrides or []))
     data = with_section_defaults(cls, data)
     named = dict(data)  # the preset an override names sets the defaults of the sections other overrides edit
     for item in overrides or []:

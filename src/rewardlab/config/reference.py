@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
+from rewardlab.config.loader import renamed_keys
+
 
 
 #: The first line of `help_text`.
@@ -108,7 +110,7 @@ def _summary(verb: str, cls: type[BaseModel]) -> str:
 
 def reference_markdown(configs: Mapping[str, type[BaseModel]]) -> str:
     """docs/config.md: one section per verb of `configs` ({verb: config class}, in order), each with its keys'
-    table."""
+    table, then the table of renamed keys (`loader.renamed_keys`: old name -> new, read until the next release)."""
     parts = [
         "# Config reference\n",
         "Generated from the config schemas (`src/rewardlab/config/schema.py`) by "
@@ -123,4 +125,14 @@ def reference_markdown(configs: Mapping[str, type[BaseModel]]) -> str:
         if _summary(verb, cls):
             parts.append(_summary(verb, cls) + "\n")
         parts.append(describe(cls))
+    renamed: dict[str, str] = {}
+    for cls in configs.values():
+        renamed.update(renamed_keys(cls))
+    if renamed:
+        parts += ["## Renamed keys\n",
+                  "These keys moved; their old names are read at the new place until the next release, each with one "
+                  "warning line (`rewardlab: warning: OLD is now NEW; the old key is read until the next release`). "
+                  "Giving both names is an error. A run directory written before the move resumes as it is.\n",
+                  "| old key | new key |\n| --- | --- |\n"
+                  + "".join(f"| {_code(old)} | {_code(new)} |\n" for old, new in renamed.items())]
     return "\n".join(parts)

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from rewardlab.config.loader import move_renamed
 from rewardlab.types import TERMINATIONS, TRUNCATIONS
 
 
@@ -205,7 +206,7 @@ class EnvConfig(_Base):
 def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | None, key: str | None) -> None:
     """The `env` section's rules, shared by the verbs that have one: on a task that is not an environment
     (task.spec not env:NAME) every env key must keep its default; on one that is, the per-turn token limit
-    (`key`, e.g. rl.max_new_tokens; None for a verb without one) must fit in env.max_episode_tokens.
+    (`key`, e.g. rl.sampling.max_new_tokens; None for a verb without one) must fit in env.max_episode_tokens.
 
     Raises:
         ValueError: one line naming the key(s).
@@ -223,8 +224,9 @@ def check_env_section(env: EnvConfig, task: TaskConfig, max_new_tokens: int | No
 
 
 def check_prompt_cut(task: TaskConfig, max_prompt_length: int | None, key: str) -> None:
-    """`key` (rl.max_prompt_length, eval.max_prompt_length) set on an environment task (task.spec env:NAME) is a
-    one-line ValueError naming it: episodes are not cut, they end at the context window (termination context)."""
+    """`key` (rl.sampling.max_prompt_length, eval.max_prompt_length) set on an environment task (task.spec env:NAME)
+    is a one-line ValueError naming it: episodes are not cut, they end at the context window (termination
+    context)."""
     if max_prompt_length is not None and task.spec.startswith("env:"):
         raise ValueError(f"{key}: cuts single-turn prompts, and {task.spec!r} is an environment task, whose episodes "
                          "end at the model's context window (termination context); drop the setting")
@@ -247,8 +249,116 @@ def check_lora_reference(model: ModelConfig, rl: RLConfig) -> None:
                          "model.lora)")
 
 
+class SamplingParams(_Base):
+    """How `train` samples its rollouts: temperature, nucleus, token limits, and the generation chunk (on every
+    engine)."""
+
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
+    max_new_tokens: int = Field(8, gt=0, description="completion token limit")
+    max_prompt_length: int | None = Field(None, gt=0, description=MAX_PROMPT_LENGTH + "; also the held-out "
+                                          "evaluation's (rl.eval.every)")
+    rollout_chunk: int | None = Field(
+        None, gt=0, description="rollouts (episodes, for an environment task) per generation chunk, a multiple of "
+        "rl.group_size: each chunk is sampled as one padded batch and scored as one call, whole on one worker. It "
+        "is part of the run's semantics on every engine (padding moves logits in their last bits, enough to flip "
+        "a sampled token now and then), so runs with the same rollout_chunk match bit for bit across engines and "
+        "worker counts. null: each generation round's whole batch is one chunk")
+
+
+class FilteringParams(_Base):
+    """Which sampled groups train and which prompts are drawn: group filters (DAPO dynamic sampling, Yu et al. 2025)
+    and the prompt curriculum."""
+
+    group_filter: str | None = Field(
+        None, description="a key of rl.filters.GROUP_FILTERS, e.g. 'dapo' (DAPO dynamic sampling, Yu et al. 2025: "
+        "drop groups whose filter_metric has zero std and generate more); None: keep every group"
+    )
+    filter_metric: str = Field(
+        "unshaped", description="per-rollout value the group filter looks at: 'unshaped' (the reward before "
+        "shaping, else the score), 'score', or a reward component name such as 'correct'"
+    )
+    group_filter_options: dict[str, Any] = Field(default_factory=dict, description="options of the group filter "
+                                                 "(dapo takes none)")
+    max_rounds: int = Field(3, gt=0, description="generation rounds per step at most when a group filter drops groups")
+    curriculum: str = Field("uniform", description="prompt sampler, a key of rl.curricula.CURRICULA: 'uniform' or "
+                            "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
+    curriculum_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {mu: 0.5, sigma: 0.2}")
+
+
+class RLEvalParams(_Base):
+    """Held-out evaluation during training (`rewardlab.evaluation.heldout`; TRL's eval_strategy=steps)."""
+
+    every: int = Field(0, ge=0, description="every N RL steps and at the last, greedy accuracy on the first "
+                       "rl.eval.n held-out (test split) questions under the task's verifier "
+                       "(rl.sampling.max_new_tokens tokens), logged as eval/accuracy and plotted (TRL's "
+                       "eval_strategy=steps); 0: off")
+    n: int = Field(200, gt=0, description="held-out questions per evaluation (the first N of the test split)")
+
+
+class RLLoggingParams(_Base):
+    """What a training run writes beyond its metrics."""
+
+    log_samples: int | None = Field(
+        None, ge=0, description="rollouts (episodes, for an environment task) per step written to samples.jsonl: the "
+        "first N the step generated; null: all of them (an episode's line holds its token ids, which adds up)")
+
+
+class RayParams(_Base):
+    """Engine ray's options (`rl.engine: ray`; rewardlab.rl.engines.ray_engine, docs/scale-out.md): its workers, the
+    resources Ray reserves for them, the cluster, and asynchronous training. On engine local each keeps its
+    default."""
+
+    rollout_workers: int = Field(2, ge=1, description="engine ray: rollout worker actors, each with a policy "
+                                 "replica and its own environment (tool pools included)")
+    reward_workers: int = Field(2, ge=1, description="engine ray: reward worker actors, each with the run's "
+                                "reward (code sandbox, math-verify, judges)")
+    address: str | None = Field(
+        None, description="engine ray: the cluster to join (ray.init(address=...)): null starts a local one in this "
+        "process, 'auto' joins the one in $RAY_ADDRESS (else the one `ray start` left running on this machine), "
+        "anything else is an address such as 10.0.0.1:6379. An address nothing answers at (a TCP connection within "
+        "10 s) is refused before the run loads anything, naming it")
+    rollout_worker_cpus: float = Field(0.5, ge=0, description="engine ray: CPUs Ray reserves per rollout worker "
+                                       "(fractional: 2 rollout + 2 reward workers fit on 2 CPUs); each worker "
+                                       "still runs torch on the run's `threads`")
+    rollout_worker_gpus: float = Field(0.0, ge=0, description="engine ray: GPUs per rollout worker (fractional "
+                                       "shares one GPU)")
+    reward_worker_cpus: float = Field(0.5, ge=0, description="engine ray: CPUs Ray reserves per reward worker")
+    reward_worker_gpus: float = Field(0.0, ge=0, description="engine ray: GPUs per reward worker (a reward model "
+                                      "or judge on a GPU)")
+    dashboard: bool = Field(False, description="engine ray: start Ray's dashboard with the local cluster "
+                            "(rl.ray.address null only; needs pip install 'ray[default]')")
+    max_staleness: int = Field(
+        0, ge=0, description="engine ray: asynchronous training with a fixed lag k: step s trains on a batch "
+        "sampled by policy version max(0, s - 1 - k) (version v: the weights after step v, 0 the initial ones), "
+        "generated while the learner runs the steps before it; 0: synchronous (step s samples with version s - 1). "
+        "Nothing finished is discarded; checkpoints hold the batches prefetched, so a resume is exact "
+        "(docs/scale-out.md, Asynchronous training)")
+
+    def changed(self) -> list[str]:
+        """The keys of this section set to other than their defaults, dotted (e.g. ["rl.ray.address"])."""
+        values = self.model_dump()
+        return [f"rl.ray.{k}" for k, field in type(self).model_fields.items() if values[k] != field.default]
+
+
+#: The `rl` keys that moved into a section: old name -> new dotted name under `rl`. The old names are read, with one
+#: `ConfigDeprecationWarning` line each, until the next release.
+RL_RENAMED: dict[str, str] = {
+    **{k: f"sampling.{k}" for k in SamplingParams.model_fields},
+    **{k: f"filtering.{k}" for k in FilteringParams.model_fields},
+    "eval_every": "eval.every", "eval_n": "eval.n",
+    "log_samples": "logging.log_samples",
+    **{k: f"ray.{k}" for k in RayParams.model_fields if k not in ("address", "dashboard")},
+    "ray_address": "ray.address", "ray_dashboard": "ray.dashboard",
+}
+
+
 class RLConfig(_Base):
-    """GRPO-family settings (Shao et al. 2024): G rollouts per prompt, group-relative advantages, clipped ratio."""
+    """GRPO-family settings (Shao et al. 2024): G rollouts per prompt, group-relative advantages, clipped ratio. The
+    algorithm's keys are flat under `rl` (as TRL's GRPOConfig keeps them); sampling, filtering and curriculum,
+    held-out evaluation, logging and engine ray's options are sections of their own."""
+
+    RENAMED: ClassVar[dict[str, str]] = RL_RENAMED
 
     steps: int = Field(100, ge=0, description="RL steps (one batch of rollouts each)")
     prompts_per_step: int = Field(16, gt=0, description="prompts sampled per step")
@@ -265,6 +375,9 @@ class RLConfig(_Base):
     weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
     warmup_steps: int = Field(0, ge=0, description="linear warm-up, RL steps")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="after the warm-up: constant, or cosine decay to 0.1 x lr at the last step "
+        "(Loshchilov & Hutter 2017)")
     estimator: str = Field("grpo", description="advantage estimator, a key of rl.advantages.ESTIMATORS")
     estimator_options: dict[str, Any] = Field(default_factory=dict, description="options the estimator declares, "
                                               "e.g. eps (grpo), gamma (reinforce_pp); an undeclared one is an error")
@@ -280,14 +393,6 @@ class RLConfig(_Base):
     agg: str = Field("token-mean", description="loss aggregation, a key of rl.losses.AGGREGATIONS")
     beta: float = Field(0.0, ge=0, description="KL coefficient to the frozen reference model (0: no reference)")
     kl_estimator: str = Field("k3", description="k1, k2 or k3 (Schulman 2020)")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature")
-    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
-    max_new_tokens: int = Field(8, gt=0, description="completion token limit")
-    max_prompt_length: int | None = Field(None, gt=0, description=MAX_PROMPT_LENGTH + "; also the held-out "
-                                          "evaluation's (eval_every)")
-    lr_schedule: Literal["constant", "cosine"] = Field(
-        "constant", description="after the warm-up: constant, or cosine decay to 0.1 x lr at the last step "
-        "(Loshchilov & Hutter 2017)")
     kl_in: Literal["loss", "reward"] = Field(
         "loss", description="where the KL to the reference goes: added to the loss (beta * aggregated KL) or "
         "subtracted from the token rewards before the advantage (r_t - beta * KL_t)"
@@ -303,24 +408,6 @@ class RLConfig(_Base):
         "masks every truncated episode (termination max_new_tokens, max_episode_tokens or context), false none; or "
         "by termination reason, e.g. {max_new_tokens: mask, max_turns: 0.5}: mask, keep, or a weight in [0, 1] on "
         "the episode's loss (reasons: " + ", ".join(TERMINATIONS) + ")")
-    group_filter: str | None = Field(
-        None, description="a key of rl.filters.GROUP_FILTERS, e.g. 'dapo' (DAPO dynamic sampling, Yu et al. 2025: "
-        "drop groups whose filter_metric has zero std and generate more); None: keep every group"
-    )
-    filter_metric: str = Field(
-        "unshaped", description="per-rollout value the group filter looks at: 'unshaped' (the reward before "
-        "shaping, else the score), 'score', or a reward component name such as 'correct'"
-    )
-    group_filter_options: dict[str, Any] = Field(default_factory=dict, description="options of the group filter "
-                                                 "(dapo takes none)")
-    max_rounds: int = Field(3, gt=0, description="generation rounds per step at most when a group filter drops groups")
-    max_reward_error_frac: float | None = Field(
-        0.5, gt=0, le=1, description="stop the run when at least this fraction of one step's rollouts have a reward "
-        "error (on_error zero or skip): a one-line error naming the step, the fraction and the first cause, after a "
-        "checkpoint of the step before, so that a fixed reward can go on with --resume. null: never stop")
-    curriculum: str = Field("uniform", description="prompt sampler, a key of rl.curricula.CURRICULA: 'uniform' or "
-                            "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
-    curriculum_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {mu: 0.5, sigma: 0.2}")
     critic_lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the value model (created only for "
                              "estimators that need values, e.g. gae)")
     value_clip: float | None = Field(0.2, gt=0, description="PPO value clipping range (None: unclipped value loss)")
@@ -333,50 +420,27 @@ class RLConfig(_Base):
         "a key of rl.credit.TURN_REWARD_SOURCES: env (the environment's StepResult rewards) or info_gain (IGPO, Wang et al. 2025: r_k = log p(answer | "
         "history after turn k) - log p(answer | history before it) under the current policy; its scoring pass is "
         "timed as time/info_gain_s)")
-    log_samples: int | None = Field(
-        None, ge=0, description="rollouts (episodes, for an environment task) per step written to samples.jsonl: the "
-        "first N the step generated; null: all of them (an episode's line holds its token ids, which adds up)")
-    # Held-out evaluation during training (rewardlab.evaluation.heldout).
-    eval_every: int = Field(0, ge=0, description="every N RL steps and at the last, greedy accuracy on the first "
-                            "eval_n held-out (test split) questions under the task's verifier (max_new_tokens "
-                            "tokens), logged as eval/accuracy and plotted (TRL's eval_strategy=steps); 0: off")
-    eval_n: int = Field(200, gt=0, description="held-out questions per evaluation (the first N of the test split)")
+    max_reward_error_frac: float | None = Field(
+        0.5, gt=0, le=1, description="stop the run when at least this fraction of one step's rollouts have a reward "
+        "error (on_error zero or skip): a one-line error naming the step, the fraction and the first cause, after a "
+        "checkpoint of the step before, so that a fixed reward can go on with --resume. null: never stop")
     # Where the rollouts and rewards run (rewardlab.rl.engines; docs/scale-out.md). The engine is a performance
-    # switch: the same seed and rollout_chunk give the same run on local and on ray with any worker count.
+    # switch: the same seed and rl.sampling.rollout_chunk give the same run on local and on ray with any worker count.
     engine: Literal["local", "ray"] = Field(
         "local", description="where generation and scoring run: local (this process) or ray (rollout and reward "
         "worker actors on a Ray cluster; pip install rewardlab[ray]); the learner stays in this process")
-    rollout_chunk: int | None = Field(
-        None, gt=0, description="rollouts (episodes, for an environment task) per generation chunk, a multiple of "
-        "rl.group_size: each chunk is sampled as one padded batch and scored as one call, whole on one worker. It "
-        "is part of the run's semantics on every engine (padding moves logits in their last bits, enough to flip "
-        "a sampled token now and then), so runs with the same rollout_chunk match bit for bit across engines and "
-        "worker counts. null: each generation round's whole batch is one chunk")
-    rollout_workers: int = Field(2, ge=1, description="engine ray: rollout worker actors, each with a policy "
-                                 "replica and its own environment (tool pools included)")
-    reward_workers: int = Field(2, ge=1, description="engine ray: reward worker actors, each with the run's "
-                                "reward (code sandbox, math-verify, judges)")
-    ray_address: str | None = Field(
-        None, description="engine ray: the cluster to join (ray.init(address=...)): null starts a local one in this "
-        "process, 'auto' joins the one in $RAY_ADDRESS (else the one `ray start` left running on this machine), "
-        "anything else is an address such as 10.0.0.1:6379. An address nothing answers at (a TCP connection within "
-        "10 s) is refused before the run loads anything, naming it")
-    rollout_worker_cpus: float = Field(0.5, ge=0, description="engine ray: CPUs Ray reserves per rollout worker "
-                                       "(fractional: 2 rollout + 2 reward workers fit on 2 CPUs); each worker "
-                                       "still runs torch on the run's `threads`")
-    rollout_worker_gpus: float = Field(0.0, ge=0, description="engine ray: GPUs per rollout worker (fractional "
-                                       "shares one GPU)")
-    reward_worker_cpus: float = Field(0.5, ge=0, description="engine ray: CPUs Ray reserves per reward worker")
-    reward_worker_gpus: float = Field(0.0, ge=0, description="engine ray: GPUs per reward worker (a reward model "
-                                      "or judge on a GPU)")
-    ray_dashboard: bool = Field(False, description="engine ray: start Ray's dashboard with the local cluster "
-                                "(rl.ray_address null only; needs pip install 'ray[default]')")
-    max_staleness: int = Field(
-        0, ge=0, description="engine ray: asynchronous training with a fixed lag k: step s trains on a batch "
-        "sampled by policy version max(0, s - 1 - k) (version v: the weights after step v, 0 the initial ones), "
-        "generated while the learner runs the steps before it; 0: synchronous (step s samples with version s - 1). "
-        "Nothing finished is discarded; checkpoints hold the batches prefetched, so a resume is exact "
-        "(docs/scale-out.md, Asynchronous training)")
+    sampling: SamplingParams = Field(default_factory=SamplingParams, description="how rollouts are sampled")
+    filtering: FilteringParams = Field(default_factory=FilteringParams,
+                                       description="group filtering and the prompt curriculum")
+    eval: RLEvalParams = Field(default_factory=RLEvalParams, description="held-out evaluation during training")
+    logging: RLLoggingParams = Field(default_factory=RLLoggingParams, description="what the run writes")
+    ray: RayParams = Field(default_factory=RayParams, description="engine ray's options (rl.engine: ray only)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """A key given by its old flat name (`RENAMED`) moves to its section, with one warning line."""
+        return move_renamed(data, cls.RENAMED, label="rl.") if isinstance(data, dict) else data
 
     @field_validator("mask_truncated")
     @classmethod
@@ -399,33 +463,24 @@ class RLConfig(_Base):
                        for reason, rule in rules.items()})
         return weight
 
-    def engine_changed(self) -> list[str]:
-        """The `rl.*` keys that only engine ray reads, set to other than their defaults (e.g. ["rl.ray_address"])."""
-        values = self.model_dump(include=set(RAY_KEYS))
-        return [f"rl.{k}" for k in RAY_KEYS if values[k] != type(self).model_fields[k].default]
-
     def check_engine(self) -> None:
-        """The engine keys' rules: rl.rollout_chunk is a multiple of rl.group_size (a chunk holds whole prompt
-        groups); on engine local the ray-only keys (`RAY_KEYS`) keep their defaults.
+        """The engine keys' rules: rl.sampling.rollout_chunk is a multiple of rl.group_size (a chunk holds whole
+        prompt groups); on engine local the `rl.ray` section keeps its defaults.
 
         Raises:
             ValueError: one line naming the key(s).
         """
-        if self.rollout_chunk is not None and self.rollout_chunk % self.group_size:
-            raise ValueError(f"rl.rollout_chunk: {self.rollout_chunk} is not a multiple of rl.group_size "
+        chunk = self.sampling.rollout_chunk
+        if chunk is not None and chunk % self.group_size:
+            raise ValueError(f"rl.sampling.rollout_chunk: {chunk} is not a multiple of rl.group_size "
                              f"({self.group_size}); a chunk holds whole prompt groups")
-        given = self.engine_changed()
+        given = self.ray.changed()
         if self.engine == "local" and given:
             raise ValueError(f"{', '.join(given)}: applies to rl.engine ray only, and rl.engine is local; drop "
                              f"the setting or set rl.engine=ray")
-        if self.ray_dashboard and self.ray_address is not None:
-            raise ValueError("rl.ray_dashboard: starts the dashboard of a local cluster, and rl.ray_address joins an "
-                             f"existing one ({self.ray_address!r}); start it there (ray start --include-dashboard)")
-
-
-#: The `rl` keys that only engine ray reads (refused on engine local when changed).
-RAY_KEYS = ("rollout_workers", "reward_workers", "ray_address", "rollout_worker_cpus", "rollout_worker_gpus",
-            "reward_worker_cpus", "reward_worker_gpus", "ray_dashboard", "max_staleness")
+        if self.ray.dashboard and self.ray.address is not None:
+            raise ValueError("rl.ray.dashboard: starts the dashboard of a local cluster, and rl.ray.address joins an "
+                             f"existing one ({self.ray.address!r}); start it there (ray start --include-dashboard)")
 
 
 class EvalParams(_Base):
@@ -437,7 +492,7 @@ class EvalParams(_Base):
     top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
     max_new_tokens: int = Field(8, gt=0, description="completion token limit (greedy and sampled)")
     max_prompt_length: int | None = Field(None, gt=0, description=MAX_PROMPT_LENGTH + "; give a model trained with "
-                                          "rl.max_prompt_length the same")
+                                          "rl.sampling.max_prompt_length the same")
     batch_size: int = Field(256, gt=0, description="prompts per generate call")
     limit: int | None = Field(None, gt=0, description="evaluate only the first N rows of the split")
 
@@ -538,8 +593,8 @@ class TrainConfig(_Checkpoints, _Verb):
 
     @model_validator(mode="after")
     def _env_applies(self):
-        check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
-        check_prompt_cut(self.task, self.rl.max_prompt_length, "rl.max_prompt_length")
+        check_env_section(self.env, self.task, self.rl.sampling.max_new_tokens, "rl.sampling.max_new_tokens")
+        check_prompt_cut(self.task, self.rl.sampling.max_prompt_length, "rl.sampling.max_prompt_length")
         self.rl.check_engine()
         check_lora_reference(self.model, self.rl)
         return self
@@ -582,8 +637,8 @@ def _tools_sections() -> dict[str, dict[str, Any]]:
     return {
         "task": {"spec": "env:calculator", "options": {"size": 5000, "test_size": 300, "max_terms": 2}},
         "sft": {"steps": 800, "batch_size": 64, "lr": 1e-3, "tool_frac": 0.5, "eval_every": 0},
-        "rl": {"steps": 50, "prompts_per_step": 32, "group_size": 8, "lr": 1e-4, "temperature": 0.7,
-               "max_new_tokens": 24, "eval_every": 0},
+        "rl": {"steps": 50, "prompts_per_step": 32, "group_size": 8, "lr": 1e-4,
+               "sampling": {"temperature": 0.7, "max_new_tokens": 24}, "eval": {"every": 0}},
         "eval": {"n": 1, "k": [1], "max_new_tokens": 24, "batch_size": 100},
         "env": {"max_turns": 3, "max_episode_tokens": 72, "max_tool_tokens": 16},
     }
@@ -592,6 +647,16 @@ def _tools_sections() -> dict[str, dict[str, Any]]:
 #: Quickstart presets: name -> the sections' defaults it sets (written over the class defaults; a key given in the
 #: config file or an override wins).
 QUICKSTART_PRESETS: dict[str, Any] = {"arithmetic": dict, "tools": _tools_sections}
+
+
+def _written_over(section: BaseModel, values: dict[str, Any]) -> dict[str, Any]:
+    """`section` as a dict with `values` written over it: sub-sections (rl.sampling) merged key by key, any other
+    value (a plain mapping such as task.options included) replaced."""
+    out = section.model_dump()
+    for key, value in values.items():
+        sub = getattr(section, key, None)
+        out[key] = _written_over(sub, value) if isinstance(sub, BaseModel) and isinstance(value, dict) else value
+    return out
 
 
 class QuickstartConfig(_Run):
@@ -621,8 +686,8 @@ class QuickstartConfig(_Run):
                            "steps)")
     rl: RLConfig = Field(
         default_factory=lambda: RLConfig(
-            steps=450, prompts_per_step=128, group_size=8, lr=3e-4, temperature=0.7, max_new_tokens=4,
-            eval_every=25, eval_n=500,
+            steps=450, prompts_per_step=128, group_size=8, lr=3e-4,
+            sampling=SamplingParams(temperature=0.7, max_new_tokens=4), eval=RLEvalParams(every=25, n=500),
         ), description="stage 2, GRPO (held-out curve: all 500 questions every 25 steps)"
     )
     eval: EvalParams = Field(default_factory=lambda: EvalParams(n=8, k=[1, 8], max_new_tokens=4),
@@ -650,8 +715,7 @@ class QuickstartConfig(_Run):
         out = dict(data)
         for name, values in cls.section_defaults(data).items():
             if name not in out:  # a given section was merged over the preset's (config.loader)
-                default = cls.model_fields[name].get_default(call_default_factory=True)
-                out[name] = {**default.model_dump(), **values}
+                out[name] = _written_over(cls.model_fields[name].get_default(call_default_factory=True), values)
         return out
 
     @model_validator(mode="after")
@@ -666,8 +730,8 @@ class QuickstartConfig(_Run):
             raise ValueError(f"task.spec: {self.task.spec!r} is an environment task; run it with preset tools")
         if self.sft.tool_frac is not None and not self.task.spec.startswith("env:"):
             raise ValueError("sft.tool_frac: applies to environment tasks (preset tools); drop the setting")
-        check_env_section(self.env, self.task, self.rl.max_new_tokens, "rl.max_new_tokens")
-        check_prompt_cut(self.task, self.rl.max_prompt_length, "rl.max_prompt_length")
+        check_env_section(self.env, self.task, self.rl.sampling.max_new_tokens, "rl.sampling.max_new_tokens")
+        check_prompt_cut(self.task, self.rl.sampling.max_prompt_length, "rl.sampling.max_prompt_length")
         check_prompt_cut(self.task, self.eval.max_prompt_length, "eval.max_prompt_length")
         self.rl.check_engine()
         check_lora_reference(self.model, self.rl)

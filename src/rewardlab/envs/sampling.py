@@ -96,14 +96,14 @@ def check_episode_keys(settings: EpisodeSettings | None, policy: Any, *, changed
 def turn_budget_warning(settings: EpisodeSettings | None, policy: Any, max_new_tokens: int, *,
                         key: str = "max_new_tokens") -> str | None:
     """A one-line warning when the per-turn token budget `max_new_tokens` (the verb's `key`, e.g.
-    "rl.max_new_tokens") is below what a model turn of the environment's own format needs with the policy's tokenizer
-    (`env.min_turn_tokens(tokenizer)`, which each built-in environment declares), else None: a turn cut there ends
-    its episode `max_new_tokens` before the environment sees it. None too for a single-turn task, an environment
+    "rl.sampling.max_new_tokens") is below what a model turn of the environment's own format needs with the policy's
+    tokenizer (`env.min_turn_tokens(tokenizer)`, which each built-in environment declares), else None: a turn cut there
+    ends its episode `max_new_tokens` before the environment sees it. None too for a single-turn task, an environment
     that declares no `min_turn_tokens`, or a policy without a tokenizer.
 
-    Example: "rl.max_new_tokens=8 is below the 9 tokens a model turn of environment 'guess_number' needs for its
-    own format with this model's tokenizer (min_turn_tokens): such turns are cut and end their episode
-    max_new_tokens; set rl.max_new_tokens to at least 9".
+    Example: "rl.sampling.max_new_tokens=8 is below the 9 tokens a model turn of environment 'guess_number' needs for
+    its own format with this model's tokenizer (min_turn_tokens): such turns are cut and end their episode
+    max_new_tokens; set rl.sampling.max_new_tokens to at least 9".
     """
     if settings is None:
         return None

@@ -1,4 +1,4 @@
-"""Held-out evaluation during training (`rl.eval_every`, `sft.eval_every`; TRL's `eval_strategy="steps"`).
+"""Held-out evaluation during training (`rl.eval.every`, `sft.eval_every`; TRL's `eval_strategy="steps"`).
 
 Every `eval_every` steps, and at the last step, the policy completes the first `eval_n` questions of the task's
 held-out test split greedily (`evaluate_policy` with no sampling) and the task's verifier scores them. The loop logs
@@ -58,8 +58,8 @@ class HeldOutEval:
         batch_size: questions per generate call.
         episodes: the episodes of an environment task (`rewardlab.envs.episode_settings`): each question is a
             greedy episode in its environment; None (default): single completions.
-        max_prompt_length: single completions' prompts cut to their last this many tokens (`rl.max_prompt_length`,
-            `Policy.generate`); None: never cut.
+        max_prompt_length: single completions' prompts cut to their last this many tokens
+            (`rl.sampling.max_prompt_length`, `Policy.generate`); None: never cut.
     """
 
     def __init__(self, rows: Sequence[dict[str, Any]], reward_spec: Any, *, every: int, last_step: int,

@@ -15,9 +15,9 @@ class SamplingSettings:
         temperature, top_p: as in `Policy.generate`; ignored when greedy.
         greedy: argmax decoding (one sample per row): no random numbers are drawn.
         chunk: rollouts (episodes) per chunk of a rollout engine, a multiple of every `n` it generates with
-            (`rl.rollout_chunk`, `rewardlab.rl.engines`); None: a call's whole batch is one chunk.
-        max_prompt_length: a single completion's prompt is cut to its last this many tokens (`rl.max_prompt_length`,
-            `Policy.generate`); None: never cut.
+            (`rl.sampling.rollout_chunk`, `rewardlab.rl.engines`); None: a call's whole batch is one chunk.
+        max_prompt_length: a single completion's prompt is cut to its last this many tokens
+            (`rl.sampling.max_prompt_length`, `Policy.generate`); None: never cut.
     """
 
     max_new_tokens: int

@@ -159,7 +159,8 @@ def greedy_baseline(view: CreditView) -> Provided:
         first.setdefault(e.last.group, e.last)
     groups = list(first)
     greedy = sample_rollouts(run.policy, [first[g].row for g in groups], SamplingSettings(
-        max_new_tokens=rl.max_new_tokens, greedy=True, max_prompt_length=rl.max_prompt_length), episodes=run.episodes)
+        max_new_tokens=rl.sampling.max_new_tokens, greedy=True, max_prompt_length=rl.sampling.max_prompt_length),
+        episodes=run.episodes)
     if rl.step_separator is not None:
         for r in greedy:
             run.policy.mark_steps(r, rl.step_separator)
@@ -260,7 +261,7 @@ def reference_kl(run: Any, view: CreditView, old_logprobs: torch.Tensor, token_r
     rl = run.cfg.rl
     if run.reference is None:
         return None, token_rewards, {}
-    ref = run.reference.scored_logprobs(view.packed, temperature=rl.temperature,
+    ref = run.reference.scored_logprobs(view.packed, temperature=rl.sampling.temperature,
                                         micro_batch_size=rl.micro_batch_size, group=group)
     if rl.kl_in != "reward":
         return ref, token_rewards, {}

@@ -1,6 +1,6 @@
 """Which prompts a training step draws: the curricula (uniform, and the pass-rate curriculum of FG-ExPO).
 
-Registry, looked up by name from the training config (`rl.curriculum`, `rl.curriculum_options`):
+Registry, looked up by name from the training config (`rl.filtering.curriculum`, `rl.filtering.curriculum_options`):
 
     CURRICULA[name](rows, seed, <options>) -> a prompt sampler with
         next_indices(k) -> list[int]; update(indices, pass_rates); state_dict(); load_state_dict(state)
@@ -36,7 +36,7 @@ def make_curriculum(name: str, rows: Sequence[Any], seed: int, **options: Any) -
             (the message names it and lists the valid ones), or what the curriculum raises for a bad value.
     """
     factory = CURRICULA.get(name)
-    CURRICULA.check(name, options, field="rl.curriculum_options")
+    CURRICULA.check(name, options, field="rl.filtering.curriculum_options")
     return factory(rows, seed, **options)
 
 
@@ -56,7 +56,7 @@ class PassRateCurriculum:
     the policy solves about half the time (the learning frontier, largest GRPO gradient) are drawn most. A prompt
     never drawn has p_i = `initial` (default mu: unseen prompts get the largest weight).
 
-    Args (options from `rl.curriculum_options`):
+    Args (options from `rl.filtering.curriculum_options`):
         mu: centre of the Gaussian, a pass rate in [0, 1] (default 0.5, the paper's value).
         sigma: width, > 0 (default 0.2; our choice, the paper does not fix one here).
         ema: weight of the newest pass rate in (0, 1] (default 0.5).
@@ -70,11 +70,11 @@ class PassRateCurriculum:
         if not rows:
             raise ValueError("task: no training rows to sample from")
         if not 0.0 <= mu <= 1.0:
-            raise ValueError(f"rl.curriculum_options.mu: expected a pass rate in [0, 1], got {mu}")
+            raise ValueError(f"rl.filtering.curriculum_options.mu: expected a pass rate in [0, 1], got {mu}")
         if sigma <= 0:
-            raise ValueError(f"rl.curriculum_options.sigma: expected > 0, got {sigma}")
+            raise ValueError(f"rl.filtering.curriculum_options.sigma: expected > 0, got {sigma}")
         if not 0.0 < ema <= 1.0:
-            raise ValueError(f"rl.curriculum_options.ema: expected in (0, 1], got {ema}")
+            raise ValueError(f"rl.filtering.curriculum_options.ema: expected in (0, 1], got {ema}")
         self.mu, self.sigma, self.ema = mu, sigma, ema
         self.pass_rate = torch.full((len(rows),), mu if initial is None else float(initial), dtype=torch.float64)
         self.generator = torch.Generator().manual_seed(seed)

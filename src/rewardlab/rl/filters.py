@@ -33,7 +33,7 @@ def filter_groups(name: str, *, metric: Tensor, group: Tensor, **options: Any) -
             (the message names it and lists the valid ones).
     """
     fn = GROUP_FILTERS.get(name)
-    GROUP_FILTERS.check(name, options, field="rl.group_filter_options")
+    GROUP_FILTERS.check(name, options, field="rl.filtering.group_filter_options")
     return fn(metric=metric, group=group, **options)
 
 

@@ -29,7 +29,7 @@ def step_line(run: Any, progress: Any, batch: Any, credit: Credit | None, stats:
 
 
 def sample_records(run: Any, step: int, batch: Any, credit: Credit | None) -> list[dict[str, Any]]:
-    """The samples.jsonl lines of step `step`: every episode generated, or the first rl.log_samples.
+    """The samples.jsonl lines of step `step`: every episode generated, or the first rl.logging.log_samples.
 
     A single completion's line holds its prompt, completion, answer, reward, components, error, advantage (on its
     first token), whether the loss saw it (kept), truncated and the policy version that sampled it. An environment
@@ -44,7 +44,7 @@ def sample_records(run: Any, step: int, batch: Any, credit: Credit | None) -> li
             first_row[i] = at
             at += len(batch.episodes[i].rows)
     records = []
-    for i, e in enumerate(batch.episodes[:run.cfg.rl.log_samples]):
+    for i, e in enumerate(batch.episodes[:run.cfg.rl.logging.log_samples]):
         r, o = e.last, e.output
         if run.episodes is None:
             records.append({

@@ -7,7 +7,7 @@
   filter, more rounds until rl.prompts_per_step groups are kept; then what the estimator must not see leaves
   (`training_episodes`: on_error=skip, the estimator's minimum group size).
 - `Prefetch`: the one production path. Step s trains on the batch of step s sampled by policy version
-  max(0, s - 1 - rl.max_staleness), produced ahead (on engine ray in a background thread); lag 0 is the
+  max(0, s - 1 - rl.ray.max_staleness), produced ahead (on engine ray in a background thread); lag 0 is the
   synchronous loop. `Prefetch.rewind` puts a batch back when the run stops for reward errors.
 """
 
@@ -90,7 +90,7 @@ class StepBatch:
 
 
 def filter_metric(output: RewardOutput, name: str) -> float:
-    """The per-rollout value a group filter looks at (`rl.filter_metric`).
+    """The per-rollout value a group filter looks at (`rl.filtering.filter_metric`).
 
     Raises:
         ValueError: `name` is neither 'score', 'unshaped' nor a component of the output.
@@ -100,7 +100,7 @@ def filter_metric(output: RewardOutput, name: str) -> float:
     if name == "unshaped":
         return output.components.get("unshaped", output.score)
     if name not in output.components:
-        raise ValueError(f"rl.filter_metric: {name!r} is not a reward component; components: "
+        raise ValueError(f"rl.filtering.filter_metric: {name!r} is not a reward component; components: "
                          f"{', '.join(sorted(output.components)) or '(none)'}")
     return output.components[name]
 
@@ -164,7 +164,7 @@ def sample_round(run: Any, step: int, round: int, rows: list[dict[str, Any]], fi
     rl = run.cfg.rl
     t0 = time.perf_counter()
     # each rollout (episode) draws from its own stream (seed, step, index in this round's batch, round[, turn]),
-    # and the engine samples in rl.rollout_chunk chunks whatever its workers, so what a rollout samples depends
+    # and the engine samples in rl.sampling.rollout_chunk chunks whatever its workers, so what a rollout samples depends
     # neither on the engine, the worker nor torch's global generator
     sampled = run.engine.generate(rows, n=rl.group_size, stream=(run.cfg.seed, step, round), version=version)
     timing.gen_s += time.perf_counter() - t0
@@ -181,18 +181,18 @@ def sample_round(run: Any, step: int, round: int, rows: list[dict[str, Any]], fi
 
 
 def produce(run: Any, step: int, version: int | None = None) -> StepBatch:
-    """The episodes of step `step`, sampled by policy `version` (None: the last published): draw prompts, sample
-    and score a round (`sample_round`, streams keyed by (seed, `step`, round)), update the curriculum; with a group
-    filter, keep the groups it passes and sample more rounds (up to rl.max_rounds) until rl.prompts_per_step groups
-    are kept. Then leave out what the estimator must not see (`training_episodes`). Touches the prompt sampler and
-    the engine only (no global RNG), so the prefetch thread may run it while the learner updates (`Prefetch`).
+    """The episodes of step `step`, sampled by policy `version` (None: the last published): draw prompts, sample and
+    score a round (`sample_round`, streams keyed by (seed, `step`, round)), update the curriculum; with a group filter,
+    keep the groups it passes and sample more rounds (up to rl.filtering.max_rounds) until rl.prompts_per_step groups
+    are kept. Then leave out what the estimator must not see (`training_episodes`). Touches the prompt sampler and the
+    engine only (no global RNG), so the prefetch thread may run it while the learner updates (`Prefetch`).
     """
     rl, sampler = run.cfg.rl, run.sampler
     before = (sampler.state_dict(), rng_state())  # the end of the step before: what a stop for reward errors restores
     timing, episodes, kept = _Timing(), [], []
     rounds = dropped = 0
-    next_group = step * rl.prompts_per_step * rl.max_rounds  # group ids unique across steps
-    while rounds < rl.max_rounds and len(kept) < rl.prompts_per_step * rl.group_size:
+    next_group = step * rl.prompts_per_step * rl.filtering.max_rounds  # group ids unique across steps
+    while rounds < rl.filtering.max_rounds and len(kept) < rl.prompts_per_step * rl.group_size:
         rounds += 1
         need = rl.prompts_per_step - len(kept) // rl.group_size
         indices = sampler.next_indices(need)
@@ -200,16 +200,17 @@ def produce(run: Any, step: int, version: int | None = None) -> StepBatch:
         next_group += need
         correct = torch.tensor([float(e.output.correct) for e in new]).view(need, rl.group_size)
         sampler.update(indices, correct.mean(dim=1).tolist())
-        keep = [True] * len(new) if rl.group_filter is None else filter_groups(
-            rl.group_filter, metric=torch.tensor([filter_metric(e.output, rl.filter_metric) for e in new]),
-            group=torch.tensor([e.last.group for e in new]), **rl.group_filter_options).tolist()
+        keep = [True] * len(new) if rl.filtering.group_filter is None else filter_groups(
+            rl.filtering.group_filter,
+            metric=torch.tensor([filter_metric(e.output, rl.filtering.filter_metric) for e in new]),
+            group=torch.tensor([e.last.group for e in new]), **rl.filtering.group_filter_options).tolist()
         dropped += keep.count(False) // rl.group_size
         kept += [len(episodes) + i for i, k in enumerate(keep) if k]
         episodes += new
-        if rl.group_filter is None:
+        if rl.filtering.group_filter is None:
             break
     metrics = round_metrics(run, episodes, timing)
-    if rl.group_filter is not None:
+    if rl.filtering.group_filter is not None:
         metrics.update({"filter/rounds": float(rounds), "filter/dropped_groups": float(dropped),
                         "filter/kept_groups": float(len(kept[: rl.prompts_per_step * rl.group_size]) // rl.group_size)})
     kept, skipped, dropped_groups = training_episodes(
@@ -243,7 +244,7 @@ def reward_error_share(batch: StepBatch, limit: float | None) -> tuple[int, int,
 class Prefetch:
     """The batches of later steps, produced ahead of the learner: asynchronous training with a fixed lag.
 
-    With lag k = rl.max_staleness, step s trains on the batch of step s (prompts and streams keyed by s, as in a
+    With lag k = rl.ray.max_staleness, step s trains on the batch of step s (prompts and streams keyed by s, as in a
     synchronous run) sampled by policy version `version_for(s)` = max(0, s - 1 - k): the batches of steps 1..k+1
     with the initial weights, then batch s + k + 1 as soon as step s has published version s. k = 0 is the
     synchronous loop (batch s sampled by version s - 1). Batches are produced one after the other, in step order,
@@ -267,7 +268,7 @@ class Prefetch:
     def __init__(self, run: Any, start_step: int = 0, saved: dict[str, Any] | None = None, *,
                  background: bool | None = None) -> None:
         rl = run.cfg.rl
-        self.run, self.lag = run, rl.max_staleness
+        self.run, self.lag = run, rl.ray.max_staleness
         self.batches: dict[int, Any] = {}  # step -> StepBatch, or the Future of one in production
         self.next = start_step + 1  # the next step whose batch to produce
         self.trained = self.filtered = 0  # episodes trained and left out, cumulative

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from rewardlab.registry import Registry
@@ -98,20 +99,21 @@ def trainable_estimators() -> list[str]:
     return [n for n in ESTIMATORS if all(k in ESTIMATOR_INPUTS for k in estimator_needs(n))]
 
 
-#: The `rl` keys that name a registered algorithm part, with their registry.
+#: The `rl` keys (dotted below `rl`) that name a registered algorithm part, with their registry.
 NAMED_PARTS: tuple[tuple[str, Registry], ...] = (
     ("estimator", ESTIMATORS), ("loss", POLICY_LOSSES), ("agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS),
-    ("curriculum", CURRICULA), ("group_filter", GROUP_FILTERS), ("turn_rewards", TURN_REWARD_SOURCES))
+    ("filtering.curriculum", CURRICULA), ("filtering.group_filter", GROUP_FILTERS),
+    ("turn_rewards", TURN_REWARD_SOURCES))
 
 
 def check_names(rl: Any) -> None:
-    """Every `rl` key of `NAMED_PARTS` names a registered entry (rl.group_filter may be None).
+    """Every `rl` key of `NAMED_PARTS` names a registered entry (rl.filtering.group_filter may be None).
 
     Raises:
         ValueError: one line naming the key and the valid names, e.g. "rl.loss: unknown name 'x'; valid: ...".
     """
     for key, registry in NAMED_PARTS:
-        name = getattr(rl, key)
+        name = attrgetter(key)(rl)
         if name is not None and name not in registry:
             raise ValueError(f"rl.{key}: unknown name {name!r}; valid: {', '.join(sorted(registry))}")
 
@@ -155,7 +157,8 @@ def resolve_loss_options(rl: Any) -> dict[str, Any]:
     """The options the trainer passes to `compute_policy_loss`: `rl.loss_options`, plus
     - `rl.clip_eps` as each of `clip_low`, `clip_high` that the loss declares and `rl.loss_options` does not set
       (skipped when `rl.loss_options` sets the symmetric `clip`, which takes precedence);
-    - `max_len = rl.max_new_tokens` when the aggregation declares `max_len` and `rl.loss_options` does not set it.
+    - `max_len = rl.sampling.max_new_tokens` when the aggregation declares `max_len` and `rl.loss_options` does not
+      set it.
 
     Raises:
         ValueError: `rl.clip_eps` with a loss that declares neither `clip_low` nor `clip_high` (e.g. reinforce).
@@ -170,7 +173,7 @@ def resolve_loss_options(rl: Any) -> dict[str, Any]:
         if "clip" not in options:
             options = {**{k: rl.clip_eps for k in targets}, **options}
     if "max_len" in (AGGREGATIONS.options(rl.agg) or ()):
-        options.setdefault("max_len", rl.max_new_tokens)
+        options.setdefault("max_len", rl.sampling.max_new_tokens)
     return options
 
 
@@ -198,11 +201,13 @@ def resolve_specs(cfg: Any) -> TrainSpecs:
     rl = cfg.rl
     check_names(rl)
     estimator = resolve_estimator(rl)
-    CURRICULA.check(rl.curriculum, rl.curriculum_options, field="rl.curriculum_options")
-    if rl.group_filter is not None:
-        GROUP_FILTERS.check(rl.group_filter, rl.group_filter_options, field="rl.group_filter_options")
-    elif rl.group_filter_options:
-        raise ValueError(f"rl.group_filter_options: {sorted(rl.group_filter_options)} given without rl.group_filter")
+    CURRICULA.check(rl.filtering.curriculum, rl.filtering.curriculum_options, field="rl.filtering.curriculum_options")
+    if rl.filtering.group_filter is not None:
+        GROUP_FILTERS.check(rl.filtering.group_filter, rl.filtering.group_filter_options,
+                            field="rl.filtering.group_filter_options")
+    elif rl.filtering.group_filter_options:
+        raise ValueError(f"rl.filtering.group_filter_options: {sorted(rl.filtering.group_filter_options)} given "
+                         "without rl.filtering.group_filter")
     loss = resolve_loss(rl)
     rewards = parse_rewards(cfg.rewards, on_error=cfg.on_error) if cfg.rewards is not None else None
     return TrainSpecs(estimator, loss, rewards)

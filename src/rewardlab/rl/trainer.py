@@ -5,7 +5,7 @@
     credit = assign_credit(run, batch)             # 2. token rewards (- beta * KL) -> advantages (rl.credit)
     stats = update(run, credit, step)              # 3. epochs x minibatches of the policy loss (rl.update)
     run.engine.publish(run.policy, version=step)   #    the weights step + 1 + lag samples with
-    evals = run.heldout(run.policy)                # 4. held-out accuracy, every rl.eval_every steps
+    evals = run.heldout(run.policy)                # 4. held-out accuracy, every rl.eval.every steps
     log_step(run, progress, batch, credit, stats)  # 5. metrics.jsonl, samples.jsonl (rl.logs)
     save_checkpoint(run, progress, step)           # 6. every save_every steps and at the end
 
@@ -14,7 +14,7 @@
   and budgets, the rollout engine (`rl.engines`, rl.engine local or ray) with the policy's weights published, the
   held-out evaluation; the run directory opened and, on a resume, the newest valid checkpoint restored.
 - `TrainRun` is what is fixed for the run; `Progress` is what changes: the step, the newest checkpoint, the rollouts
-  generated and the batches prefetched (`rl.rollouts.Prefetch`, the one production path: lag rl.max_staleness, 0
+  generated and the batches prefetched (`rl.rollouts.Prefetch`, the one production path: lag rl.ray.max_staleness, 0
   for the synchronous loop), which a checkpoint saves.
 
 A first Ctrl-C (SIGINT) or SIGTERM ends the run after the step it is in, with a checkpoint and the summary
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from rewardlab.config import RLConfig, TrainConfig, dump_config
+from rewardlab.config import RLConfig, TrainConfig, dump_config, renamed_keys
 from rewardlab.envs.sampling import EpisodeSettings, close_env, load_episodes, turn_budget_warning
 from rewardlab.evaluation.heldout import HeldOutEval, heldout_rows
 from rewardlab.interrupt import Interrupted, StopRequest
@@ -81,7 +81,7 @@ class TrainRun:
             None (single completions).
         engine: where rollouts are generated and scored (`rewardlab.rl.engines`, rl.engine); its `version` is the
             last published policy version.
-        heldout: the held-out evaluation (`rewardlab.evaluation.heldout`; never due with rl.eval_every 0).
+        heldout: the held-out evaluation (`rewardlab.evaluation.heldout`; never due with rl.eval.every 0).
     """
 
     cfg: TrainConfig
@@ -122,24 +122,25 @@ class Progress:
 
 def check_task_fits(task: Task, policy: Policy, rl: RLConfig) -> None:
     """The model can read the task (`tasks.check_task_for_policy`) and its prompts fit the context window with
-    rl.max_new_tokens (`tasks.check_prompt_lengths`); prompts that rl.max_prompt_length cuts are counted in one
-    warning. Raises the one-line ValueErrors of those checks."""
+    rl.sampling.max_new_tokens (`tasks.check_prompt_lengths`); prompts that rl.sampling.max_prompt_length cuts are
+    counted in one warning. Raises the one-line ValueErrors of those checks."""
     check_task_for_policy(task, policy)
-    note = check_prompt_lengths(task, policy, max_new_tokens=rl.max_new_tokens, key="rl.max_new_tokens",
-                                max_prompt_length=rl.max_prompt_length, prompt_key="rl.max_prompt_length")
+    note = check_prompt_lengths(task, policy, max_new_tokens=rl.sampling.max_new_tokens,
+                                key="rl.sampling.max_new_tokens", max_prompt_length=rl.sampling.max_prompt_length,
+                                prompt_key="rl.sampling.max_prompt_length")
     if note:
         warn(note)
 
 
 def check_config(cfg: TrainConfig, mode: RunMode) -> TrainSpecs:
     """Everything about `cfg` that can be checked before the task or a model loads: the `rl` section resolved into
-    specs with the parsed `rewards` tree (`rl.specs.resolve_specs`), rl.ray_address answering (engine ray), a local
+    specs with the parsed `rewards` tree (`rl.specs.resolve_specs`), rl.ray.address answering (engine ray), a local
     model path. Raises the one-line ValueError of the first problem."""
     specs = resolve_specs(cfg)
-    if cfg.rl.engine == "ray" and cfg.rl.ray_address is not None:
+    if cfg.rl.engine == "ray" and cfg.rl.ray.address is not None:
         from rewardlab.rl.engines.ray_engine import check_reachable
 
-        check_reachable(cfg.rl.ray_address)  # a cluster nothing answers at, refused before the task and model load
+        check_reachable(cfg.rl.ray.address)  # a cluster nothing answers at, refused before the task and model load
     if cfg.model.path != "tiny" and (mode != "resume" or cfg.rl.beta > 0 or cfg.model.lora is not None):
         # a bad path is refused before the run directory is created (a LoRA run resumes on its base, so needs it)
         check_model_dir(cfg.model.path, adapters=True)
@@ -173,7 +174,7 @@ def open_rundir(cfg: TrainConfig, mode: RunMode, task: Task, episodes: EpisodeSe
     if mode == "resume":  # the newest valid checkpoint, logs rolled back to it; allowed changes to config.yaml
         try:
             return rundir, rundir.resume_training(dump_config(cfg), may_change=RESUME_MAY_CHANGE, steps=rl.steps,
-                                                  steps_key="rl.steps")
+                                                  steps_key="rl.steps", renamed=renamed_keys(type(cfg)))
         except BaseException:
             rundir.close()
             raise
@@ -182,7 +183,7 @@ def open_rundir(cfg: TrainConfig, mode: RunMode, task: Task, episodes: EpisodeSe
         warn(f"rl.prompts_per_step={rl.prompts_per_step} is more than the {len(task.train)} training rows of "
              f"{cfg.task.spec}: every step repeats prompts (each row about "
              f"{rl.prompts_per_step / len(task.train):.1f} times, as more groups of the same prompt)")
-    short = turn_budget_warning(episodes, policy, rl.max_new_tokens, key="rl.max_new_tokens")
+    short = turn_budget_warning(episodes, policy, rl.sampling.max_new_tokens, key="rl.sampling.max_new_tokens")
     if short is not None:  # the environment's own turns would be cut: said once, when the run starts
         warn(short)
     return rundir, None
@@ -237,7 +238,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
     # the environment and the env section's budgets, its keys checked against the environment (and the model's
     # tokenizer, known here unless resuming), the held-out rows and the rollout engine (rl.engine ray: its workers)
     episodes = load_episodes(task, cfg.env, policy)
-    heldout = heldout_rows(task, cfg.rl.eval_every, cfg.rl.eval_n, field="rl.eval_every")
+    heldout = heldout_rows(task, cfg.rl.eval.every, cfg.rl.eval.n, field="rl.eval.every")
     engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads, task=task)
     rundir = None
     try:
@@ -246,15 +247,16 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
         optimizer = make_optimizer(policy.model, cfg.rl.lr, cfg.rl.weight_decay)
         scheduler = make_scheduler(optimizer, warmup_steps=cfg.rl.warmup_steps, total_steps=cfg.rl.steps,
                                    kind=cfg.rl.lr_schedule)
-        sampler = make_curriculum(cfg.rl.curriculum, task.train, seed=cfg.seed, **cfg.rl.curriculum_options)
+        sampler = make_curriculum(cfg.rl.filtering.curriculum, task.train, seed=cfg.seed,
+                                  **cfg.rl.filtering.curriculum_options)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         saved = restore_state(latest, optimizer, scheduler, sampler, critic, reference)
         start = saved.get("step", 0)
         engine.publish(policy, version=start)  # the weights step start + 1 samples with
-        evaluation = HeldOutEval(heldout, task.reward, every=cfg.rl.eval_every, last_step=cfg.rl.steps,
-                                 max_new_tokens=cfg.rl.max_new_tokens, episodes=episodes,
-                                 max_prompt_length=cfg.rl.max_prompt_length)
+        evaluation = HeldOutEval(heldout, task.reward, every=cfg.rl.eval.every, last_step=cfg.rl.steps,
+                                 max_new_tokens=cfg.rl.sampling.max_new_tokens, episodes=episodes,
+                                 max_prompt_length=cfg.rl.sampling.max_prompt_length)
         run = TrainRun(cfg, specs, task, reward, policy, reference, critic, optimizer, scheduler, sampler, rundir,
                        episodes, engine, evaluation)
         progress = Progress(start, start, latest, generated_before(rundir, start),
@@ -353,13 +355,13 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
     are written to config.yaml and logged (`RunDir.resume_training`). With `time_budget_s` (seconds of wall clock
     since the first step began), the run stops after the first step that ends past the budget (or at
     `cfg.rl.steps`) and saves its final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
-    With `rl.eval_every`, the policy is evaluated greedily on held-out questions every that many steps and at the
+    With `rl.eval.every`, the policy is evaluated greedily on held-out questions every that many steps and at the
     last (`rewardlab.evaluation.heldout`; eval/accuracy in metrics.jsonl and plots/train.png). A first Ctrl-C
     (SIGINT) or SIGTERM (main thread only) ends the run after the step it is in: a checkpoint of that step and the
     summary (`interrupted: true`) are written and `Interrupted` is raised; a second one raises KeyboardInterrupt at
     once. After a SIGTERM the process exits within the grace period whatever happens (`rewardlab.interrupt`). The
     SIGINT and SIGTERM handlers in place before the call are restored.
-    With rl.max_staleness = k (engine ray), step s trains on the batch of step s sampled by policy version
+    With rl.ray.max_staleness = k (engine ray), step s trains on the batch of step s sampled by policy version
     max(0, s - 1 - k), generated while the learner runs the steps before it (`rl.rollouts.Prefetch`); checkpoints hold the
     batches prefetched, so a resume stays exact, and the summary's `async` counts every finished rollout as trained,
     filtered or in flight.
@@ -368,12 +370,12 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
         the summary (also written to summary.json); `final_checkpoint` is the last checkpoint this run saved (or
         resumed from).
     Raises:
-        ValueError: unknown algorithm or reward names; an rl.ray_address nothing answers at (engine ray,
+        ValueError: unknown algorithm or reward names; an rl.ray.address nothing answers at (engine ray,
             `ray_engine.check_reachable`, within seconds); a task the model cannot read (`tasks.check_task_for_policy`:
             characters outside its vocabulary, chat rows without a chat template); a prompt that does not fit the
-            model's context window with rl.max_new_tokens, named by its FILE:LINE (`tasks.check_prompt_lengths`;
-            rl.max_prompt_length cuts long prompts instead); RunDirError (a ValueError):
-            `cfg.out` holds a run and `mode` is "new", is in use by another process, "resume" with other
+            model's context window with rl.sampling.max_new_tokens, named by its FILE:LINE
+            (`tasks.check_prompt_lengths`; rl.sampling.max_prompt_length cuts long prompts instead); RunDirError (a
+            ValueError): `cfg.out` holds a run and `mode` is "new", is in use by another process, "resume" with other
             settings, or "resume" finds no valid checkpoint.
         OSError: a checkpoint could not be written (the message names it and the intact previous one).
         Interrupted (a KeyboardInterrupt): stopped by a Ctrl-C or SIGTERM after a step; names the step, its

@@ -104,8 +104,8 @@ def accumulate_policy_gradient(run: Any, credit: Credit, idx: torch.Tensor) -> t
     for part in micro_batches(credit.group[idx], rl.micro_batch_size, ep):
         part = part.to(m.device)
         rows = idx.to(m.device)[part]
-        lp, ent = policy.token_logprobs(credit.packed.select(rows), temperature=rl.temperature, with_entropy=True,
-                                        entropy_grad=rl.entropy_coef > 0)
+        lp, ent = policy.token_logprobs(credit.packed.select(rows), temperature=rl.sampling.temperature,
+                                        with_entropy=True, entropy_grad=rl.entropy_coef > 0)
         per_token, _ = per_token_policy_loss(spec.name, logprobs=lp, old_logprobs=credit.old_logprobs[rows],
                                              advantages=credit.advantages[rows], mask=m[part], agg=spec.agg,
                                              episode=ep[part] if ep is not None else None, **spec.options)

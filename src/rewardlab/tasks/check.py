@@ -160,21 +160,23 @@ def check_prompt_lengths(task: Task, policy: Any, *, max_new_tokens: int, key: s
         task: a loaded task; every row of `task.split("all")` is checked, in file order.
         policy: a `rewardlab.policy.Policy` (`context_window`, `format_prompt`, `encode_prompt`); a policy whose
             context window is unknown (None, or a stand-in without one) is not checked.
-        max_new_tokens: the verb's completion token limit. key: its dotted config name, e.g. "rl.max_new_tokens".
+        max_new_tokens: the verb's completion token limit. key: its dotted config name, e.g.
+            "rl.sampling.max_new_tokens".
         max_prompt_length: the verb's left-truncation length in tokens (TRL's `max_prompt_length`: a longer prompt
             keeps its last max_prompt_length tokens), or None: prompts are never cut. prompt_key: its dotted name.
     Returns:
         None, or, when `max_prompt_length` cuts some prompts, one line for the verb to print as a warning:
-        "rl.max_prompt_length: 1 of 11 rows of task jsonl:data.jsonl have prompts longer than 64 tokens; they are
-        cut from the left to their last 64 tokens (first at data.jsonl:1, 5002 tokens)".
+        "rl.sampling.max_prompt_length: 1 of 11 rows of task jsonl:data.jsonl have prompts longer than 64 tokens; they
+        are cut from the left to their last 64 tokens (first at data.jsonl:1, 5002 tokens)".
     Raises:
         ValueError: one line. Without `max_prompt_length`, naming the first row that does not fit by its
             `PATH:LINE` (`Task.where`; "NAME row I" for a generated task): "data.jsonl:1: a prompt of 5002 tokens +
-            rl.max_new_tokens=4 is more than the model's context window of 256 tokens (1 of 11 rows of task
-            jsonl:data.jsonl); shorten it, lower rl.max_new_tokens, or set rl.max_prompt_length to cut long prompts
-            from the left (at most 252)". With it: "rl.max_prompt_length: 300 + rl.max_new_tokens=4 is more than
-            the model's context window of 256 tokens; ...", and "rl.max_new_tokens: 300 tokens leave no room for a
-            prompt ..." when `max_new_tokens` alone fills the window.
+            rl.sampling.max_new_tokens=4 is more than the model's context window of 256 tokens (1 of 11 rows of task
+            jsonl:data.jsonl); shorten it, lower rl.sampling.max_new_tokens, or set rl.sampling.max_prompt_length to cut
+            long prompts from the left (at most 252)". With it: "rl.sampling.max_prompt_length: 300 +
+            rl.sampling.max_new_tokens=4 is more than the model's context window of 256 tokens; ...", and
+            "rl.sampling.max_new_tokens: 300 tokens leave no room for a prompt ..." when `max_new_tokens` alone fills
+            the window.
     """
     window = getattr(policy, "context_window", None)
     if task.env is not None or not isinstance(window, int) or getattr(policy, "tokenizer", None) is None:

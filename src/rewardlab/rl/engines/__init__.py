@@ -13,7 +13,7 @@
   store once per `publish`.
 
 The engine is a performance switch, never a semantic one: both split a batch into the same chunks (`chunk_spans`,
-`rl.rollout_chunk` rollouts each, whole prompt groups), sample each chunk as one call of
+`rl.sampling.rollout_chunk` rollouts each, whole prompt groups), sample each chunk as one call of
 `rewardlab.envs.sample_rollouts` (every rollout from its own counter-based stream keyed by (seed, step, index in the
 batch, round[, turn]), so a chunk's samples depend on the chunk alone), with the run's `threads`, and score each
 chunk as one call of the reward; results are put back in chunk order. So a seed gives the same rollouts, rewards and
@@ -21,7 +21,7 @@ metrics on either engine and any worker count.
 
 A policy version (`Rollout.policy_version`) counts published weights: `publish(policy, version=s)` after step s's
 update (0 for the initial weights), so a synchronous step s samples with version s - 1. `generate(..., version=v)`
-samples with version v: engine ray keeps the last rl.max_staleness + 1 published versions for batches prefetched
+samples with version v: engine ray keeps the last rl.ray.max_staleness + 1 published versions for batches prefetched
 with older weights (`rewardlab.rl.rollouts.Prefetch`); engine local holds only the current one.
 """
 
@@ -54,7 +54,7 @@ def row_spans(rows: int, n: int, chunk: int | None) -> list[tuple[int, int]]:
         ValueError: `chunk` not a multiple of `n` (a chunk holds whole prompt groups).
     """
     if chunk is not None and chunk % n:
-        raise ValueError(f"rl.rollout_chunk: {chunk} is not a multiple of the {n} samples per prompt")
+        raise ValueError(f"rl.sampling.rollout_chunk: {chunk} is not a multiple of the {n} samples per prompt")
     return chunk_spans(rows, chunk // n if chunk is not None else None)
 
 
@@ -160,8 +160,9 @@ def make_engine(cfg: Any, *, episodes: Any, reward: Any, threads: int, task: Any
             raises.
     """
     rl = cfg.rl
-    settings = SamplingSettings(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
-                                chunk=rl.rollout_chunk, max_prompt_length=rl.max_prompt_length)
+    s = rl.sampling
+    settings = SamplingSettings(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                                chunk=s.rollout_chunk, max_prompt_length=s.max_prompt_length)
     if rl.engine == "local":
         return LocalEngine(settings, episodes=episodes, reward=reward)
     from rewardlab.rl.engines.ray_engine import RayEngine

@@ -1,16 +1,15 @@
 """Engine ray: the trainer's generation and scoring on Ray actors; the learner stays in the driver process.
 
-- `RolloutWorker` (rl.rollout_workers actors, rl.rollout_worker_cpus / _gpus each): a policy replica built from the
-  run's config, and its own environment (`load_episodes`: an environment's tool pools live in the worker's process).
-  Workers build the task, the model and the reward from the config as the driver does (`worker_config`: an
-  environment's file, env:PATH.py:CLASS, travels as its absolute path): `rewardlab` (and any reward or environment a
-  config imports by path) must be importable on every node, and model.path readable there. A single-turn task is not
-  loaded again: the driver sends it without its rows (`worker_task`; rows travel with each chunk), which saves each
-  worker the task's loading (generating a reasoning-gym dataset, reading a file).
-  It loads each published state dict and samples the chunks it is given (`sample_chunk`, the call engine local
-  makes).
-- `RewardWorker` (rl.reward_workers actors, rl.reward_worker_cpus / _gpus each): the run's reward, built from its
-  spec (`build_reward`); it scores the chunks it is given. A failed item is the reward's own RewardOutput error (or
+- `RolloutWorker` (rl.ray.rollout_workers actors, rl.ray.rollout_worker_cpus / _gpus each): a policy replica built from
+  the run's config, and its own environment (`load_episodes`: an environment's tool pools live in the worker's process).
+  Workers build the task, the model and the reward from the config as the driver does (`worker_config`: an environment's
+  file, env:PATH.py:CLASS, travels as its absolute path): `rewardlab` (and any reward or environment a config imports by
+  path) must be importable on every node, and model.path readable there. A single-turn task is not loaded again: the
+  driver sends it without its rows (`worker_task`; rows travel with each chunk), which saves each worker the task's
+  loading (generating a reasoning-gym dataset, reading a file). It loads each published state dict and samples the
+  chunks it is given (`sample_chunk`, the call engine local makes).
+- `RewardWorker` (rl.ray.reward_workers actors, rl.ray.reward_worker_cpus / _gpus each): the run's reward, built from
+  its spec (`build_reward`); it scores the chunks it is given. A failed item is the reward's own RewardOutput error (or
   its exception, with on_error=raise), never a silent 0.
 - `RayEngine.publish` puts the learner's state dict (with model.lora: the adapter's parameters only; each worker
   built the frozen base itself) into the object store once (`ray.put`) and every rollout worker loads that one
@@ -50,7 +49,7 @@ INSTALL_HINT = "pip install rewardlab[ray]"
 #: How many times one chunk may run again after the worker running it died (and how many times in a row a worker
 #: slot may die while it is being rebuilt) before the step fails with one line naming the worker kind and the chunk.
 MAX_RERUNS = 3
-#: Seconds a TCP connection to the head node that rl.ray_address names may take before the run is refused (ray.init
+#: Seconds a TCP connection to the head node that rl.ray.address names may take before the run is refused (ray.init
 #: itself retries an address where nothing answers for minutes, then names the node's own IP instead of it).
 CONNECT_TIMEOUT_S = 10.0
 
@@ -85,13 +84,13 @@ def worker_config(cfg: Any) -> Any:
 def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """Refuse within `timeout_s` seconds a cluster address that nothing answers at, before `ray.init` tries it.
 
-    `address` is rl.ray_address: HOST:PORT, or ray://HOST:PORT (Ray Client), or 'auto' (then $RAY_ADDRESS, when it
+    `address` is rl.ray.address: HOST:PORT, or ray://HOST:PORT (Ray Client), or 'auto' (then $RAY_ADDRESS, when it
     names a HOST:PORT, is checked). One TCP connection to HOST:PORT is opened and closed; an address without a port
     ('auto' without $RAY_ADDRESS: the cluster `ray start` left on this machine, which Ray finds or refuses at once) is
     left to ray.init.
 
     Raises:
-        ValueError: one line naming rl.ray_address, the address given and why nothing answered (refused, timed out
+        ValueError: one line naming rl.ray.address, the address given and why nothing answered (refused, timed out
             after `timeout_s` s, unknown host).
     """
     target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
@@ -102,10 +101,10 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except TimeoutError:
-        raise ValueError(f"rl.ray_address: cannot join {address!r}{via}: nothing answered at {host}:{port} within "
+        raise ValueError(f"rl.ray.address: cannot join {address!r}{via}: nothing answered at {host}:{port} within "
                          f"{timeout_s:g} s; is a Ray cluster running there (ray start --head)?") from None
     except OSError as exc:
-        raise ValueError(f"rl.ray_address: cannot join {address!r}{via}: nothing answers at {host}:{port} "
+        raise ValueError(f"rl.ray.address: cannot join {address!r}{via}: nothing answers at {host}:{port} "
                          f"({exc.strerror or exc}); is a Ray cluster running there (ray start --head)?") from None
 
 
@@ -286,19 +285,19 @@ class RayEngine:
     """Generation on rollout worker actors, scoring on reward worker actors (see the module doc and
     `rewardlab.rl.engines.Engine`).
 
-    Joins the cluster rl.ray_address names (`ray.init(address=...)`), or starts a local one (dashboard per
-    rl.ray_dashboard); a process already connected to Ray (`ray.is_initialized()`) keeps its connection. `close`
+    Joins the cluster rl.ray.address names (`ray.init(address=...)`), or starts a local one (dashboard per
+    rl.ray.dashboard); a process already connected to Ray (`ray.is_initialized()`) keeps its connection. `close`
     kills the actors and disconnects when this engine connected. A worker that dies is replaced and its unreturned
     chunks run again (see the module doc).
 
     Args:
         cfg: the run's `TrainConfig`.
-        settings: the run's sampling settings (rl.rollout_chunk included).
+        settings: the run's sampling settings (rl.sampling.rollout_chunk included).
         threads: the run's torch threads; every worker sets them.
         task: the run's task, loaded by the driver: a single-turn one reaches the workers without its rows
             (`worker_task`) instead of being loaded by each; None: every worker loads cfg.task.
     Raises:
-        ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray_address that cannot be joined
+        ValueError: ray not installed (naming `pip install rewardlab[ray]`); rl.ray.address that cannot be joined
             (nothing answering there is refused within CONNECT_TIMEOUT_S seconds, `check_reachable`);
             a worker that cannot be built (its cause, one line). generate and score: RuntimeError (one line) when a
             chunk's workers died more than MAX_RERUNS times.
@@ -316,7 +315,7 @@ class RayEngine:
         self._loads: list[Any] = []
         self._published: Any = None  # the last published state dict's object-store reference: a new worker loads it
         self._weights: dict[int, Any] = {}  # version -> object-store reference, the last `_keep` published
-        self._keep = rl.max_staleness + 1
+        self._keep = rl.ray.max_staleness + 1
         self._actors: dict[str, tuple[Any, tuple[Any, ...]]] = {}  # kind -> (actor class, constructor arguments)
         self._figures = {"ray/weights_bytes": 0.0, "ray/rollout_s": 0.0, "ray/reward_s": 0.0,
                          "ray/worker_restarts": 0.0, "ray/chunk_reruns": 0.0}
@@ -325,32 +324,32 @@ class RayEngine:
         # the figures), so a replaced worker gets either publish's load call or the newest published weights
         self._lock = threading.Lock()
         if not ray.is_initialized():
-            if rl.ray_address is not None:
-                check_reachable(rl.ray_address)
+            if rl.ray.address is not None:
+                check_reachable(rl.ray.address)
             try:
-                if rl.ray_address is None:
-                    ray.init(include_dashboard=rl.ray_dashboard, logging_level=logging.WARNING)
+                if rl.ray.address is None:
+                    ray.init(include_dashboard=rl.ray.dashboard, logging_level=logging.WARNING)
                 else:
-                    ray.init(address=rl.ray_address, logging_level=logging.WARNING)
+                    ray.init(address=rl.ray.address, logging_level=logging.WARNING)
             except Exception as exc:  # noqa: BLE001 (ConnectionError, ValueError, RuntimeError: all one line)
                 where = "rl.engine: ray: cannot start a local cluster"
-                if rl.ray_address is not None:
-                    where = f"rl.ray_address: cannot join {rl.ray_address!r}"
-                elif rl.ray_dashboard and "dashboard" in str(exc):
-                    where = "rl.ray_dashboard: the dashboard needs ray's full install (pip install 'ray[default]')"
+                if rl.ray.address is not None:
+                    where = f"rl.ray.address: cannot join {rl.ray.address!r}"
+                elif rl.ray.dashboard and "dashboard" in str(exc):
+                    where = "rl.ray.dashboard: the dashboard needs ray's full install (pip install 'ray[default]')"
                 raise ValueError(f"{where}: {_first_line(exc)}") from None
             self._started = True
         try:
-            rollout_actor = ray.remote(RolloutWorker).options(num_cpus=rl.rollout_worker_cpus,
-                                                              num_gpus=rl.rollout_worker_gpus)
-            reward_actor = ray.remote(RewardWorker).options(num_cpus=rl.reward_worker_cpus,
-                                                            num_gpus=rl.reward_worker_gpus)
+            rollout_actor = ray.remote(RolloutWorker).options(num_cpus=rl.ray.rollout_worker_cpus,
+                                                              num_gpus=rl.ray.rollout_worker_gpus)
+            reward_actor = ray.remote(RewardWorker).options(num_cpus=rl.ray.reward_worker_cpus,
+                                                            num_gpus=rl.ray.reward_worker_gpus)
             logs = transformers_logging()  # the workers print what the driver prints (the CLI: no bars)
             sent = worker_task(task)
             self._actors = {"rollout": (rollout_actor, (cfg, settings, threads, logs, sent)),
                             "reward": (reward_actor, (cfg, threads, logs, sent))}
-            self._rollout = [rollout_actor.remote(*self._actors["rollout"][1]) for _ in range(rl.rollout_workers)]
-            self._reward = [reward_actor.remote(*self._actors["reward"][1]) for _ in range(rl.reward_workers)]
+            self._rollout = [rollout_actor.remote(*self._actors["rollout"][1]) for _ in range(rl.ray.rollout_workers)]
+            self._reward = [reward_actor.remote(*self._actors["reward"][1]) for _ in range(rl.ray.reward_workers)]
             _get(ray, [a.start.remote() for a in self._rollout + self._reward], "building the workers")
         except BaseException:
             self.close()
@@ -360,7 +359,7 @@ class RayEngine:
         """Put `policy`'s trained weights (`Policy.trained_weights`: the state dict, or with model.lora the adapter's
         parameters only, the frozen base being every worker's own) into the object store once; every rollout worker
         loads that object before its next chunk (actor calls run in order). The references of the last
-        rl.max_staleness + 1 versions are kept for `generate(..., version=v)` (a batch prefetched with older
+        rl.ray.max_staleness + 1 versions are kept for `generate(..., version=v)` (a batch prefetched with older
         weights). Their bytes (each tensor storage once) are logged as ray/weights_bytes on the step that samples
         with them."""
         import ray
@@ -379,13 +378,14 @@ class RayEngine:
 
     def generate(self, rows: Sequence[dict[str, Any]], *, n: int, stream: tuple[int, int, int],
                  version: int | None = None) -> list[Rollout]:
-        """See `Engine.generate`: chunk i on rollout worker i mod rl.rollout_workers with the weights of `version`
+        """See `Engine.generate`: chunk i on rollout worker i mod rl.ray.rollout_workers with the weights of `version`
         (default: the last published), results in chunk order; a chunk whose worker died runs again, with the same
         version, on its replacement. Safe to call from another thread than `publish`'s (the trainer's prefetch
         thread).
 
         Raises:
-            RuntimeError: `version` is not one of the last rl.max_staleness + 1 published; what `_run_chunks` raises.
+            RuntimeError: `version` is not one of the last rl.ray.max_staleness + 1 published; what `_run_chunks`
+                raises.
         """
         import ray
 
@@ -409,7 +409,7 @@ class RayEngine:
         return out
 
     def score(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
-        """See `Engine.score`: chunk i on reward worker i mod rl.reward_workers, outputs in chunk order; a chunk
+        """See `Engine.score`: chunk i on reward worker i mod rl.ray.reward_workers, outputs in chunk order; a chunk
         whose worker died runs again on its replacement."""
         t0 = time.perf_counter()
         spans = chunk_spans(len(rollouts), self.settings.chunk)
