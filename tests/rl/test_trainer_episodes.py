@@ -8,7 +8,6 @@ import json
 from types import SimpleNamespace
 
 import pytest
-import torch
 from conftest import TINY_ARCH, TINY_OVERRIDES
 
 from rewardlab.config import TrainConfig, load_config

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rewardlab.envs.base import Environment
 from rewardlab.envs.episode import EpisodeSettings, run_episodes
 from rewardlab.types import Rollout
 

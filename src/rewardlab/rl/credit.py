@@ -209,7 +209,8 @@ def environment_turn_rewards(view: CreditView) -> tuple[list[Rollout], dict[str,
 @TURN_REWARD_SOURCES.register("info_gain")
 def info_gain_turn_rewards(view: CreditView) -> tuple[list[Rollout], dict[str, float]]:
     """IGPO: each turn's information gain replaces the environment's turn reward (`rl.info_gain`; Wang et al.,
-    2025, arXiv:2510.14967)."""
+    2025, "Information Gain-based Policy Optimization"): r_k = log p(answer | history after turn k) - log p(answer |
+    history before it) under the current policy."""
     t0 = time.perf_counter()
     gains = info_gain_rewards(view.run.policy, [list(e.rows) for e in view.episodes],
                               batch_size=view.run.cfg.rl.micro_batch_size or 64)
