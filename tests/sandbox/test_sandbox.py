@@ -182,16 +182,26 @@ def test_process_limit_stand_in(isolation):
 
     Under process isolation the limit is the processes its user (uid 65534 for a root caller) runs now plus
     max_processes, counted machine-wide (docs/sandbox.md), so the test first waits until no earlier sandboxed
-    program's children are left: one exiting during the fork loop would free a slot."""
-    if isolation == "process" and os.geteuid() == 0:
-        _quiet(65534)
+    program's children are left: one exiting during the fork loop would free a slot. A sandboxed program that
+    another xdist worker starts during the fork loop takes a slot too (CI once saw 6), so the program may fork
+    fewer than 7 children, never more; the test tries again until one run forks exactly 7 (the limit is not
+    lower than asked), and every run must stay at or under 7 (the limit holds)."""
     source = (
         "import os, time\nkids = 0\nfor _ in range(40):\n    try:\n        pid = os.fork()\n"
         "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n"
         "    kids += 1\nprint(kids)"
     )
-    result = sandbox(isolation, max_processes=8).run(source)
-    assert result.ok and result.stdout == "7\n"
+    forked = []
+    for _ in range(4):
+        if isolation == "process" and os.geteuid() == 0:
+            _quiet(65534)
+        result = sandbox(isolation, max_processes=8).run(source)
+        assert result.ok, result
+        forked.append(int(result.stdout))
+        assert forked[-1] <= 7, forked
+        if forked[-1] == 7:
+            break
+    assert forked[-1] == 7, forked
 
 
 def test_marker_probe_sees_a_running_sandboxed_process():
