@@ -38,11 +38,20 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from rewardlab.rollout_log import STEP_FILES
+
 CHECKPOINT_PREFIX = "step-"
 MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
 LOCK = ".lock"
 ROLLED_BACK = "rolled_back"
+def _step_of(path: Path) -> int | None:
+    """The step of a per-step file (`STEP_FILES`), or None when `path` is not one."""
+    pattern = STEP_FILES.get(path.parent.name)
+    match = pattern.fullmatch(path.name) if pattern is not None else None
+    return int(match.group(1)) if match else None
+
+
 #: Entries that mark a directory as a rewardlab run (any one of them).
 RUN_MARKERS = ("config.yaml", "summary.json", "metrics.jsonl", EVENTS, "checkpoints")
 
@@ -84,14 +93,28 @@ def atomic_write_text(path: Path, text: str) -> None:
     Raises:
         OSError: the write failed (e.g. no space left); `path` then still holds its previous content.
     """
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` writes the file's content to a hidden temp path beside `path`, which is then flushed to disk
+    and renamed onto `path` (and the directory synced): a reader sees the old file or the whole new one.
+
+    Raises:
+        OSError: the write failed (e.g. no space left); `path` then still holds its previous content.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        write(Path(tmp))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise OSError(exc.errno, f"could not write {path} ({exc.strerror or exc}); its previous content is "
@@ -536,6 +559,36 @@ class RunDir:
             self.log_event("rolled_back", log=path.name, bytes=size - keep, lines=tail.count(b"\n"),
                            kept_in=f"{ROLLED_BACK}/{path.name}")
 
+    def write_step_file(self, relative: str, write: Callable[[Path], None]) -> Path:
+        """Write the per-step file `relative` (e.g. "rollouts/step-000012.parquet", a name `STEP_FILES` matches)
+        atomically (`atomic_write`; `write(tmp)` writes the content). Returns its path."""
+        path = self.path / relative
+        if _step_of(path) is None:
+            raise ValueError(f"{relative}: not a per-step file name (runs.STEP_FILES)")
+        atomic_write(path, write)
+        return path
+
+    def rollback_step_files(self, step: int) -> None:
+        """Move every per-step file (`STEP_FILES`) of a step after `step` into rolled_back/<dir>/ (nothing is
+        deleted; one `rolled_back` event per file) and delete the hidden temp files a crash left mid-write, so a
+        run resumed from step `step` writes each later step's file once."""
+        for folder in STEP_FILES:
+            where = self.path / folder
+            if not where.is_dir():
+                continue
+            for path in sorted(where.iterdir()):
+                if path.name.startswith("."):
+                    path.unlink(missing_ok=True)
+                    continue
+                at = _step_of(path)
+                if at is None or at <= step:
+                    continue
+                dest = self.path / ROLLED_BACK / folder / path.name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, dest)
+                self.log_event("rolled_back", log=f"{folder}/{path.name}",
+                               kept_in=f"{ROLLED_BACK}/{folder}/{path.name}")
+
     # --------------------------------------------------------------- checkpoints
     def save_checkpoint(self, step: int, write: Callable[[Path], None], keep: int | None = None) -> Path:
         """Write a checkpoint with `write(tmp_dir)` and rename it to `checkpoints/step-<step>`.
@@ -638,6 +691,7 @@ class RunDir:
             raise RunDirError(f"--resume: {steps_key}={steps} is below step {found[0]}, where {found[1]} already is; "
                               f"resume with {steps_key} >= {found[0]} (a run cannot be shortened past a checkpoint)")
         self.rollback_logs(read_manifest(found[1]).get("logs", {}))
+        self.rollback_step_files(found[0])
         self.log_event("resume_from", checkpoint=found[1].name, step=found[0])
         return found
 
