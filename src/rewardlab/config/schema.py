@@ -302,6 +302,22 @@ class RLLoggingParams(_Base):
     log_samples: int | None = Field(
         None, ge=0, description="rollouts (episodes, for an environment task) per step written to samples.jsonl: the "
         "first N the step generated; null: all of them (an episode's line holds its token ids, which adds up)")
+    log_completions: bool = Field(
+        True, description="write each step's rollouts to rollouts/step-NNNNNN.parquet (every rollout's prompt, "
+        "completion, reward components, advantage, termination, staleness; rewardlab.rollout_log, read by "
+        "`rewardlab view`) and TRL's completions table to completions/completions_NNNNN.parquet (TRL's "
+        "log_completions); false: neither")
+    log_tokens: int | Literal["all"] = Field(
+        8, description="episodes per step (the first N generated) whose tokens are logged in the rollouts file: "
+        "token ids and text, loss mask, behaviour and trained log-probs, ratio, advantage, entropy, the clip that "
+        "was active, the KL term, reasoning steps; 0: none; all: every episode (needs log_completions)")
+
+    @field_validator("log_tokens")
+    @classmethod
+    def _log_tokens(cls, value):
+        if isinstance(value, int) and value < 0:
+            raise ValueError("must be >= 0 or 'all'")
+        return value
 
 
 class RayParams(_Base):

@@ -86,6 +86,8 @@ class Credit:
             that need values), else None.
         metrics: the KL-in-reward metrics (policy/kl_reward, policy/kl_clamped) when rl.kl_in = reward, and the
             turn-reward source's. gen_s, gen_tokens: the generation of inputs such as ReMax's greedy baseline.
+        first_epoch: filled by the update (`rl.update.record_first_epoch`): name -> [N, T], the per-token values the
+            loss used in the first epoch (logprob, entropy, ratio, clip, kl), which the rollout log writes.
     """
 
     rows: list[Rollout]
@@ -104,6 +106,7 @@ class Credit:
     metrics: dict[str, float] = field(default_factory=dict)
     gen_s: float = 0.0
     gen_tokens: int = 0
+    first_epoch: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def reward_tensors(rollouts: list[Rollout], outputs: list[RewardOutput],

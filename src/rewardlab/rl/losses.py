@@ -58,6 +58,8 @@ __all__ = [
     "kl_penalty",
     "kl_clamped",
     "aggregate",
+    "PolicyLossStats",
+    "loss_tokens",
     "LOG_RATIO_BOUND",
     "K3_BOUND",
 ]
@@ -220,7 +222,7 @@ def per_token_policy_loss(name: str, *, logprobs: Tensor, old_logprobs: Tensor, 
     per_token, stats = POLICY_LOSSES[name](logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
                                            mask=mask, **_episode_input(POLICY_LOSSES, name, episode),
                                            **loss_options)
-    return per_token, dict(stats)
+    return per_token, stats
 
 
 def aggregation_weights(mode: str, mask: Tensor, *, episode: Tensor | None = None, **options: Any) -> Tensor:
@@ -364,19 +366,45 @@ def _masked_mean(x: Tensor, m: Tensor) -> float:
     return float((x * m).sum() / m.sum().clamp(min=1))
 
 
+#: Codes of `PolicyLossStats.tokens["clip"]`: which clip of the loss was active on a token.
+CLIP_NONE, CLIP_LOW, CLIP_HIGH, CLIP_DUAL = 0, 1, 2, 3
+
+
+class PolicyLossStats(dict):
+    """A policy loss's statistics (dict[str, float], averaged into the step's metrics) and, in `tokens`, its
+    per-token view: "ratio" [N, T] float32 (the importance ratio the loss used, exp of the clamped log-ratio; for
+    GSPO the sequence ratio on each token) and "clip" [N, T] int8 (`CLIP_NONE`, `CLIP_LOW`, `CLIP_HIGH` or
+    `CLIP_DUAL`: which clip was active on the token, as counted in policy/clip_frac_*; 0 off the mask). The
+    built-in losses return one; a registered loss may return a plain dict (it then has no per-token view)."""
+
+    def __init__(self, stats: dict[str, float], tokens: dict[str, Tensor] | None = None) -> None:
+        super().__init__(stats)
+        self.tokens: dict[str, Tensor] = tokens or {}
+
+
+def loss_tokens(stats: dict[str, float]) -> dict[str, Tensor]:
+    """The per-token view of a policy loss's stats (`PolicyLossStats.tokens`), {} for a loss that gives none."""
+    return getattr(stats, "tokens", {})
+
+
 @torch.no_grad()
-def _stats(ratio: Tensor, log_ratio: Tensor, m: Tensor, low: Tensor, high: Tensor, dual: Tensor) -> dict[str, float]:
+def _stats(ratio: Tensor, log_ratio: Tensor, m: Tensor, low: Tensor, high: Tensor,
+           dual: Tensor) -> PolicyLossStats:
     """Stats over masked tokens; ``low``/``high``/``dual`` are [N, T] bool masks of where each clip is active.
 
     ``log_ratio`` is the clamped one from ``_prepare``: a token at the bound +-20 counts in
-    ``policy/log_ratio_clamped``.
+    ``policy/log_ratio_clamped``. The per-token ratio and clip codes go in the result's ``tokens``.
     """
     on = m > 0
     ratios = ratio.detach()[on]
     has = ratios.numel() > 0
     low, high, dual = low & on, high & on, dual & on
     d = log_ratio.detach()
-    return {
+    clip = torch.zeros(m.shape, dtype=torch.int8, device=m.device)
+    for code, where in ((CLIP_LOW, low), (CLIP_HIGH, high), (CLIP_DUAL, dual)):
+        clip[where] = code
+    tokens = {"ratio": ratio.detach().float() * m, "clip": clip}
+    return PolicyLossStats({
         "policy/clip_frac_low": _masked_mean(low.float(), m),
         "policy/clip_frac_high": _masked_mean(high.float(), m),
         "policy/clip_frac_dual": _masked_mean(dual.float(), m),
@@ -388,7 +416,7 @@ def _stats(ratio: Tensor, log_ratio: Tensor, m: Tensor, low: Tensor, high: Tenso
         "policy/ratio_max": float(ratios.max()) if has else 1.0,
         "policy/ratio_std": float(ratios.std(unbiased=False)) if has else 0.0,
         "policy/log_ratio_clamped": float(((d.abs() >= LOG_RATIO_BOUND) & on).sum()),
-    }
+    }, tokens)
 
 
 def _no_clip(m: Tensor) -> Tensor:

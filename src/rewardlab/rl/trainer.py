@@ -61,7 +61,8 @@ from rewardlab.train_state import load_weights, restore_training_state, rng_stat
 #: Settings a resumed run may change (train longer, checkpoint differently, fit in less memory: the memory switches
 #: change the floats' rounding, not the algorithm); any other change is refused.
 RESUME_MAY_CHANGE = ("rl.steps", "save_every", "keep_checkpoints", "rl.micro_batch_size",
-                     "model.gradient_checkpointing", "model.logprob_chunk_tokens")
+                     "model.gradient_checkpointing", "model.logprob_chunk_tokens", "rl.logging.log_completions",
+                     "rl.logging.log_tokens")
 #: The metrics plotted to plots/train.png at the end of a run.
 PLOTTED = ["reward/mean", "accuracy", "eval/accuracy", "policy/entropy", "rollout/len_mean"]
 

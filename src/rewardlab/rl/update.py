@@ -17,7 +17,7 @@ from rewardlab.policy.batch import micro_batches
 from rewardlab.rl.credit import Credit
 from rewardlab.rl.episodes import episode_minibatches
 from rewardlab.rl.losses import (aggregate, aggregation_weights, compute_policy_loss, kl_clamped, kl_penalty,
-                                 per_token_policy_loss)
+                                 loss_tokens, per_token_policy_loss)
 
 
 def update(run: Any, credit: Credit | None, step: int) -> dict[str, float]:
@@ -34,13 +34,15 @@ def update(run: Any, credit: Credit | None, step: int) -> dict[str, float]:
     sums: dict[str, float] = {}
     updates = 0
     n = len(credit.rows) if credit is not None else 0
-    for _ in range(rl.epochs if n else 0):
+    for epoch in range(rl.epochs if n else 0):
         for idx in episode_minibatches(credit.episode, rl.minibatch_size, n=n):
             run.optimizer.zero_grad(set_to_none=True)
             logprobs, entropy = accumulate_policy_gradient(run, credit, idx)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)
             run.optimizer.step()
-            stats = minibatch_stats(run, credit, idx, logprobs, entropy)
+            stats, tokens = minibatch_stats(run, credit, idx, logprobs, entropy)
+            if epoch == 0:
+                record_first_epoch(credit, idx, tokens)
             stats["policy/grad_norm"] = grad_norm.item()
             if run.critic is not None:
                 ep = credit.episode[idx] if credit.episode is not None else None
@@ -58,27 +60,47 @@ def update(run: Any, credit: Credit | None, step: int) -> dict[str, float]:
 
 @torch.no_grad()
 def minibatch_stats(run: Any, credit: Credit, idx: torch.Tensor, logprobs: torch.Tensor,
-                    entropy: torch.Tensor) -> dict[str, float]:
+                    entropy: torch.Tensor) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """Minibatch `idx`'s loss and statistics, as one pass over it would give them, from its log-probs and entropies
     [n, T] float32: the policy loss's stats, policy/entropy (token mean), policy/loss (with the entropy bonus and the
-    KL in the loss) and, for rl.kl_in = loss, policy/kl and policy/kl_clamped."""
+    KL in the loss) and, for rl.kl_in = loss, policy/kl and policy/kl_clamped.
+
+    Returns:
+        (stats, tokens): tokens are the minibatch's per-token values the loss used, each [n, T]: "logprob",
+        "entropy" (float32), the loss's per-token view (`losses.loss_tokens`: "ratio" float32, "clip" int8) and,
+        when the reference's KL is computed, "kl" (the KL estimator's term, float32).
+    """
     rl, spec = run.cfg.rl, run.specs.loss
     m = credit.loss_mask[idx]
     ep = credit.episode[idx] if credit.episode is not None else None  # an episode counts once
-    loss, stats = compute_policy_loss(spec.name, logprobs=logprobs, old_logprobs=credit.old_logprobs[idx],
-                                      advantages=credit.advantages[idx], mask=m, agg=spec.agg, episode=ep,
-                                      **spec.options)
+    loss, loss_stats = compute_policy_loss(spec.name, logprobs=logprobs, old_logprobs=credit.old_logprobs[idx],
+                                           advantages=credit.advantages[idx], mask=m, agg=spec.agg, episode=ep,
+                                           **spec.options)
+    stats = dict(loss_stats)
+    tokens = {"logprob": logprobs, "entropy": entropy, **loss_tokens(loss_stats)}
     stats["policy/entropy"] = ((entropy * m).sum() / m.sum().clamp(min=1)).item()
     if rl.entropy_coef > 0:
         loss = loss - rl.entropy_coef * aggregate(entropy, m, spec.agg, episode=ep, **spec.agg_options)
     if credit.ref_logprobs is not None and rl.kl_in == "loss":
         ref = credit.ref_logprobs[idx]
-        kl = aggregate(kl_penalty(spec.kl_estimator, logprobs, ref), m, spec.agg, episode=ep, **spec.agg_options)
+        tokens["kl"] = kl_penalty(spec.kl_estimator, logprobs, ref)
+        kl = aggregate(tokens["kl"], m, spec.agg, episode=ep, **spec.agg_options)
         loss = loss + rl.beta * kl
         stats["policy/kl"] = kl.item()
         stats["policy/kl_clamped"] = float(kl_clamped(spec.kl_estimator, logprobs, ref, m))
     stats["policy/loss"] = loss.item()
-    return stats
+    return stats, tokens
+
+
+def record_first_epoch(credit: Credit, idx: torch.Tensor, tokens: dict[str, torch.Tensor]) -> None:
+    """Store minibatch `idx`'s per-token values (`minibatch_stats`'s tokens, [n, T]) at its rows of
+    `credit.first_epoch` ([N, T] each, created on first use): in the first epoch every row is in exactly one
+    minibatch, so after it `credit.first_epoch` holds, for every training row, the values the loss used."""
+    for name, values in tokens.items():
+        if name not in credit.first_epoch:
+            credit.first_epoch[name] = torch.zeros(credit.loss_mask.shape, dtype=values.dtype,
+                                                   device=values.device)
+        credit.first_epoch[name][idx.to(values.device)] = values.detach()
 
 
 def accumulate_policy_gradient(run: Any, credit: Credit, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
