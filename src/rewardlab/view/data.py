@@ -172,6 +172,15 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+def read_summary(run: Run) -> Any:
+    """The run's summary.json (None when missing, unreadable, or a link out of the run)."""
+    try:
+        path = run.confined("summary.json")
+    except ViewError:
+        return None
+    return _read_json(path) if path.is_file() else None
+
+
 def read_config(run: Run) -> dict[str, Any]:
     """The run's config.yaml as a dict ({} when missing or unreadable; YAML read as data only)."""
     try:
@@ -285,7 +294,7 @@ def run_info(run: Run) -> dict[str, Any]:
         return {**info, "verb": None, "task": None, "status": "missing", "steps": None, "logged_steps": 0,
                 "final": {}}
     config = read_config(run)
-    summary = _read_json(run.confined("summary.json")) if (run.path / "summary.json").is_file() else None
+    summary = read_summary(run)
     metrics = read_metrics(run, 0)
     last = metrics["records"][-1] if metrics["records"] else {}
     final = {k: v for k, v in _numeric(last).items() if k != "step" and not k.startswith("time/")}
@@ -346,17 +355,19 @@ def read_metrics(run: Run, since: int = 0) -> dict[str, Any]:
 
 # -------------------------------------------------------------------------------------------------- rollouts
 def step_files(run: Run) -> dict[int, Path]:
-    """{step: its rollouts file} from the file names (no file is opened); {} when the run logs none."""
+    """{step: its rollouts file} from the file names (no file is opened; a symlink is left out, as it may point
+    out of the run); {} when the run logs none."""
     folder = run.path / ROLLOUTS_DIR
+    pattern = STEP_FILES[ROLLOUTS_DIR]
     try:
         if not folder.is_dir():
             return {}
         run.confined(ROLLOUTS_DIR)
-        names = os.listdir(folder)
+        with os.scandir(folder) as entries:
+            return {int(m.group(1)): folder / e.name for e in entries
+                    if not e.is_symlink() and (m := pattern.fullmatch(e.name))}
     except (OSError, ViewError):
         return {}
-    pattern = STEP_FILES[ROLLOUTS_DIR]
-    return {int(m.group(1)): folder / name for name in names if (m := pattern.fullmatch(name))}
 
 
 def _step_path(run: Run, step: int) -> Path:
@@ -691,7 +702,10 @@ def reports(run: Run) -> dict[str, Any]:
     run.check()
     out = []
     for name in REPORTS:
-        path = run.confined(name)
+        try:
+            path = run.confined(name)
+        except ViewError:
+            continue
         if not path.is_file():
             continue
         report = _read_json(path)
@@ -702,13 +716,22 @@ def reports(run: Run) -> dict[str, Any]:
         kind = "search" if "methods" in report and "pass@N" in report else "rm eval"
         tables, charts = (_search_report if kind == "search" else _rm_report)(report)
         out.append({"file": name, "kind": kind, "tables": tables, "charts": charts})
-    summary = _read_json(run.confined("summary.json")) if (run.path / "summary.json").is_file() else None
+    summary = read_summary(run)
     if isinstance(summary, dict):
         out.append({"file": "summary.json", "kind": "summary",
                     "tables": [_table("summary", ["key", "value"], _scalars(summary))], "charts": []})
     plots = sorted(p.relative_to(run.path).as_posix() for pattern in ("*.png", "plots/*.png")
-                   for p in run.path.glob(pattern) if not p.is_symlink())
+                   for p in run.path.glob(pattern) if not p.is_symlink() and _inside(run, p))
     return finite({"run": run.index, "reports": out, "plots": plots})
+
+
+def _inside(run: Run, path: Path) -> bool:
+    """Whether `path` resolves inside the run directory."""
+    try:
+        run.confined(path.relative_to(run.path))
+    except ViewError:
+        return False
+    return True
 
 
 def run_file(run: Run, relative: str) -> tuple[Path, str]:
