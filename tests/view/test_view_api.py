@@ -152,3 +152,26 @@ def test_pages_and_root(client):
     assert client.get("/runs/b/steps/2").status_code == 200  # a run by its name
     js = client.get("/plotly.min.js")
     assert js.status_code == 200 and len(js.content) > 1_000_000
+
+
+def test_final_metrics_come_from_the_last_complete_line_read_from_the_tail(tmp_path):
+    from rewardlab.view.data import find_runs, last_metrics
+
+    run = make_run(tmp_path / "r")
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 4, "loss": 0.25, "pad": "x" * 100}) + "\n" + '{"step": 5, "lo')
+    found = find_runs([run])[0]
+    assert last_metrics(found)["step"] == 4
+    assert last_metrics(found, tail=20)["step"] == 4  # a line longer than the tail: the whole file is read
+    assert TestClient(create_app([run], quiet=True)).get("/api/runs/0").json()["final"]["loss"] == 0.25
+
+
+@pytest.mark.parametrize("sections,verb", [({"rl": {}, "task": {}}, "train"), ({"sft": {}}, "sft"),
+                                           ({"search": {}, "scorer": "x"}, "search"), ({"eval": {}, "scorer": "x"},
+                                                                                       "rm eval"),
+                                           ({"eval": {}, "split": "test"}, "evaluate"), ({"preset": "tools"},
+                                                                                          "quickstart")])
+def test_the_verb_is_told_by_the_config_sections(sections, verb, tmp_path):
+    from rewardlab.view.data import verb_of
+
+    assert verb_of(sections, tmp_path) == verb

@@ -295,8 +295,7 @@ def run_info(run: Run) -> dict[str, Any]:
                 "final": {}}
     config = read_config(run)
     summary = read_summary(run)
-    metrics = read_metrics(run, 0)
-    last = metrics["records"][-1] if metrics["records"] else {}
+    last = last_metrics(run)
     final = {k: v for k, v in _numeric(last).items() if k != "step" and not k.startswith("time/")}
     if not final and isinstance(summary, dict):
         final = {k: v for k, v in _numeric(summary).items() if not k.endswith("_s")}
@@ -351,6 +350,32 @@ def read_metrics(run: Run, since: int = 0) -> dict[str, Any]:
         if isinstance(rec, dict) and isinstance(rec.get("step"), (int, float)):
             records.append(finite(rec))
     return {"records": records, "next": start + end, "reset": reset, "torn": end < len(data)}
+
+
+def last_metrics(run: Run, tail: int = 1 << 16) -> dict[str, Any]:
+    """The last complete line of metrics.jsonl that is a JSON object with a step ({} when none), read from the
+    file's last `tail` bytes (the whole file when a line is longer)."""
+    try:
+        path = run.confined("metrics.jsonl")
+        size = path.stat().st_size
+    except (OSError, ViewError):
+        return {}
+    start = max(0, size - tail)
+    while True:
+        with path.open("rb") as fh:
+            fh.seek(start)
+            data = fh.read(size - start)
+        lines = data[: data.rfind(b"\n") + 1].splitlines()[1 if start else 0:]  # the first may be cut
+        for line in reversed(lines):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), (int, float)):
+                return finite(rec)
+        if start == 0:
+            return {}
+        start = 0
 
 
 # -------------------------------------------------------------------------------------------------- rollouts
