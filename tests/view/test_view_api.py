@@ -174,4 +174,17 @@ def test_final_metrics_come_from_the_last_complete_line_read_from_the_tail(tmp_p
 def test_the_verb_is_told_by_the_config_sections(sections, verb, tmp_path):
     from rewardlab.view.data import verb_of
 
-    assert verb_of(sections, tmp_path) == verb
+    assert verb_of(sections) == verb
+
+
+def test_runs_inside_a_run_are_found_and_each_run_is_listed_once(tmp_path):
+    from rewardlab.view.data import find_runs
+
+    top = make_run(tmp_path / "quickstart", steps=1)
+    make_run(top / "sft", steps=1)
+    make_run(top / "grpo", steps=1)
+    make_run(tmp_path / "other" / "sft", steps=1)
+    runs = find_runs([tmp_path, top, top / "grpo"])
+    assert [(r.name, r.path.relative_to(tmp_path).as_posix()) for r in runs] == [
+        ("other-sft", "other/sft"), ("quickstart", "quickstart"), ("grpo", "quickstart/grpo"),
+        ("quickstart-sft", "quickstart/sft")]

@@ -102,25 +102,31 @@ def holds_run(path: Path) -> bool:
     return any((path / m).exists() for m in RUN_MARKERS)
 
 
+#: Subdirectories of a run that hold its own files, not other runs.
+RUN_FOLDERS = {"checkpoints", "plots", ROLLOUTS_DIR, "completions", "rolled_back"}
+
+
 def _found_below(root: Path) -> list[Path]:
-    """Run directories below `root` (not following symlinks), at most `SEARCH_DEPTH` levels down; a run's own
-    subdirectories (checkpoints, plots) are not searched."""
+    """Run directories below `root` (not following symlinks), at most `SEARCH_DEPTH` levels down. A run's
+    subdirectories are searched too (the quickstart's stages are runs inside its run), but not its own folders
+    (`RUN_FOLDERS`)."""
     found, frontier = [], [root]
     for _ in range(SEARCH_DEPTH):
         nxt = []
         for folder in frontier:
             try:
-                children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink())
+                children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()
+                                  and p.name not in RUN_FOLDERS and not p.name.startswith("."))
             except OSError:
                 continue
-            for child in children:
-                (found if holds_run(child) else nxt).append(child)
+            found += [c for c in children if holds_run(c)]
+            nxt += children
         frontier = nxt
     return sorted(found)
 
 
 def find_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """The runs `paths` give: each path that is a run, else the runs found below it; a path that does not exist or
+    """The runs `paths` give: each path that is a run and the runs found below it; a path that does not exist or
     holds none becomes a `Run` with its `error` set. Names are the directories' base names, or their paths relative
     to the directory given when base names repeat (with `/` as `-`, so that a name is one URL segment)."""
     entries: list[tuple[Path, Path | None, str | None]] = []  # (path, given root, error)
@@ -130,14 +136,16 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
             entries.append((p, None, f"{p}: no such directory"))
         elif not p.is_dir():
             entries.append((p, None, f"{p}: not a directory"))
-        elif holds_run(p):
-            entries.append((p, None, None))
         else:
             below = _found_below(p)
-            if not below:
+            if holds_run(p):
+                entries.append((p, None, None))
+            elif not below:
                 entries.append((p, None, f"{p}: not a rewardlab run (none of {', '.join(RUN_MARKERS)}) and no run "
                                           f"found below it"))
             entries += [(run, p, None) for run in below]
+    seen: set[Path] = set()  # a run given twice, or found below two of the paths, is listed once
+    entries = [e for e in entries if e[2] is not None or not (e[0].resolve() in seen or seen.add(e[0].resolve()))]
     base = [e[0].name or str(e[0]) for e in entries]
     runs = []
     for i, (path, root, error) in enumerate(entries):
@@ -190,7 +198,7 @@ def read_config(run: Run) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def verb_of(config: dict[str, Any], path: Path) -> str:
+def verb_of(config: dict[str, Any]) -> str:
     """The verb that wrote a run, told by its config's sections ("?" when none fits)."""
     keys = set(config)
     rules = [("preset", "quickstart"), ("rl", "train"), ("sft", "sft"), ("search", "search"), ("label", "prm label"),
@@ -300,7 +308,7 @@ def run_info(run: Run) -> dict[str, Any]:
     if not final and isinstance(summary, dict):
         final = {k: v for k, v in _numeric(summary).items() if not k.endswith("_s")}
     task = config.get("task", {}).get("spec") if isinstance(config.get("task"), dict) else config.get("data")
-    return {**info, "verb": verb_of(config, run.path), "task": task, "status": status_of(run, summary),
+    return {**info, "verb": verb_of(config), "task": task, "status": status_of(run, summary),
             "steps": last.get("step"), "logged_steps": len(step_files(run)), "final": final}
 
 
