@@ -441,7 +441,6 @@ class _Cache:
 
 
 _TABLES = _Cache(32)
-_KEYS = _Cache(100_000)
 
 
 def _unreadable(path: Path, exc: BaseException) -> ViewError:
@@ -602,7 +601,7 @@ def group_rollouts(run: Run, step: int, group: int) -> dict[str, Any]:
     try:
         pf = pq.ParquetFile(path)
         names = [n for n in pf.schema_arrow.names if n not in TOKEN_COLUMNS and n not in ("answer", "turns")]
-        table = pq.read_table(path, columns=names)
+        table = pf.read(columns=names, use_threads=False)
     except Exception as exc:  # noqa: BLE001
         raise _unreadable(path, exc) from None
     rows = table.filter(pc.equal(table["group"], group)).to_pylist()
@@ -631,30 +630,97 @@ def _keys_of(path: Path):
     return t["prompt_key"].combine_chunks(), t["group"].combine_chunks()
 
 
+class PromptIndex:
+    """Which (step, group) sampled each prompt key, over all of a run's rollouts files: one Arrow table (step,
+    prompt_key, group) of every logged rollout, searched with one vectorised comparison. Built from the files'
+    two columns, read in parallel, each file once (by size and mtime): a new step adds one file's read."""
+
+    #: Threads reading files (Parquet decoding releases the GIL).
+    WORKERS = 8
+
+    def __init__(self) -> None:
+        self.files: dict[int, tuple[tuple[int, int], Any, Any]] = {}  # step -> ((size, mtime), keys, groups)
+        self.table = None
+        self.skipped: list[int] = []
+        self.lock = threading.Lock()
+
+    def refresh(self, files: dict[int, Path]) -> None:
+        """Read the files that are new or changed since the last refresh; drop the steps that are gone."""
+        import pyarrow as pa
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self.lock:
+            stamps = {}
+            for step, path in files.items():
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                stamps[step] = (st.st_size, st.st_mtime_ns)
+            todo = [s for s, stamp in stamps.items() if s not in self.files or self.files[s][0] != stamp]
+            if not todo and self.table is not None and set(self.files) == set(stamps):
+                return
+
+            def read(step: int):
+                try:
+                    return step, _keys_of(files[step])
+                except (ViewError, OSError):
+                    return step, None
+
+            with ThreadPoolExecutor(self.WORKERS) as pool:
+                for step, got in pool.map(read, todo):
+                    if got is None:
+                        self.files.pop(step, None)
+                    else:
+                        self.files[step] = (stamps[step], *got)
+            for step in set(self.files) - set(stamps):
+                del self.files[step]
+            self.skipped = sorted(set(stamps) - set(self.files))
+            steps = sorted(self.files)
+            self.table = pa.table({
+                "step": pa.array([s for s in steps for _ in range(len(self.files[s][1]))], pa.int64()),
+                "prompt_key": pa.chunked_array([self.files[s][1] for s in steps], pa.string()),
+                "group": pa.chunked_array([self.files[s][2] for s in steps], pa.int32())})
+
+    def find(self, key: str) -> list[tuple[int, int]]:
+        """The (step, group) pairs that sampled `key`, ascending by step (the first group of a step when the key
+        was drawn twice in it)."""
+        import pyarrow.compute as pc
+
+        with self.lock:
+            hits = self.table.filter(pc.equal(self.table["prompt_key"], key))
+        out: dict[int, int] = {}
+        for step, group in zip(hits["step"].to_pylist(), hits["group"].to_pylist()):
+            out.setdefault(step, group)
+        return sorted(out.items())
+
+
+_INDEXES: dict[Path, PromptIndex] = {}
+_INDEXES_LOCK = threading.Lock()
+
+
+def prompt_index(run: Run) -> PromptIndex:
+    """The run's `PromptIndex`, refreshed against its rollouts files."""
+    with _INDEXES_LOCK:
+        index = _INDEXES.setdefault(run.path.resolve(), PromptIndex())
+    index.refresh(step_files(run))
+    return index
+
+
 def prompt_steps(run: Run, key: str, *, offset: int = 0, limit: int = 20) -> dict[str, Any]:
     """`/api/runs/{run}/prompts/{key}`: prompt `key`'s groups at the steps that sampled it, `limit` steps from
-    `offset` (ascending): {"key", "prompt", "steps_total", "steps": [{"step", "group", "rollouts"}]}. The key index
-    reads only the prompt_key and group columns of each file, once per file (cached). Unreadable files are
-    skipped and named in "skipped".
+    `offset` (ascending): {"key", "prompt", "steps_total", "all_steps", "steps": [{"step", "group", "rollouts"}],
+    "skipped" (steps whose file could not be read)}. The key index (`PromptIndex`) reads only the prompt_key and
+    group columns of each file, once per file.
 
     Raises:
         ViewError: 404 the run or prompt is unknown, 400 a bad offset or limit.
     """
-    import pyarrow.compute as pc
-
     run.check()
     if offset < 0 or not 1 <= limit <= 200:
         raise ViewError(f"offset must be >= 0 and limit in 1..200 (got offset={offset}, limit={limit})", 400)
-    hits, skipped = [], []
-    for step, path in sorted(step_files(run).items()):
-        try:
-            keys, groups = _KEYS.get(path, _keys_of)
-        except (ViewError, OSError):
-            skipped.append(step)
-            continue
-        mask = pc.equal(keys, key)
-        if pc.any(mask).as_py():
-            hits.append((step, groups.filter(mask)[0].as_py()))
+    index = prompt_index(run)
+    hits = index.find(key)
     if not hits:
         raise ViewError(f"run {run.name}: no logged step sampled prompt {key!r}", 404)
     steps, prompt = [], None
@@ -663,7 +729,7 @@ def prompt_steps(run: Run, key: str, *, offset: int = 0, limit: int = 20) -> dic
         prompt = prompt or g["prompt"]
         steps.append({"step": step, "group": group, "rollouts": g["rollouts"]})
     return {"key": key, "prompt": prompt, "steps_total": len(hits), "all_steps": [h[0] for h in hits],
-            "offset": offset, "limit": limit, "steps": steps, "skipped": skipped}
+            "offset": offset, "limit": limit, "steps": steps, "skipped": index.skipped}
 
 
 # ---------------------------------------------------------------------------------------------------- reports
