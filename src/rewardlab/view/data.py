@@ -769,24 +769,28 @@ def _search_report(report: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
 
 
 def _rm_report(report: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Tables of a `rewardlab rm eval` report (pairwise, best-of-k, first-error sections, per-subset rows)."""
+    """Tables and charts of a `rewardlab rm eval` report: each section (pairs, best_of_k, first_error) as key/value
+    rows, its per-subset figures (`per_subset.subsets`: {subset: {n, mean}}) as a table and a bar chart."""
     tables, charts = [], []
     for section in ("pairs", "best_of_k", "first_error"):
         data = report.get(section)
         if not isinstance(data, dict):
             continue
-        tables.append(_table(section, ["key", "value"],
-                             _scalars({k: v for k, v in data.items() if k != "per_subset"})))
-        subsets = data.get("per_subset")
+        tables.append(_table(section, ["key", "value"], [r for r in _scalars(data)
+                                                         if not r[0].startswith("per_subset.subsets.")]))
+        per = data.get("per_subset")
+        subsets = per.get("subsets") if isinstance(per, dict) else None
         if isinstance(subsets, dict) and subsets:
-            tables.append(_table(f"{section}: per subset", ["subset", "value"],
-                                 [[k, v if not isinstance(v, dict) else json.dumps(v)] for k, v in subsets.items()]))
-            numeric = {k: v for k, v in subsets.items() if isinstance(v, (int, float))}
-            if numeric:
-                charts.append({"title": f"{section} accuracy per subset", "x_title": "subset", "y_title": "accuracy",
-                               "bar": True, "traces": [{"name": section, "x": list(numeric), "y": list(numeric.values())}]})
-    tables.append(_table("report", ["key", "value"],
-                         _scalars({k: v for k, v in report.items() if k not in ("pairs", "best_of_k", "first_error")})))
+            cols = sorted({k for v in subsets.values() if isinstance(v, dict) for k in v})
+            tables.append(_table(f"{section}: per subset", ["subset", *cols],
+                                 [[name, *((v.get(c) if isinstance(v, dict) else None) for c in cols)]
+                                  for name, v in subsets.items()]))
+            if "mean" in cols:
+                charts.append({"title": f"{section}: mean per subset", "x_title": "subset", "y_title": "mean",
+                               "bar": True, "traces": [{"name": section, "x": list(subsets),
+                                                        "y": [(v or {}).get("mean") for v in subsets.values()]}]})
+    tables.append(_table("report", ["key", "value"], _scalars({k: v for k, v in report.items()
+                                                               if k not in ("pairs", "best_of_k", "first_error")})))
     return tables, charts
 
 
