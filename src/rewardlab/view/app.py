@@ -128,6 +128,10 @@ def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starle
     def check_run(request: Request) -> None:
         run_of(request).check()
 
+    def check_metrics(request: Request) -> None:
+        for key in filter(None, request.query_params.get("runs", "").split(",")):
+            data.get_run(runs, key).check()
+
     async def file_endpoint(request: Request) -> Response:
         try:
             path, media = data.run_file(run_of(request), request.path_params["path"])
@@ -173,7 +177,7 @@ def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starle
     routes = [
         Route("/", root),
         Route("/runs", page("runs.html")),
-        Route("/metrics", page("metrics.html")),
+        Route("/metrics", page("metrics.html", check_metrics)),
         Route("/runs/{run}/metrics", run_metrics_page),
         Route("/runs/{run}/steps", last_step_page),
         Route("/runs/{run}/steps/", last_step_page),
