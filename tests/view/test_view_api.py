@@ -51,6 +51,9 @@ def test_status_running_interrupted_crashed(tmp_path):
     finally:
         os.close(fd)
     assert client.get("/api/runs/0").json()["status"] == "crashed"
+    with open(run / "events.jsonl", "a") as fh:
+        fh.write(json.dumps({"event": "reward_errors", "step": 2, "failed": 9, "rollouts": 16}) + "\n")
+    assert "stopped at step 2: 9 of 16 rollouts" in client.get("/api/runs/0").json()["status_reason"]
     (run / "summary.json").write_text(json.dumps({"interrupted": True}))
     assert client.get("/api/runs/0").json()["status"] == "interrupted"
 
