@@ -130,3 +130,10 @@ def test_pages_of_a_bad_run_step_or_rollout_are_4xx(run):
         r = client.get(url)
         assert 400 <= r.status_code < 500 and 'id="error"' in r.text, url
     assert client.get("/metrics?runs=0").status_code == 200
+
+
+def test_a_foreign_host_header_is_refused_when_asked(run):
+    client = TestClient(create_app([run], quiet=True, allowed_hosts=["127.0.0.1", "localhost"]),
+                        base_url="http://127.0.0.1:8765")
+    assert client.get("/api/runs").status_code == 200
+    assert client.get("/api/runs", headers={"host": "evil.example:8765"}).status_code == 400

@@ -14,6 +14,10 @@ import sys
 HELP = "local web viewer of run directories: runs, metric curves, rollouts token by token, reports (read-only)"
 DEFAULT_PORT = 8765
 DEFAULT_HOST = "127.0.0.1"
+#: Addresses only this machine reaches: served on them, the viewer answers only Host headers naming this machine
+#: (`LOOPBACK_NAMES`), which keeps other web pages from reading it through DNS rebinding.
+LOOPBACK = ("127.0.0.1", "localhost")
+LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,7 +52,8 @@ def main(argv: list[str]) -> int:
     if problem:
         print(f"rewardlab view: error: cannot serve on {args.host}:{args.port} ({problem})", file=sys.stderr)
         return 2
-    app = create_app(args.runs)
+    loopback = args.host in LOOPBACK
+    app = create_app(args.runs, allowed_hosts=LOOPBACK_NAMES if loopback else None)
     shown = [r for r in app.state.runs if not r.error]
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"rewardlab view: {len(shown)} run(s) at http://{host}:{args.port}/  (Ctrl-C to stop)", flush=True)

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -80,9 +82,12 @@ def _prefetch(runs: Sequence[Run]) -> None:
                 pass
 
 
-def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starlette:
+def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False,
+               allowed_hosts: Sequence[str] | None = None) -> Starlette:
     """The viewer's Starlette app over `run_dirs` (each a run directory or a directory to search for runs).
-    A path that is missing or holds no run is listed with its error (and printed to stderr unless `quiet`)."""
+    A path that is missing or holds no run is listed with its error (and printed to stderr unless `quiet`).
+    `allowed_hosts`: the Host headers answered (others get 400, so that a web page cannot reach a viewer bound to
+    127.0.0.1 through DNS rebinding); None answers any."""
     runs = data.find_runs(run_dirs)
     if not quiet:
         for run in runs:
@@ -222,7 +227,8 @@ def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starle
         threading.Thread(target=_prefetch, args=(runs,), name="rewardlab-view-prefetch", daemon=True).start()
         yield
 
+    middleware = [] if allowed_hosts is None else [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed, 500: server_error},
-                    lifespan=lifespan)
+                    lifespan=lifespan, middleware=middleware)
     app.state.runs = runs
     return app
