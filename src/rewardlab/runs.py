@@ -4,13 +4,15 @@ Layout:
     config.yaml         the resolved config
     metrics.jsonl       one JSON object per step, appended and flushed every step
     samples.jsonl       every rollout (step, prompt, completion, reward components, advantage)
+    rollouts/, completions/
+                        train: one Parquet file per step each (rewardlab.rollout_log), written atomically
     events.jsonl        what happened to the directory: start, resume, overwrite, torn-tail repairs, rolled-back
                         log lines, skipped invalid checkpoints, settings a resume changed (config_changed), a stop
                         for reward errors (reward_errors)
     checkpoints/step-K/ HF-format model + tokenizer + trainer_state.pt + manifest.json, written to a temp dir
                         then renamed; manifest.json (sizes and SHA-256 of every file, and the size of each log at
                         that step) is written last, and a checkpoint is verified against it before a resume
-    rolled_back/        log lines written after the checkpoint a run resumed from (kept, not deleted)
+    rolled_back/        log lines and per-step files written after the checkpoint a run resumed from (kept)
     summary.json        final figures, written atomically
     plots/*.png         metric curves
     .lock               held (flock) by the process writing the run
