@@ -11,7 +11,7 @@ the record's other keys).
     trackers.log_completions(1, [{"step": 1, "prompt": "2+3=", "completion": "5", "components": {"exact": 1.0}}])
     trackers.close()
 
-Where each backend writes (docs/viewer.md#trackers):
+Where each backend writes (docs/viewer.md#trackers-report_to):
     tensorboard  RUN_DIR/tensorboard/ event files; scalars by metric name, the completions as the text "completions"
                  (a markdown table per step), the config as the text "config"
     wandb        a W&B run (project $WANDB_PROJECT, default "rewardlab"; its files under $WANDB_DIR, default RUN_DIR,

@@ -554,7 +554,7 @@ class _Reporting(_Base):
         "metrics.jsonl names) and each step's completions as a table (TRL's report_to): tensorboard (event files in "
         "OUT/tensorboard), wandb, trackio, mlflow (a store in OUT/mlflow unless MLFLOW_TRACKING_URI is set); each "
         "needs its pip extra, pip install 'rewardlab[wandb]'. A name, a list, none (default: no tracker) or all "
-        "(every installed one); may change on --resume (docs/viewer.md#trackers)")
+        "(every installed one); may change on --resume (docs/viewer.md#trackers-report_to)")
 
     @field_validator("report_to", mode="before")
     @classmethod
