@@ -290,7 +290,54 @@ def test_mlflow_local_store_holds_the_metrics_and_the_completions_table(tmp_path
     assert client.get_run(state["run_id"]).info.status == "FINISHED"
 
 
+def test_tensorboard_on_resume_drops_the_points_after_the_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard")
+    _log_two_steps(tmp_path / "run", ["tensorboard"])
+    with RunDir.start(tmp_path / "run", mode="resume") as run:  # resumed from step 1: step 2 is logged again
+        run.attach_trackers(open_trackers(["tensorboard"], run.path, run_name="runs/t", config={}, resume_step=1))
+        run.log_metrics(2, {"reward/mean": 0.125})
+    scalars, _ = _tensorboard(tmp_path / "run")
+    assert scalars["reward/mean"] == {1: 0.25, 2: 0.125}
+    assert scalars["time/gen_s"] == {1: 1.5}
+
+
 # ------------------------------------------------------------------------------------------------ end to end
+def _assert_tensorboard_holds_the_metrics(run: RunDir) -> dict:
+    """Every number of every metrics.jsonl line is TensorBoard's scalar of that name at that step; returns the
+    texts."""
+    scalars, texts = _tensorboard(run.path)
+    lines = run.read_metrics()
+    assert lines
+    for line in lines:
+        for key, value in line.items():
+            if key == "step" or isinstance(value, str):
+                continue
+            got = scalars[key][line["step"]]
+            if value is None:  # a non-finite value: null in metrics.jsonl, as it is in TensorBoard
+                assert not math.isfinite(got), key
+            else:
+                assert got == pytest.approx(float(value), rel=1e-6, abs=1e-12), key
+    return texts
+
+
+def test_sft_and_rm_train_report_their_metrics_to_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    from conftest import TINY_OVERRIDES, write_jsonl
+    from rewardlab.cli import main
+
+    task = write_jsonl(tmp_path / "task.jsonl", [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(8)])
+    assert main(["sft", "--no-progress", "--model", "tiny", "--task", f"jsonl:{task}", "--out", str(tmp_path / "sft"),
+                 "sft.steps=3", "sft.batch_size=4", "report_to=tensorboard", *TINY_OVERRIDES]) == 0
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": "x"}
+                                                   for a in range(8)])
+    assert main(["rm", "train", "--no-progress", "--model", "tiny", "--data", str(pairs), "--out",
+                 str(tmp_path / "rm"), "train.epochs=1", "train.batch_size=4", "report_to=[tensorboard]",
+                 *TINY_OVERRIDES]) == 0
+    for name in ("sft", "rm"):
+        texts = _assert_tensorboard_holds_the_metrics(RunDir(tmp_path / name))
+        assert "completions/text_summary" not in texts and "config/text_summary" in texts
+
+
 def test_train_reports_every_metric_and_the_completions_to_tensorboard(tmp_path):
     pytest.importorskip("tensorboard")
     from conftest import TINY_OVERRIDES, write_jsonl
@@ -304,20 +351,35 @@ def test_train_reports_every_metric_and_the_completions_to_tensorboard(tmp_path)
         "report_to=tensorboard"])
     train(cfg, show_progress=False)
     run = RunDir(tmp_path / "run")
-    scalars, texts = _tensorboard(run.path)
-    lines = run.read_metrics()
-    assert [line["step"] for line in lines] == [1, 2]
-    for line in lines:
-        for key, value in line.items():
-            if key == "step" or isinstance(value, str):
-                continue
-            got = scalars[key][line["step"]]
-            if value is None:  # a non-finite value: null in metrics.jsonl, as it is in TensorBoard
-                assert not math.isfinite(got), key
-            else:
-                assert got == pytest.approx(float(value), rel=1e-6, abs=1e-12), key
+    texts = _assert_tensorboard_holds_the_metrics(run)
+    assert [line["step"] for line in run.read_metrics()] == [1, 2]
     samples = run.read_jsonl("samples.jsonl")
     for step in (1, 2):
         table = texts["completions/text_summary"][step]
         assert all(f"| {step} | {s['prompt']} |" in table for s in samples if s["step"] == step)
     assert json.loads((run.path / STATE_FILE).read_text()) == {"tensorboard": {}}
+
+
+def test_quickstart_passes_report_to_to_its_training_stages(tmp_path, monkeypatch):
+    from rewardlab.commands import quickstart
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def stage(kind, result):
+        def run(cfg, **_):
+            seen.append((kind, getattr(cfg, "report_to", None)))
+            if result is None:
+                raise Stop
+            return result
+        return run
+
+    monkeypatch.setattr(quickstart.sft_command, "run", stage("sft", {"final_checkpoint": "ckpt"}))
+    monkeypatch.setattr(quickstart.evaluate_command, "run", stage("evaluate", {"accuracy": 0.0}))
+    monkeypatch.setattr(quickstart.train_command, "run", stage("train", None))
+    cfg = load_config(quickstart.QuickstartConfig, None, [f"out={tmp_path / 'q'}", "report_to=[tensorboard]"])
+    with pytest.raises(Stop):
+        quickstart.run(cfg, show_progress=False)
+    assert seen == [("sft", ["tensorboard"]), ("evaluate", None), ("train", ["tensorboard"])]
