@@ -54,8 +54,9 @@ STATE_FILE = "trackers.json"
 DEFAULT_PROJECT = "rewardlab"
 #: The fixed leading columns of the completions table, in TRL's order (the reward components go before advantage).
 LEADING_COLUMNS = ("step", "prompt", "completion")
-#: Record keys left out of the completions table: an environment episode's per-row token ids, masks and
-#: log-probs (samples.jsonl keeps them for `rewardlab.envs.replay`).
+#: Record keys that are not columns of the completions table: an environment episode's per-row token ids, masks and
+#: log-probs (rows; samples.jsonl keeps them for `rewardlab.envs.replay`), and the reward components, which are a
+#: column each.
 TABLE_SKIPS = ("rows", "components")
 
 #: Tracker backends by name: classes taking (run_dir, run_name=, config=, resume_step=, state=); meta `extra` (the
