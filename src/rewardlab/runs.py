@@ -229,8 +229,9 @@ def _config_diffs(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, 
     return [] if old == new else [(prefix.rstrip("."), old, new)]
 
 
-#: Settings every resume may change (performance only: they change how fast a run goes, not what it computes).
-ALWAYS_MAY_CHANGE = ("threads",)
+#: Settings every resume may change: how fast a run goes (threads) and where its logs are also sent (report_to),
+#: never what it computes.
+ALWAYS_MAY_CHANGE = ("threads", "report_to")
 
 
 def _read_run_config(path: Path, renamed: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -304,6 +305,7 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self._checked_tails: set[str] = set()
         self._lock_fd: int | None = None
+        self._trackers: Any = None
 
     # --------------------------------------------------------------- opening
     @classmethod
@@ -385,7 +387,16 @@ class RunDir:
         _HELD_LOCKS[real] = fd
 
     def close(self) -> None:
-        """Release the directory's lock (also released when the process exits)."""
+        """Close the attached trackers (`attach_trackers`) and release the directory's lock (also released when the
+        process exits). The lock is released even when closing a tracker raises."""
+        trackers, self._trackers = self._trackers, None
+        try:
+            if trackers is not None:
+                trackers.close()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
         if self._lock_fd is None:
             return
         for real, fd in list(_HELD_LOCKS.items()):
@@ -493,13 +504,34 @@ class RunDir:
         """
         self._append(name, records)
 
+    def attach_trackers(self, trackers: Any) -> None:
+        """Send what the run logs from now on to `trackers` too (`rewardlab.trackers.Trackers`, or any object with
+        `log_metrics(step, metrics)`, `log_completions(step, records)` and `close()`): every `log_metrics` line,
+        and the records of each `log_samples` call grouped by their "step" as that step's completions. `close`
+        closes them. A previously attached one is closed first."""
+        if self._trackers is not None and self._trackers is not trackers:
+            self._trackers.close()
+        self._trackers = trackers
+
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Append one line `{"step": step, **metrics}` to metrics.jsonl and flush it to disk."""
+        """Append one line `{"step": step, **metrics}` to metrics.jsonl and flush it to disk; then send it to the
+        attached trackers (`attach_trackers`)."""
         self._append("metrics.jsonl", [{"step": step, **metrics}])
+        if self._trackers is not None:
+            self._trackers.log_metrics(step, metrics)
 
     def log_samples(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Append rollout records to samples.jsonl and flush them to disk."""
+        """Append rollout records to samples.jsonl and flush them to disk; then send each step's records (their
+        "step" field; records without one are not sent) to the attached trackers as its completions."""
+        records = list(records)
         self._append("samples.jsonl", records)
+        if self._trackers is not None:
+            by_step: dict[int, list[Mapping[str, Any]]] = {}
+            for rec in records:
+                if isinstance(rec.get("step"), int):
+                    by_step.setdefault(rec["step"], []).append(rec)
+            for step, group in by_step.items():
+                self._trackers.log_completions(step, group)
 
     def read_jsonl(self, name: str) -> list[dict[str, Any]]:
         """The records of log `name` in order (a torn last line is ignored); [] when the log is missing."""
