@@ -47,6 +47,8 @@ MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
 LOCK = ".lock"
 ROLLED_BACK = "rolled_back"
+
+
 def _step_of(path: Path) -> int | None:
     """The step of a per-step file (`STEP_FILES`), or None when `path` is not one."""
     pattern = STEP_FILES.get(path.parent.name)
