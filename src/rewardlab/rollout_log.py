@@ -104,40 +104,39 @@ def completions_path(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / COMPLETIONS_DIR / f"completions_{step:05d}.parquet"
 
 
+#: Scalar float columns: NaN and +-inf become null (a reward's failure is already its `error`).
+_FLOAT_COLUMNS = ("reward", "advantage")
+_INFINITE = (float("inf"), float("-inf"))
+
+
 def rollouts_table(step: int, records: Sequence[Mapping[str, Any]]):
     """The Arrow table of step `step`'s rollouts file from its records (dicts with the `ROLLOUT_COLUMNS` keys; a
     missing key is null, `components` a dict name -> score that becomes the reward/<name> columns, `answer` and
-    `turns` any JSON value). `index` and `step` are set here.
+    `turns` any JSON value). `index` and `step` are set here; NaN and +-inf scalars are stored as null.
 
     Raises:
         KeyError: a record has a key that is not a column (names it).
     """
     import pyarrow as pa
 
-    components = sorted({c for r in records for c in (r.get("components") or {})})
+    scores = [r.get("components") or {} for r in records]
+    components = sorted({c for comp in scores for c in comp})
     schema = _schema(components)
-    known = set(schema.names) | {"components"}
-    columns: dict[str, list[Any]] = {name: [] for name in schema.names}
-    for i, rec in enumerate(records):
-        unknown = set(rec) - known
-        if unknown:
-            raise KeyError(f"rollout record {i}: unknown column(s) {sorted(unknown)}")
-        values = {**rec, "step": step, "index": i}
-        for c in components:
-            values[f"reward/{c}"] = (rec.get("components") or {}).get(c)
-        for key in ("answer", "turns"):
-            if values.get(key) is not None:
-                values[key] = json.dumps(values[key], default=str)
-        for name in schema.names:
-            columns[name].append(_finite(values.get(name)))
-    return pa.table(columns, schema=schema)
-
-
-def _finite(value: Any) -> Any:
-    """NaN and +-inf scalars as null (a reward's failure is already its `error`)."""
-    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
-        return None
-    return value
+    unknown = set().union(*records) - set(schema.names) - {"components"} if records else set()
+    if unknown:
+        raise KeyError(f"rollout records: unknown column(s) {sorted(unknown)}")
+    columns: dict[str, list[Any]] = {"step": [step] * len(records), "index": list(range(len(records)))}
+    for name in schema.names[2:]:
+        if name.startswith("reward/"):
+            values = [comp.get(name[len("reward/"):]) for comp in scores]
+        else:
+            values = [r.get(name) for r in records]
+        if name in ("answer", "turns"):
+            values = [None if v is None else json.dumps(v, default=str) for v in values]
+        elif name in _FLOAT_COLUMNS or name.startswith("reward/"):
+            values = [None if v is None or v != v or v in _INFINITE else v for v in values]
+        columns[name] = values
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 def completions_table(table):

@@ -4,13 +4,15 @@ Layout:
     config.yaml         the resolved config
     metrics.jsonl       one JSON object per step, appended and flushed every step
     samples.jsonl       every rollout (step, prompt, completion, reward components, advantage)
+    rollouts/, completions/
+                        train: one Parquet file per step each (rewardlab.rollout_log), written atomically
     events.jsonl        what happened to the directory: start, resume, overwrite, torn-tail repairs, rolled-back
                         log lines, skipped invalid checkpoints, settings a resume changed (config_changed), a stop
                         for reward errors (reward_errors)
     checkpoints/step-K/ HF-format model + tokenizer + trainer_state.pt + manifest.json, written to a temp dir
                         then renamed; manifest.json (sizes and SHA-256 of every file, and the size of each log at
                         that step) is written last, and a checkpoint is verified against it before a resume
-    rolled_back/        log lines written after the checkpoint a run resumed from (kept, not deleted)
+    rolled_back/        log lines and per-step files written after the checkpoint a run resumed from (kept)
     summary.json        final figures, written atomically
     plots/*.png         metric curves
     .lock               held (flock) by the process writing the run
@@ -45,6 +47,8 @@ MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
 LOCK = ".lock"
 ROLLED_BACK = "rolled_back"
+
+
 def _step_of(path: Path) -> int | None:
     """The step of a per-step file (`STEP_FILES`), or None when `path` is not one."""
     pattern = STEP_FILES.get(path.parent.name)
@@ -227,8 +231,9 @@ def _config_diffs(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, 
     return [] if old == new else [(prefix.rstrip("."), old, new)]
 
 
-#: Settings every resume may change (performance only: they change how fast a run goes, not what it computes).
-ALWAYS_MAY_CHANGE = ("threads",)
+#: Settings every resume may change: how fast a run goes (threads) and where its logs are also sent (report_to),
+#: never what it computes.
+ALWAYS_MAY_CHANGE = ("threads", "report_to")
 
 
 def _read_run_config(path: Path, renamed: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -302,6 +307,7 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self._checked_tails: set[str] = set()
         self._lock_fd: int | None = None
+        self._trackers: Any = None
 
     # --------------------------------------------------------------- opening
     @classmethod
@@ -383,7 +389,16 @@ class RunDir:
         _HELD_LOCKS[real] = fd
 
     def close(self) -> None:
-        """Release the directory's lock (also released when the process exits)."""
+        """Close the attached trackers (`attach_trackers`) and release the directory's lock (also released when the
+        process exits). The lock is released even when closing a tracker raises."""
+        trackers, self._trackers = self._trackers, None
+        try:
+            if trackers is not None:
+                trackers.close()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
         if self._lock_fd is None:
             return
         for real, fd in list(_HELD_LOCKS.items()):
@@ -491,13 +506,34 @@ class RunDir:
         """
         self._append(name, records)
 
+    def attach_trackers(self, trackers: Any) -> None:
+        """Send what the run logs from now on to `trackers` too (`rewardlab.trackers.Trackers`, or any object with
+        `log_metrics(step, metrics)`, `log_completions(step, records)` and `close()`): every `log_metrics` line,
+        and the records of each `log_samples` call grouped by their "step" as that step's completions. `close`
+        closes them. A previously attached one is closed first."""
+        if self._trackers is not None and self._trackers is not trackers:
+            self._trackers.close()
+        self._trackers = trackers
+
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Append one line `{"step": step, **metrics}` to metrics.jsonl and flush it to disk."""
+        """Append one line `{"step": step, **metrics}` to metrics.jsonl and flush it to disk; then send it to the
+        attached trackers (`attach_trackers`)."""
         self._append("metrics.jsonl", [{"step": step, **metrics}])
+        if self._trackers is not None:
+            self._trackers.log_metrics(step, metrics)
 
     def log_samples(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Append rollout records to samples.jsonl and flush them to disk."""
+        """Append rollout records to samples.jsonl and flush them to disk; then send each step's records (their
+        "step" field; records without one are not sent) to the attached trackers as its completions."""
+        records = list(records)
         self._append("samples.jsonl", records)
+        if self._trackers is not None:
+            by_step: dict[int, list[Mapping[str, Any]]] = {}
+            for rec in records:
+                if isinstance(rec.get("step"), int):
+                    by_step.setdefault(rec["step"], []).append(rec)
+            for step, group in by_step.items():
+                self._trackers.log_completions(step, group)
 
     def read_jsonl(self, name: str) -> list[dict[str, Any]]:
         """The records of log `name` in order (a torn last line is ignored); [] when the log is missing."""

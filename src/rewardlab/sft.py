@@ -32,6 +32,7 @@ from rewardlab.runs import RunDir, warn
 from rewardlab.tasks import Task, check_target_lengths, check_task_for_policy
 from rewardlab.tasks.sampler import RowSampler
 from rewardlab.threads import apply_threads
+from rewardlab.trackers import open_trackers
 from rewardlab.train_state import restore_training_state, rng_state, save_state
 from rewardlab.types import ProgressBar
 
@@ -250,6 +251,8 @@ def train_sft(cfg: SFTConfig, task: Task, policy: Policy, run: RunDir, *, resume
                                                      steps_key="sft.steps")
     else:
         run.write_config(dump_config(cfg))
+    run.attach_trackers(open_trackers(cfg.report_to, run.path, run_name=cfg.out, config=cfg.model_dump(mode="json"),
+                                      resume_step=start_step if resume else None))
     training = _SFTTraining.create(cfg, task, policy, run)
     if checkpoint is not None:
         state = restore_training_state(checkpoint, training.optimizer, training.scheduler, model=policy.model,

@@ -103,9 +103,10 @@ def test_reward_model_training_verbs_keep_their_key_order():
     # config.yaml lists keys in field order; sharing bases must not reorder them.
     for verb in ("rm train", "prm train"):
         assert list(VERB_CONFIGS[verb].model_fields) == ["save_every", "keep_checkpoints", "out", "seed", "threads",
-                                                        "model", "data", "eval_data", "train"]
-    assert list(VERB_CONFIGS["train"].model_fields) == ["model", "task", "out", "seed", "threads",
-                                                       "save_every", "keep_checkpoints", "rl", "env", "rewards", "on_error"]
+                                                        "report_to", "model", "data", "eval_data", "train"]
+    assert list(VERB_CONFIGS["train"].model_fields) == ["model", "task", "out", "seed", "threads", "save_every",
+                                                       "keep_checkpoints", "report_to", "rl", "env", "rewards",
+                                                       "on_error"]
 
 
 def test_verbs_that_only_run_a_policy_refuse_the_training_keys():

@@ -421,6 +421,7 @@ def test_train_runs_grpo_episodes_of_a_saved_hf_chat_model_on_the_calculator(lab
     """`rewardlab train` on `env:calculator` (hermes calls) with the SFT'd model saved as a Hugging Face directory:
     every logged episode replays into rows whose first prompt is the template's rendering of its question with the
     calc tool, whose sampled tokens are exactly the turns, and whose tool calls the metrics count."""
+    from rewardlab import rollout_log
     from rewardlab.config import TrainConfig, load_config
     from rewardlab.rl.trainer import train
 
@@ -446,3 +447,17 @@ def test_train_runs_grpo_episodes_of_a_saved_hf_chat_model_on_the_calculator(lab
         for r in rows:
             assert [k for k, m in enumerate(r.loss_mask) if m] == [i for a, b in r.turns for i in range(a, b)]
         assert record["completion"] == rows[-1].completion and record["termination"] == rows[-1].termination
+    for step in (1, 2):  # the rollouts file: each episode's rows as sampled, its turns with their tool calls
+        by_episode: dict[int, list[dict]] = {}
+        for rec in rollout_log.read_step(tmp_path / "run", step).to_pylist():
+            by_episode.setdefault(rec["episode"], []).append(rec)
+        mine = [r for r in records if r["step"] == step]
+        assert len(by_episode) == len(mine)
+        for (_, logged), record in zip(sorted(by_episode.items()), mine):
+            rows = replay(record)
+            assert [r["token_ids"] for r in logged] == [r.completion_ids for r in rows]
+            assert [r["loss_mask"] for r in logged] == [r.loss_mask for r in rows]
+            turns = [t for r in logged for t in json.loads(r["turns"])]
+            assert [t["tool_calls"] for t in turns] == record["tool_calls"]
+            assert [t["span"] for t in turns] == [list(s) for r in rows for s in r.turns]
+            assert logged[-1]["termination"] == record["termination"]

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import TINY_OVERRIDES, make_rollout, write_jsonl
+from rewardlab import rollout_log
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.rewards import REWARDS, register_reward, reward
 from rewardlab.rl.credit import process_reward_tensors, reward_tensors
@@ -201,6 +202,10 @@ def test_resume_logs_same_metrics_as_uninterrupted_run(tmp_path):
     samples_b = [json.loads(x) for x in (tmp_path / "b" / "samples.jsonl").read_text().splitlines()]
     assert [s["completion"] for s in samples_a if s["step"] == 3] == [s["completion"] for s in samples_b
                                                                       if s["step"] == 3]
+    assert rollout_log.logged_steps(tmp_path / "b") == [1, 2, 3]  # each step's rollouts file once, and the same
+    step_a, step_b = rollout_log.read_step(tmp_path / "a", 3), rollout_log.read_step(tmp_path / "b", 3)
+    for column in ("completion", "advantages", "logprob", "ratio"):
+        assert step_a[column].to_pylist() == step_b[column].to_pylist(), column
 
 
 @pytest.mark.slow

@@ -78,7 +78,8 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
     times: dict[str, float] = {}
     stage = _stager(out, resume, show_progress, times)
 
-    sft = stage("sft", sft_command.run, SFTConfig(model=cfg.model, sft=cfg.sft, out=str(out / "sft"), **common))
+    sft = stage("sft", sft_command.run, SFTConfig(model=cfg.model, sft=cfg.sft, out=str(out / "sft"),
+                                                  report_to=cfg.report_to, **common))
     sft_model = cfg.model.model_copy(update={"path": sft["final_checkpoint"]})
 
     def evaluate(model, name: str) -> dict[str, Any]:
@@ -88,7 +89,8 @@ def _quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_progress:
                      EvaluateConfig(model=model.for_running(), eval=cfg.eval, out=str(out / name), **common))
 
     eval_sft = evaluate(sft_model, "eval_sft")
-    grpo = stage("grpo", train_command.run, TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"), **common))
+    grpo = stage("grpo", train_command.run, TrainConfig(model=sft_model, rl=cfg.rl, out=str(out / "grpo"),
+                                                        report_to=cfg.report_to, **common))
     grpo_model = cfg.model.model_copy(update={"path": grpo["final_checkpoint"]})
     eval_grpo = evaluate(grpo_model, "eval_grpo")
 
@@ -204,7 +206,7 @@ def _tools_quickstart(cfg: QuickstartConfig, top: RunDir, resume: bool, show_pro
     out = top.path
     times: dict[str, float] = {}
     stage = _stager(out, resume, show_progress, times)
-    common = {"seed": cfg.seed, "threads": cfg.threads}
+    common = {"seed": cfg.seed, "threads": cfg.threads, "report_to": cfg.report_to}  # the sft and grpo stages'
     tools_task = {"task": cfg.task, "env": cfg.env, **common}
     plain = {"task": no_tool_task(cfg), **common}
     direct_sft = cfg.sft.model_copy(update={"tool_frac": None})

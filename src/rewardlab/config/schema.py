@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rewardlab.config.loader import move_renamed
+from rewardlab.trackers import TrackerName, check_report_to
 from rewardlab.types import TERMINATIONS, TRUNCATIONS
 
 
@@ -544,6 +545,26 @@ class _Run(_Base):
         "change on --resume")
 
 
+class _Reporting(_Base):
+    """A verb that trains (`train`, `sft`, `quickstart`, `rm train`, `prm train`) may also send its metrics and
+    completions to experiment trackers (`rewardlab.trackers`)."""
+
+    report_to: list[TrackerName] = Field(
+        default_factory=list, description="experiment trackers that also receive the run's metrics (under their "
+        "metrics.jsonl names) and each step's completions as a table (TRL's report_to): tensorboard (event files in "
+        "OUT/tensorboard), wandb, trackio, mlflow (a store in OUT/mlflow unless MLFLOW_TRACKING_URI is set); each "
+        "needs its pip extra, pip install 'rewardlab[wandb]'. A name, a list, none (default: no tracker) or all "
+        "(every installed one); may change on --resume (docs/viewer.md#trackers-report_to)")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _installed_trackers(cls, value: Any) -> list[str]:
+        try:
+            return check_report_to(value)
+        except ValueError as exc:  # the config error names the key itself
+            raise ValueError(str(exc).removeprefix("report_to: ")) from None
+
+
 class _PolicyOnTask(_Base):
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model")
     task: TaskConfig = Field(default_factory=TaskConfig, description="the prompts and their verifier")
@@ -573,7 +594,7 @@ class _Verb(_Run, _PolicyOnTask):
 TRAINING_MODEL_KEYS = ("gradient_checkpointing", "lora")
 
 
-class SFTConfig(_Checkpoints, _Verb):
+class SFTConfig(_Reporting, _Checkpoints, _Verb):
     """`rewardlab sft`: supervised warm start on the task's rows."""
 
     trains: ClassVar[bool] = True
@@ -591,7 +612,7 @@ class SFTConfig(_Checkpoints, _Verb):
         return self
 
 
-class TrainConfig(_Checkpoints, _Verb):
+class TrainConfig(_Reporting, _Checkpoints, _Verb):
     """`rewardlab train`: RL (GRPO family) against the task's verifier or the configured rewards."""
 
     trains: ClassVar[bool] = True
@@ -675,7 +696,7 @@ def _written_over(section: BaseModel, values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class QuickstartConfig(_Run):
+class QuickstartConfig(_Reporting, _Run):
     """tiny model from scratch -> SFT -> GRPO -> evaluate. Defaults are the README's demo settings.
 
     preset "tools" (`rewardlab quickstart --preset tools`): the calculator environment (env:calculator, sums and
@@ -837,7 +858,7 @@ class RMTrainParams(_FitParams):
 
 # `_Run, _Checkpoints` in this order keeps the key order save_every, keep_checkpoints, out, seed, model, ... (see
 # `_Verb`).
-class _RewardModelFit(_Run, _Checkpoints):
+class _RewardModelFit(_Reporting, _Run, _Checkpoints):
     """A verb that fits a reward model (`rm train`, `prm train`): a backbone, training rows and held-out rows."""
 
     model: BackboneConfig = Field(default_factory=BackboneConfig, description="the backbone under the reward head")

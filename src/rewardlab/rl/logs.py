@@ -53,6 +53,7 @@ def sample_records(run: Any, step: int, batch: Any, credit: Credit | None) -> li
     its first sampled token, which `rewardlab.envs.replay` rebuilds) plus step, kept and policy_version.
     """
     first_row = first_rows(batch, credit)
+    first_token = credit.advantages[:, 0].tolist() if credit is not None else []
     records = []
     for i, e in enumerate(batch.episodes[:run.cfg.rl.logging.log_samples]):
         r, o = e.last, e.output
@@ -60,7 +61,7 @@ def sample_records(run: Any, step: int, batch: Any, credit: Credit | None) -> li
             records.append({
                 "step": step, "group": r.group, "prompt": r.row.get("prompt", r.prompt), "completion": r.completion,
                 "answer": r.row.get("answer"), "reward": o.score, "components": o.components, "error": o.error,
-                "advantage": credit.advantages[first_row[i], 0].item() if i in first_row else None,
+                "advantage": first_token[first_row[i]] if i in first_row else None,
                 "kept": i in first_row, "truncated": r.truncated, "policy_version": r.policy_version,
                 **({"step_scores": o.step_scores} if o.step_scores is not None else {})})
             continue
@@ -81,12 +82,10 @@ def _tokens_logged(run: Any, n_episodes: int) -> int:
     return n_episodes if logging.log_tokens == "all" else min(int(logging.log_tokens), n_episodes)
 
 
-def _turns(row: Any, decode: Any, advantages: Any) -> list[dict[str, Any]] | None:
+def _turns(row: Any, decode: Any, advantages: list[float] | None) -> list[dict[str, Any]]:
     """The `turns` column of an episode's row: per model turn its span, the environment's reward, the advantage on
     its first sampled token (None when not trained on), its tool calls, and the text inserted after it (the tool
     results and the next observation, up to the next turn)."""
-    if row.episode_id is None and not row.tool_calls:
-        return None
     out = []
     for k, (a, b) in enumerate(row.turns):
         end = row.turns[k + 1][0] if k + 1 < len(row.turns) else len(row.completion_ids)
@@ -129,21 +128,28 @@ def rollout_records(run: Any, step: int, batch: Any, credit: Credit | None) -> l
     first_row = first_rows(batch, credit)
     tokens_for = _tokens_logged(run, len(batch.episodes))
     decode = run.policy.tokenizer.decode
+    mean_adv: list[float] = []
+    if credit is not None:  # each row's mean advantage over its sampled tokens, for every row at once
+        mean_adv = ((credit.advantages * credit.sampled).sum(1) / credit.sampled.sum(1).clamp(min=1)).tolist()
+    keys: dict[str, str] = {}
     records = []
     for i, e in enumerate(batch.episodes):
         o, last = e.output, e.last
         for k, row in enumerate(e.rows):
             at = first_row[i] + k if i in first_row else None
-            adv = credit.advantages[at, :len(row.completion_ids)] if at is not None else None
-            sampled = [t for t, m in enumerate(row.loss_mask) if m]
             version = row.policy_version
-            rec = {"episode": i, "row": k, "group": row.group, "prompt_key": prompt_key(row.row, row.prompt),
+            if row.prompt not in keys:
+                keys[row.prompt] = prompt_key(row.row, row.prompt)
+            rec = {"episode": i, "row": k, "group": row.group, "prompt_key": keys[row.prompt],
                    "prompt": row.prompt, "completion": row.completion, "answer": row.row.get("answer"),
-                   "reward": o.score, "components": dict(o.components), "error": o.error,
-                   "advantage": float(adv[sampled].mean()) if adv is not None and sampled else None,
+                   "reward": o.score, "components": o.components, "error": o.error,
+                   "advantage": mean_adv[at] if at is not None else None,
                    "truncated": last.truncated, "kept": at is not None, "termination": last.termination,
                    "policy_version": version, "staleness": step - 1 - version if version is not None else None,
-                   "num_tokens": len(row.completion_ids), "turns": _turns(row, decode, adv)}
+                   "num_tokens": len(row.completion_ids)}
+            if row.episode_id is not None or row.tool_calls:
+                adv = credit.advantages[at, :len(row.completion_ids)].tolist() if at is not None else None
+                rec["turns"] = _turns(row, decode, adv)
             if i < tokens_for:
                 rec.update(_token_columns(row, o, credit, at, decode))
             records.append(rec)

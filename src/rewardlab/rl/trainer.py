@@ -56,6 +56,7 @@ from rewardlab.rl.update import update
 from rewardlab.runs import RunDir, RunMode, warn
 from rewardlab.tasks import Task, check_prompt_lengths, check_task_for_policy, describe_task, load as load_task
 from rewardlab.threads import apply_threads, freeze_heap
+from rewardlab.trackers import open_trackers
 from rewardlab.train_state import load_weights, restore_training_state, rng_state, save_state
 
 #: Settings a resumed run may change (train longer, checkpoint differently, fit in less memory: the memory switches
@@ -244,6 +245,9 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
     rundir = None
     try:
         rundir, latest = open_rundir(cfg, mode, task, episodes, policy)
+        rundir.attach_trackers(open_trackers(cfg.report_to, rundir.path, run_name=cfg.out,
+                                             config=cfg.model_dump(mode="json"),
+                                             resume_step=latest[0] if latest is not None else None))
         policy, reference, critic = build_models(cfg, specs, task, policy, latest)
         optimizer = make_optimizer(policy.model, cfg.rl.lr, cfg.rl.weight_decay)
         scheduler = make_scheduler(optimizer, warmup_steps=cfg.rl.warmup_steps, total_steps=cfg.rl.steps,

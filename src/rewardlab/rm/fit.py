@@ -19,6 +19,7 @@ from rewardlab.config import dump_config
 from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.progress import stage
 from rewardlab.runs import RunDir, RunMode
+from rewardlab.trackers import open_trackers
 from rewardlab.train_state import restore_training_state, rng_state, save_state
 
 #: Settings a resumed reward-model run may change (checkpointing, and the micro-batch, which changes the floats'
@@ -42,6 +43,8 @@ def open_fit_run(cfg: Any, *, mode: RunMode) -> Iterator[tuple[RunDir, int, Path
     with RunDir.start(cfg.out, mode=mode) as run:
         run.record_config(dump_config(cfg), resume=mode == "resume", may_change=RESUME_MAY_CHANGE)
         start_step, checkpoint = run.resume_checkpoint() if mode == "resume" else (0, None)
+        run.attach_trackers(open_trackers(cfg.report_to, run.path, run_name=cfg.out, config=cfg.model_dump(mode="json"),
+                                          resume_step=start_step if mode == "resume" else None))
         torch.manual_seed(cfg.seed)
         yield run, start_step, checkpoint, random.Random(cfg.seed)
 
