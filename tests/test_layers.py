@@ -15,8 +15,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rewardlab"
 VERB_ONLY = ("rewardlab.config", "rewardlab.runs", "rewardlab.progress", "rich")
 #: The training loops: they write run directories (config.yaml, metrics, checkpoints) as they go.
 TRAINING_LOOPS = {"rl/trainer.py", "rm/fit.py", "sft.py"}
-#: The verb layer itself and the modules it is built from.
-TOP = ("commands/", "cli.py", "config/", "runs.py", "progress.py")
+#: The verb layer itself and the modules it is built from; view/ (`rewardlab view`) reads run directories as the
+#: verbs do (rewardlab.runs' markers, lock and event log names), read-only.
+TOP = ("commands/", "cli.py", "config/", "runs.py", "progress.py", "view/")
 
 
 def _type_checking(node: ast.AST) -> bool:
@@ -131,7 +132,7 @@ def test_importing_tasks_loads_neither_envs_nor_rewards_yet_env_tasks_and_reward
 #: The layers, top to bottom: a module may import only modules of its own layer or of layers below it
 #: (docs/layout.md draws this order; `config`, `runs` and `progress` sit beside the verbs and the training loops,
 #: which `test_library_modules_import_no_verb_layer` checks).
-LAYERS = ("cli", "commands", "integrations", "rl", "sft", "rm", "search", "evaluation", "envs", "rewards", "sandbox",
+LAYERS = ("cli", "commands", "view", "integrations", "rl", "sft", "rm", "search", "evaluation", "envs", "rewards", "sandbox",
           "train_state", "policy", "tasks", "runs", "rollout_log", "config", "progress", "interrupt", "optim", "modeldir", "threads",
           "lifetime", "registry", "types")
 

@@ -5,7 +5,8 @@ The verbs, their config classes, runners and shortcut flags are one table, `rewa
 config keys (`rl.lr=1e-4`); a verb's shortcut flags (`--model`, `--task`, `--data`, ...) are spelled-out overrides
 (`model.path=`, `task.spec=`, `data=`). Every verb writes a run directory (`--out`) and refuses one that already
 holds a run unless given `--resume` (continue it) or `--overwrite` (delete it first). Errors print one line and exit
-with status 2.
+with status 2. `rewardlab view RUN_DIR ...` (the local web viewer, `rewardlab.commands.view`) takes run directories
+instead of a config.
 
 Signals: during `train` and `sft` (and the quickstart's stages) a first Ctrl-C or SIGTERM finishes the step, writes a
 checkpoint, prints the `--resume` command and exits with 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once.
@@ -70,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rewardlab", description="Reward-guided policy optimization of LMs.",
                                      epilog=SIGNALS_HELP)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    from rewardlab.commands.view import HELP as VIEW_HELP
+
     groups: dict[str, argparse._SubParsersAction] = {}
     for verb, command in COMMANDS.items():
         group, _, action = verb.partition(" ")
@@ -80,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
             g = sub.add_parser(group, help=GROUPS[group], description=GROUPS[group])
             groups[group] = g.add_subparsers(dest="action", required=True, metavar="ACTION")
         _add_verb(groups[group], action, command)
+    sub.add_parser("view", help=VIEW_HELP, add_help=False)  # no config: `rewardlab.commands.view.main` parses it
     return parser
 
 
@@ -124,6 +128,11 @@ def _load(cls, path: str | None, overrides: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["view"]:  # the viewer takes run directories, not a config
+        from rewardlab.commands.view import main as view
+
+        return view(words[1:])
     verb, args, overrides = parse(argv)
     command = COMMANDS[verb]
     if args.resume and args.overwrite:
