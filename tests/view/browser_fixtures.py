@@ -31,8 +31,9 @@ ENABLE = "apt-get install chromium; pip install playwright"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]
-#: The text of the completion injected into the `xss` run: the page must show it as text and never run it.
-XSS = "<script>window.__xss=1</script>"
+#: The text of the completion injected into the `xss` run (and of some train prompts): the page must show it as text
+#: and never run it (a script element, and an image whose failed load would run code where HTML is parsed).
+XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
 #: The tiny architecture of tests/conftest.py, as config overrides (the CLI processes do not import conftest).
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.num_attention_heads=2",
         "model.tiny.intermediate_size=64"]
