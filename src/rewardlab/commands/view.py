@@ -44,22 +44,39 @@ def main(argv: list[str]) -> int:
 
     from rewardlab.view import create_app
 
+    problem = _bind_problem(args.host, args.port)
+    if problem:
+        print(f"rewardlab view: error: cannot serve on {args.host}:{args.port} ({problem})", file=sys.stderr)
+        return 2
     app = create_app(args.runs)
-    runs = app.state.runs
-    shown = [r for r in runs if not r.error]
+    shown = [r for r in app.state.runs if not r.error]
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"rewardlab view: {len(shown)} run(s) at http://{host}:{args.port}/  (Ctrl-C to stop)", flush=True)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           access_log=False))
     try:
         server.run()
     except KeyboardInterrupt:
         return 0
-    except OSError as exc:  # the port is in use, the address cannot be bound
-        print(f"rewardlab view: error: cannot serve on {args.host}:{args.port} ({exc.strerror or exc})",
-              file=sys.stderr)
-        return 2
-    if not server.started:  # uvicorn logs a bind failure and returns
-        print(f"rewardlab view: error: cannot serve on {args.host}:{args.port} (in use?)", file=sys.stderr)
+    except SystemExit:  # uvicorn exits when it cannot bind (a race with another process)
+        print(f"rewardlab view: error: cannot serve on {args.host}:{args.port}", file=sys.stderr)
         return 2
     return 0
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why `host`:`port` cannot be bound (in use, no such address), or None when it can."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None

@@ -10,8 +10,10 @@ JSON 500, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,16 @@ def _int(request: Request, name: str, default: int | None = None) -> int:
         return int(raw)
     except ValueError:
         raise ViewError(f"{name} must be an integer, not {raw!r}", 400) from None
+
+
+def _prefetch(runs: Sequence[Run]) -> None:
+    """Build each readable run's prompt index (`data.prompt_index`); a run that fails is left for its request."""
+    for run in runs:
+        if not run.error:
+            try:
+                data.prompt_index(run)
+            except Exception:  # noqa: BLE001 - the request that needs it reports the problem
+                pass
 
 
 def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starlette:
@@ -196,6 +208,13 @@ def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starle
     async def server_error(request: Request, exc: Exception) -> Response:
         return _error(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500)
 
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed, 500: server_error})
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        """When served: build the runs' prompt indexes in a background thread, so the first prompt page is fast."""
+        threading.Thread(target=_prefetch, args=(runs,), name="rewardlab-view-prefetch", daemon=True).start()
+        yield
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed, 500: server_error},
+                    lifespan=lifespan)
     app.state.runs = runs
     return app

@@ -102,25 +102,31 @@ def holds_run(path: Path) -> bool:
     return any((path / m).exists() for m in RUN_MARKERS)
 
 
+#: Subdirectories of a run that hold its own files, not other runs.
+RUN_FOLDERS = {"checkpoints", "plots", ROLLOUTS_DIR, "completions", "rolled_back"}
+
+
 def _found_below(root: Path) -> list[Path]:
-    """Run directories below `root` (not following symlinks), at most `SEARCH_DEPTH` levels down; a run's own
-    subdirectories (checkpoints, plots) are not searched."""
+    """Run directories below `root` (not following symlinks), at most `SEARCH_DEPTH` levels down. A run's
+    subdirectories are searched too (the quickstart's stages are runs inside its run), but not its own folders
+    (`RUN_FOLDERS`)."""
     found, frontier = [], [root]
     for _ in range(SEARCH_DEPTH):
         nxt = []
         for folder in frontier:
             try:
-                children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink())
+                children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()
+                                  and p.name not in RUN_FOLDERS and not p.name.startswith("."))
             except OSError:
                 continue
-            for child in children:
-                (found if holds_run(child) else nxt).append(child)
+            found += [c for c in children if holds_run(c)]
+            nxt += children
         frontier = nxt
     return sorted(found)
 
 
 def find_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """The runs `paths` give: each path that is a run, else the runs found below it; a path that does not exist or
+    """The runs `paths` give: each path that is a run and the runs found below it; a path that does not exist or
     holds none becomes a `Run` with its `error` set. Names are the directories' base names, or their paths relative
     to the directory given when base names repeat (with `/` as `-`, so that a name is one URL segment)."""
     entries: list[tuple[Path, Path | None, str | None]] = []  # (path, given root, error)
@@ -130,14 +136,16 @@ def find_runs(paths: Sequence[str | Path]) -> list[Run]:
             entries.append((p, None, f"{p}: no such directory"))
         elif not p.is_dir():
             entries.append((p, None, f"{p}: not a directory"))
-        elif holds_run(p):
-            entries.append((p, None, None))
         else:
             below = _found_below(p)
-            if not below:
+            if holds_run(p):
+                entries.append((p, None, None))
+            elif not below:
                 entries.append((p, None, f"{p}: not a rewardlab run (none of {', '.join(RUN_MARKERS)}) and no run "
                                           f"found below it"))
             entries += [(run, p, None) for run in below]
+    seen: set[Path] = set()  # a run given twice, or found below two of the paths, is listed once
+    entries = [e for e in entries if e[2] is not None or not (e[0].resolve() in seen or seen.add(e[0].resolve()))]
     base = [e[0].name or str(e[0]) for e in entries]
     runs = []
     for i, (path, root, error) in enumerate(entries):
@@ -172,6 +180,15 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+def read_summary(run: Run) -> Any:
+    """The run's summary.json (None when missing, unreadable, or a link out of the run)."""
+    try:
+        path = run.confined("summary.json")
+    except ViewError:
+        return None
+    return _read_json(path) if path.is_file() else None
+
+
 def read_config(run: Run) -> dict[str, Any]:
     """The run's config.yaml as a dict ({} when missing or unreadable; YAML read as data only)."""
     try:
@@ -181,7 +198,7 @@ def read_config(run: Run) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def verb_of(config: dict[str, Any], path: Path) -> str:
+def verb_of(config: dict[str, Any]) -> str:
     """The verb that wrote a run, told by its config's sections ("?" when none fits)."""
     keys = set(config)
     rules = [("preset", "quickstart"), ("rl", "train"), ("sft", "sft"), ("search", "search"), ("label", "prm label"),
@@ -285,14 +302,13 @@ def run_info(run: Run) -> dict[str, Any]:
         return {**info, "verb": None, "task": None, "status": "missing", "steps": None, "logged_steps": 0,
                 "final": {}}
     config = read_config(run)
-    summary = _read_json(run.confined("summary.json")) if (run.path / "summary.json").is_file() else None
-    metrics = read_metrics(run, 0)
-    last = metrics["records"][-1] if metrics["records"] else {}
+    summary = read_summary(run)
+    last = last_metrics(run)
     final = {k: v for k, v in _numeric(last).items() if k != "step" and not k.startswith("time/")}
     if not final and isinstance(summary, dict):
         final = {k: v for k, v in _numeric(summary).items() if not k.endswith("_s")}
     task = config.get("task", {}).get("spec") if isinstance(config.get("task"), dict) else config.get("data")
-    return {**info, "verb": verb_of(config, run.path), "task": task, "status": status_of(run, summary),
+    return {**info, "verb": verb_of(config), "task": task, "status": status_of(run, summary),
             "steps": last.get("step"), "logged_steps": len(step_files(run)), "final": final}
 
 
@@ -344,19 +360,47 @@ def read_metrics(run: Run, since: int = 0) -> dict[str, Any]:
     return {"records": records, "next": start + end, "reset": reset, "torn": end < len(data)}
 
 
+def last_metrics(run: Run, tail: int = 1 << 16) -> dict[str, Any]:
+    """The last complete line of metrics.jsonl that is a JSON object with a step ({} when none), read from the
+    file's last `tail` bytes (the whole file when a line is longer)."""
+    try:
+        path = run.confined("metrics.jsonl")
+        size = path.stat().st_size
+    except (OSError, ViewError):
+        return {}
+    start = max(0, size - tail)
+    while True:
+        with path.open("rb") as fh:
+            fh.seek(start)
+            data = fh.read(size - start)
+        lines = data[: data.rfind(b"\n") + 1].splitlines()[1 if start else 0:]  # the first may be cut
+        for line in reversed(lines):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), (int, float)):
+                return finite(rec)
+        if start == 0:
+            return {}
+        start = 0
+
+
 # -------------------------------------------------------------------------------------------------- rollouts
 def step_files(run: Run) -> dict[int, Path]:
-    """{step: its rollouts file} from the file names (no file is opened); {} when the run logs none."""
+    """{step: its rollouts file} from the file names (no file is opened; a symlink is left out, as it may point
+    out of the run); {} when the run logs none."""
     folder = run.path / ROLLOUTS_DIR
+    pattern = STEP_FILES[ROLLOUTS_DIR]
     try:
         if not folder.is_dir():
             return {}
         run.confined(ROLLOUTS_DIR)
-        names = os.listdir(folder)
+        with os.scandir(folder) as entries:
+            return {int(m.group(1)): folder / e.name for e in entries
+                    if not e.is_symlink() and (m := pattern.fullmatch(e.name))}
     except (OSError, ViewError):
         return {}
-    pattern = STEP_FILES[ROLLOUTS_DIR]
-    return {int(m.group(1)): folder / name for name in names if (m := pattern.fullmatch(name))}
 
 
 def _step_path(run: Run, step: int) -> Path:
@@ -397,7 +441,6 @@ class _Cache:
 
 
 _TABLES = _Cache(32)
-_KEYS = _Cache(100_000)
 
 
 def _unreadable(path: Path, exc: BaseException) -> ViewError:
@@ -558,7 +601,7 @@ def group_rollouts(run: Run, step: int, group: int) -> dict[str, Any]:
     try:
         pf = pq.ParquetFile(path)
         names = [n for n in pf.schema_arrow.names if n not in TOKEN_COLUMNS and n not in ("answer", "turns")]
-        table = pq.read_table(path, columns=names)
+        table = pf.read(columns=names, use_threads=False)
     except Exception as exc:  # noqa: BLE001
         raise _unreadable(path, exc) from None
     rows = table.filter(pc.equal(table["group"], group)).to_pylist()
@@ -580,37 +623,104 @@ def _keys_of(path: Path):
     """A step file's (prompt_key, group) columns as Arrow arrays."""
     import pyarrow.parquet as pq
 
-    try:
-        t = pq.read_table(path, columns=["prompt_key", "group"])
+    try:  # one file's two columns, on this thread: ~1 ms a file (read_table's thread pool costs more than it gives)
+        t = pq.ParquetFile(path).read(columns=["prompt_key", "group"], use_threads=False)
     except Exception as exc:  # noqa: BLE001
         raise _unreadable(path, exc) from None
     return t["prompt_key"].combine_chunks(), t["group"].combine_chunks()
 
 
+class PromptIndex:
+    """Which (step, group) sampled each prompt key, over all of a run's rollouts files: one Arrow table (step,
+    prompt_key, group) of every logged rollout, searched with one vectorised comparison. Built from the files'
+    two columns, read in parallel, each file once (by size and mtime): a new step adds one file's read."""
+
+    #: Threads reading files (Parquet decoding releases the GIL).
+    WORKERS = 8
+
+    def __init__(self) -> None:
+        self.files: dict[int, tuple[tuple[int, int], Any, Any]] = {}  # step -> ((size, mtime), keys, groups)
+        self.table = None
+        self.skipped: list[int] = []
+        self.lock = threading.Lock()
+
+    def refresh(self, files: dict[int, Path]) -> None:
+        """Read the files that are new or changed since the last refresh; drop the steps that are gone."""
+        import pyarrow as pa
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self.lock:
+            stamps = {}
+            for step, path in files.items():
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                stamps[step] = (st.st_size, st.st_mtime_ns)
+            todo = [s for s, stamp in stamps.items() if s not in self.files or self.files[s][0] != stamp]
+            if not todo and self.table is not None and set(self.files) == set(stamps):
+                return
+
+            def read(step: int):
+                try:
+                    return step, _keys_of(files[step])
+                except (ViewError, OSError):
+                    return step, None
+
+            with ThreadPoolExecutor(self.WORKERS) as pool:
+                for step, got in pool.map(read, todo):
+                    if got is None:
+                        self.files.pop(step, None)
+                    else:
+                        self.files[step] = (stamps[step], *got)
+            for step in set(self.files) - set(stamps):
+                del self.files[step]
+            self.skipped = sorted(set(stamps) - set(self.files))
+            steps = sorted(self.files)
+            self.table = pa.table({
+                "step": pa.array([s for s in steps for _ in range(len(self.files[s][1]))], pa.int64()),
+                "prompt_key": pa.chunked_array([self.files[s][1] for s in steps], pa.string()),
+                "group": pa.chunked_array([self.files[s][2] for s in steps], pa.int32())})
+
+    def find(self, key: str) -> list[tuple[int, int]]:
+        """The (step, group) pairs that sampled `key`, ascending by step (the first group of a step when the key
+        was drawn twice in it)."""
+        import pyarrow.compute as pc
+
+        with self.lock:
+            hits = self.table.filter(pc.equal(self.table["prompt_key"], key))
+        out: dict[int, int] = {}
+        for step, group in zip(hits["step"].to_pylist(), hits["group"].to_pylist()):
+            out.setdefault(step, group)
+        return sorted(out.items())
+
+
+_INDEXES: dict[Path, PromptIndex] = {}
+_INDEXES_LOCK = threading.Lock()
+
+
+def prompt_index(run: Run) -> PromptIndex:
+    """The run's `PromptIndex`, refreshed against its rollouts files."""
+    with _INDEXES_LOCK:
+        index = _INDEXES.setdefault(run.path.resolve(), PromptIndex())
+    index.refresh(step_files(run))
+    return index
+
+
 def prompt_steps(run: Run, key: str, *, offset: int = 0, limit: int = 20) -> dict[str, Any]:
     """`/api/runs/{run}/prompts/{key}`: prompt `key`'s groups at the steps that sampled it, `limit` steps from
-    `offset` (ascending): {"key", "prompt", "steps_total", "steps": [{"step", "group", "rollouts"}]}. The key index
-    reads only the prompt_key and group columns of each file, once per file (cached). Unreadable files are
-    skipped and named in "skipped".
+    `offset` (ascending): {"key", "prompt", "steps_total", "all_steps", "steps": [{"step", "group", "rollouts"}],
+    "skipped" (steps whose file could not be read)}. The key index (`PromptIndex`) reads only the prompt_key and
+    group columns of each file, once per file.
 
     Raises:
         ViewError: 404 the run or prompt is unknown, 400 a bad offset or limit.
     """
-    import pyarrow.compute as pc
-
     run.check()
     if offset < 0 or not 1 <= limit <= 200:
         raise ViewError(f"offset must be >= 0 and limit in 1..200 (got offset={offset}, limit={limit})", 400)
-    hits, skipped = [], []
-    for step, path in sorted(step_files(run).items()):
-        try:
-            keys, groups = _KEYS.get(path, _keys_of)
-        except (ViewError, OSError):
-            skipped.append(step)
-            continue
-        mask = pc.equal(keys, key)
-        if pc.any(mask).as_py():
-            hits.append((step, groups.filter(mask)[0].as_py()))
+    index = prompt_index(run)
+    hits = index.find(key)
     if not hits:
         raise ViewError(f"run {run.name}: no logged step sampled prompt {key!r}", 404)
     steps, prompt = [], None
@@ -619,7 +729,7 @@ def prompt_steps(run: Run, key: str, *, offset: int = 0, limit: int = 20) -> dic
         prompt = prompt or g["prompt"]
         steps.append({"step": step, "group": group, "rollouts": g["rollouts"]})
     return {"key": key, "prompt": prompt, "steps_total": len(hits), "all_steps": [h[0] for h in hits],
-            "offset": offset, "limit": limit, "steps": steps, "skipped": skipped}
+            "offset": offset, "limit": limit, "steps": steps, "skipped": index.skipped}
 
 
 # ---------------------------------------------------------------------------------------------------- reports
@@ -691,7 +801,10 @@ def reports(run: Run) -> dict[str, Any]:
     run.check()
     out = []
     for name in REPORTS:
-        path = run.confined(name)
+        try:
+            path = run.confined(name)
+        except ViewError:
+            continue
         if not path.is_file():
             continue
         report = _read_json(path)
@@ -702,13 +815,22 @@ def reports(run: Run) -> dict[str, Any]:
         kind = "search" if "methods" in report and "pass@N" in report else "rm eval"
         tables, charts = (_search_report if kind == "search" else _rm_report)(report)
         out.append({"file": name, "kind": kind, "tables": tables, "charts": charts})
-    summary = _read_json(run.confined("summary.json")) if (run.path / "summary.json").is_file() else None
+    summary = read_summary(run)
     if isinstance(summary, dict):
         out.append({"file": "summary.json", "kind": "summary",
                     "tables": [_table("summary", ["key", "value"], _scalars(summary))], "charts": []})
     plots = sorted(p.relative_to(run.path).as_posix() for pattern in ("*.png", "plots/*.png")
-                   for p in run.path.glob(pattern) if not p.is_symlink())
+                   for p in run.path.glob(pattern) if not p.is_symlink() and _inside(run, p))
     return finite({"run": run.index, "reports": out, "plots": plots})
+
+
+def _inside(run: Run, path: Path) -> bool:
+    """Whether `path` resolves inside the run directory."""
+    try:
+        run.confined(path.relative_to(run.path))
+    except ViewError:
+        return False
+    return True
 
 
 def run_file(run: Run, relative: str) -> tuple[Path, str]:

@@ -69,8 +69,10 @@ async function poll() {
   if (!live.length) return;
   let changed = false;
   for (const i of live) changed = (await load(i).catch(() => false)) || changed;
-  const infos = await api("/api/runs").catch(() => null);
-  if (infos) for (const r of infos.runs) state.info[r.index] = r;
+  for (const i of live) {
+    const info = await api(`/api/runs/${i}`).catch(() => null);
+    if (info) state.info[i] = info;
+  }
   if (changed) { fillSelect(); draw(); }
   setTimeout(poll, POLL_MS);
 }
