@@ -3,8 +3,8 @@
     python benchmarks/viewer_screenshots.py runs/quickstart [RUN_DIR ...] [--out docs/img] [--metric reward/mean]
                                                                     [--smoothing S]
 
-Starts `rewardlab view` on the run directories and the runs directly inside them (a quickstart's stages) on a free
-port and drives headless chromium (Debian's `chromium` through Playwright, as the browser tests do:
+Starts `rewardlab view RUN_DIR...` (which also lists the runs inside a run: a quickstart's stages) on a free port and
+drives headless chromium (Debian's `chromium` through Playwright, as the browser tests do:
 `apt-get install chromium; pip install playwright`). It saves
   OUT/viewer_metrics.png  the metrics page of every run that logs METRIC (at the page's smoothing, or --smoothing);
   OUT/viewer_rollout.png  the rollout page (tokens coloured by advantage) of a token-logged rollout of the latest
@@ -28,21 +28,6 @@ sys.path.insert(0, str(ROOT / "tests" / "view"))
 sys.path.insert(0, str(ROOT / "src"))
 
 import browser_fixtures as bf  # noqa: E402
-
-
-def expand(paths: list[str]) -> list[Path]:
-    """Each path, followed by its subdirectories that are runs themselves (a quickstart directory is a run whose
-    stages, sft/ and grpo/, are runs too; `rewardlab view` given the parent shows only the parent)."""
-    from rewardlab.runs import RUN_MARKERS
-
-    out = []
-    for given in map(Path, paths):
-        out.append(given)
-        if given.is_dir():
-            out += [p for p in sorted(given.iterdir()) if p.is_dir() and not p.is_symlink()
-                    and p.name not in ("checkpoints", "plots", "rollouts", "completions", "rolled_back")
-                    and any((p / m).exists() for m in RUN_MARKERS)]
-    return out
 
 
 def _get(url: str):
@@ -98,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / ".viewer_screenshots.log"
-    with bf.viewer(expand(args.run_dirs), log) as url, bf.browser_context({"width": 1280, "height": 860}) \
+    with bf.viewer([Path(p) for p in args.run_dirs], log) as url, bf.browser_context({"width": 1280, "height": 860}) \
             as context:
         runs = _get(f"{url}/api/runs")["runs"]
         plotted = [r["index"] for r in runs if not r.get("error") and args.metric in
