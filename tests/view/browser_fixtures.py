@@ -114,17 +114,17 @@ def make_train_run(root: Path, name: str = "train", steps: int = 3) -> Path:
 
 
 def make_env_run(root: Path, name: str = "calc") -> Path:
-    """A real environment run with tool calls: the tiny model taught the calculator's `<c>...</c>` calls by 40 SFT
+    """A real environment run with tool calls: the tiny model taught the calculator's `<c>...</c>` calls by 100 SFT
     steps on tool traces, then 2 GRPO steps of 2 questions x 4 episodes in `env:calculator`, every episode
     token-logged."""
     task = ["--task", "env:calculator", "task.options={size: 200, test_size: 10, max_terms: 2}", "threads=1",
             "env.max_turns=3", "env.max_episode_tokens=72", "env.max_tool_tokens=16"]
     sft = root / f"{name}_sft"
-    cli("sft", "--no-progress", "--model", "tiny", *TINY, "--out", str(sft), *task, "sft.steps=40",
-        "sft.batch_size=16", "sft.lr=2e-2", "sft.tool_frac=1.0", "sft.eval_every=0", "save_every=1000",
+    cli("sft", "--no-progress", "--model", "tiny", *TINY, "--out", str(sft), *task, "sft.steps=100",
+        "sft.batch_size=16", "sft.lr=1e-2", "sft.tool_frac=1.0", "sft.eval_every=0", "save_every=1000",
         log=root / f"{name}_sft.log")
     out = root / name
-    cli("train", "--no-progress", "--model", str(sft / "checkpoints" / "step-40"), "--out", str(out), *task,
+    cli("train", "--no-progress", "--model", str(sft / "checkpoints" / "step-100"), "--out", str(out), *task,
         "rl.steps=2", "rl.prompts_per_step=2", "rl.group_size=4", "rl.sampling.max_new_tokens=24",
         "rl.sampling.temperature=0.5", "rl.lr=2e-4", "rl.logging.log_tokens=all", log=root / f"{name}.log")
     return out

@@ -348,13 +348,15 @@ def test_an_episode_shows_its_turns_tool_calls_and_masked_tool_tokens(tab, runs)
     rec = _rollout_table(runs["calc"], 1)[0]
     turns = json.loads(rec["turns"])
     calls = [c for turn in turns for c in turn["tool_calls"]]
-    assert calls, turns  # the fixture's model calls the tool
+    assert any(c["status"] == "ok" for c in calls), turns  # the fixture's model calls the tool
     page = tab.open(f"/runs/{CALC}/steps/1/rollouts/0", "#turns .turn")
     texts = page.eval_on_selector_all("#turns .turn", "els => els.map(e => e.textContent)")
     assert len(texts) == len(turns)
     for turn, text in zip(turns, texts):
         for call in turn["tool_calls"]:
-            assert call["name"] in text and call["arguments"]["expression"] in text and call["status"] in text
+            assert call["status"] in text
+            if call["status"] == "ok":
+                assert call["name"] in text and call["arguments"]["expression"] in text
         if turn["result"]:
             assert turn["result"] in text  # the tool's "<o>...</o>" shows as text
     assert rec["termination"] in page.text_content("#termination")
