@@ -9,7 +9,8 @@ with per-token values of `--tokens` tokens, prompt groups of 8 drawn from a pool
 recurs across steps), plus metrics.jsonl, events.jsonl and summary.json. Then it serves the run with uvicorn on
 127.0.0.1 and times, with httpx, each page's HTML and every API call its script makes: "cold" on a fresh server
 (empty caches; the server starts building the prompt index in the background when it starts, and the pages are
-asked for in the table's order right after), "warm" when asked again. Target: each page under 2 s, its API calls included.
+asked for in the table's order right after), "warm" when asked again. Target: each page under 2 s, its API calls
+included.
 """
 
 from __future__ import annotations

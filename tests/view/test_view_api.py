@@ -51,6 +51,9 @@ def test_status_running_interrupted_crashed(tmp_path):
     finally:
         os.close(fd)
     assert client.get("/api/runs/0").json()["status"] == "crashed"
+    with open(run / "events.jsonl", "a") as fh:
+        fh.write(json.dumps({"event": "reward_errors", "step": 2, "failed": 9, "rollouts": 16}) + "\n")
+    assert "stopped at step 2: 9 of 16 rollouts" in client.get("/api/runs/0").json()["status_reason"]
     (run / "summary.json").write_text(json.dumps({"interrupted": True}))
     assert client.get("/api/runs/0").json()["status"] == "interrupted"
 
@@ -188,3 +191,20 @@ def test_runs_inside_a_run_are_found_and_each_run_is_listed_once(tmp_path):
     assert [(r.name, r.path.relative_to(tmp_path).as_posix()) for r in runs] == [
         ("other-sft", "other/sft"), ("quickstart", "quickstart"), ("grpo", "quickstart/grpo"),
         ("quickstart-sft", "quickstart/sft")]
+
+
+def test_an_rm_eval_report_becomes_tables_and_a_per_subset_chart(tmp_path):
+    run = make_run(tmp_path / "r", steps=1)
+    (run / "report.json").write_text(json.dumps({
+        "scorer": "exact_match", "pairs": {"n": 4, "accuracy": 0.75, "chosen_scores": [1, 2],
+                                           "per_subset": {"subsets": {"a": {"n": 3, "mean": 1.0},
+                                                                      "b": {"n": 1, "mean": 0.0}},
+                                                          "macro_mean": 0.5}},
+        "best_of_k": None, "first_error": {"f1": 0.5, "threshold": 0.3}}))
+    report = TestClient(create_app([run], quiet=True)).get("/api/runs/0/reports").json()["reports"][0]
+    assert report["kind"] == "rm eval"
+    tables = {t["title"]: t for t in report["tables"]}
+    assert ["accuracy", 0.75] in tables["pairs"]["rows"] and ["per_subset.macro_mean", 0.5] in tables["pairs"]["rows"]
+    assert tables["pairs: per subset"]["rows"] == [["a", 1.0, 3], ["b", 0.0, 1]]
+    assert ["f1", 0.5] in tables["first_error"]["rows"]
+    assert report["charts"][0]["traces"][0] == {"name": "pairs", "x": ["a", "b"], "y": [1.0, 0.0]}

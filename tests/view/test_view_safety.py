@@ -121,3 +121,12 @@ def test_a_torn_last_metrics_line_is_left_out(run):
     body = client.get("/api/runs/0/metrics").json()
     assert [r["step"] for r in body["records"]] == [1, 2, 3] and body["torn"]
     assert client.get("/api/runs").json()["runs"][0]["steps"] == 3
+
+
+def test_pages_of_a_bad_run_step_or_rollout_are_4xx(run):
+    client = TestClient(create_app([run], quiet=True))
+    for url in ("/metrics?runs=0,7", "/runs/7/reports", "/runs/0/steps/99", "/runs/0/steps/1/rollouts/999",
+                "/runs/0/steps/x", "/runs/nope/prompts/p1"):
+        r = client.get(url)
+        assert 400 <= r.status_code < 500 and 'id="error"' in r.text, url
+    assert client.get("/metrics?runs=0").status_code == 200

@@ -128,6 +128,10 @@ def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starle
     def check_run(request: Request) -> None:
         run_of(request).check()
 
+    def check_metrics(request: Request) -> None:
+        for key in filter(None, request.query_params.get("runs", "").split(",")):
+            data.get_run(runs, key).check()
+
     async def file_endpoint(request: Request) -> Response:
         try:
             path, media = data.run_file(run_of(request), request.path_params["path"])
@@ -137,6 +141,9 @@ def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starle
 
     async def plotly(request: Request) -> Response:
         return FileResponse(plotly_js(), media_type="text/javascript", headers=HEADERS)
+
+    async def favicon(request: Request) -> Response:
+        return Response(status_code=204, headers=HEADERS)
 
     async def root(request: Request) -> Response:
         return RedirectResponse("/runs", status_code=307)
@@ -173,7 +180,7 @@ def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starle
     routes = [
         Route("/", root),
         Route("/runs", page("runs.html")),
-        Route("/metrics", page("metrics.html")),
+        Route("/metrics", page("metrics.html", check_metrics)),
         Route("/runs/{run}/metrics", run_metrics_page),
         Route("/runs/{run}/steps", last_step_page),
         Route("/runs/{run}/steps/", last_step_page),
@@ -183,6 +190,7 @@ def create_app(run_dirs: Sequence[str | Path], *, quiet: bool = False) -> Starle
         Route("/runs/{run}/reports", page("reports.html", check_run)),
         Route("/runs/{run}/files/{path:path}", file_endpoint),
         Route("/plotly.min.js", plotly),
+        Route("/favicon.ico", favicon),
         Route("/api/runs", api(lambda r: data.runs_overview(runs))),
         Route("/api/runs/{run}", api(lambda r: data.run_info(run_of(r)))),
         Route("/api/runs/{run}/metrics", api(lambda r: data.read_metrics(run_of(r), _int(r, "since", 0)))),

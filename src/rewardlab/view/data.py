@@ -48,6 +48,7 @@ class ViewError(Exception):
     """A request the viewer cannot answer: `message` (one line) and the HTTP `status` (4xx)."""
 
     def __init__(self, message: str, status: int = 404) -> None:
+        """`message`'s first line, and the HTTP status."""
         super().__init__(message.splitlines()[0] if message else "error")
         self.status = status
 
@@ -174,6 +175,7 @@ def get_run(runs: Sequence[Run], key: str) -> Run:
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON in `path`, or None when it is missing or not JSON (being written)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -252,7 +254,7 @@ def read_events(run: Run) -> list[dict[str, Any]]:
 
 def status_of(run: Run, summary: Any) -> str:
     """running (its lock is held), finished (summary.json), interrupted (the summary says so: a Ctrl-C or SIGTERM
-    stop with a checkpoint), crashed (no summary and no writer), missing (`run.error`)."""
+    stop with a checkpoint), crashed (no summary and no writer), missing (`run.error`). `status_reason` says why."""
     if run.error:
         return "missing"
     if is_locked(run):
@@ -260,6 +262,23 @@ def status_of(run: Run, summary: Any) -> str:
     if isinstance(summary, dict):
         return "interrupted" if summary.get("interrupted") else "finished"
     return "crashed"
+
+
+def status_reason(run: Run, status: str, summary: Any) -> str:
+    """One line on the run's status, from its summary and events.jsonl (a stop for reward errors, a resume)."""
+    if status == "missing":
+        return run.error or ""
+    events = read_events(run)
+    stops = [e for e in events if e.get("event") == "reward_errors"]
+    if status == "crashed":
+        if stops:
+            return (f"stopped at step {stops[-1].get('step')}: {stops[-1].get('failed')} of "
+                    f"{stops[-1].get('rollouts')} rollouts failed their reward (reward_errors event)")
+        return "no summary.json and no process holds the run: it stopped before finishing; --resume continues it"
+    if status == "interrupted":
+        return "stopped by Ctrl-C or SIGTERM after a checkpoint; --resume continues it"
+    resumes = sum(e.get("event") == "resume" for e in events)
+    return f"{status}{f' (resumed {resumes} time(s))' if resumes else ''}"
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -299,8 +318,8 @@ def run_info(run: Run) -> dict[str, Any]:
     rollout steps, final metrics (the last metrics line's numbers, else the summary's), error."""
     info: dict[str, Any] = {"index": run.index, "name": run.name, "path": str(run.path), "error": run.error}
     if run.error:
-        return {**info, "verb": None, "task": None, "status": "missing", "steps": None, "logged_steps": 0,
-                "final": {}}
+        return {**info, "verb": None, "task": None, "status": "missing", "status_reason": run.error, "steps": None,
+                "logged_steps": 0, "final": {}}
     config = read_config(run)
     summary = read_summary(run)
     last = last_metrics(run)
@@ -308,7 +327,9 @@ def run_info(run: Run) -> dict[str, Any]:
     if not final and isinstance(summary, dict):
         final = {k: v for k, v in _numeric(summary).items() if not k.endswith("_s")}
     task = config.get("task", {}).get("spec") if isinstance(config.get("task"), dict) else config.get("data")
-    return {**info, "verb": verb_of(config), "task": task, "status": status_of(run, summary),
+    status = status_of(run, summary)
+    return {**info, "verb": verb_of(config), "task": task, "status": status,
+            "status_reason": status_reason(run, status, summary),
             "steps": last.get("step"), "logged_steps": len(step_files(run)), "final": final}
 
 
@@ -422,6 +443,7 @@ class _Cache:
     """A small LRU of values keyed by (path, size, mtime): a rewritten file is read again."""
 
     def __init__(self, size: int) -> None:
+        """Keep at most `size` values."""
         self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
 
     def get(self, path: Path, load):
@@ -444,6 +466,7 @@ _TABLES = _Cache(32)
 
 
 def _unreadable(path: Path, exc: BaseException) -> ViewError:
+    """The 422 of a rollouts file that cannot be read: one line naming the file and the reader's complaint."""
     return ViewError(f"{path.parent.name}/{path.name}: unreadable ({type(exc).__name__}: "
                      f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}; half-written or corrupt)", 422)
 
@@ -505,6 +528,7 @@ def _term(term: str, columns: set[str]):
         want = _value(raw)
 
         def compare(row: dict[str, Any]) -> bool:
+            """Whether the row's value compares to the term's as `op` says."""
             have = row.get(col)
             if op in ("=", "!="):
                 same = have == want or (isinstance(have, str) and str(want) == have)
@@ -540,6 +564,7 @@ def parse_filter(text: str, columns: Iterable[str]):
 def _sort_key(col: str):
     """A sort key that puts None last and compares numbers with numbers, text with text."""
     def key(row: dict[str, Any]):
+        """(is None, is text, value)."""
         v = row.get(col)
         return (v is None, isinstance(v, str), v if v is not None else 0)
     return key
@@ -607,8 +632,8 @@ def group_rollouts(run: Run, step: int, group: int) -> dict[str, Any]:
     rows = table.filter(pc.equal(table["group"], group)).to_pylist()
     if not rows:
         raise ViewError(f"run {run.name}: step {step} has no group {group}", 404)
-    return finite({"step": step, "group": group, "prompt": rows[0].get("prompt"), "prompt_key": rows[0].get("prompt_key"),
-                   "rollouts": [_short(r) for r in rows]})
+    return finite({"step": step, "group": group, "prompt": rows[0].get("prompt"),
+                   "prompt_key": rows[0].get("prompt_key"), "rollouts": [_short(r) for r in rows]})
 
 
 def _short(row: dict[str, Any]) -> dict[str, Any]:
@@ -639,6 +664,7 @@ class PromptIndex:
     WORKERS = 8
 
     def __init__(self) -> None:
+        """An empty index (`refresh` fills it)."""
         self.files: dict[int, tuple[tuple[int, int], Any, Any]] = {}  # step -> ((size, mtime), keys, groups)
         self.table = None
         self.skipped: list[int] = []
@@ -662,6 +688,7 @@ class PromptIndex:
                 return
 
             def read(step: int):
+                """(step, its two columns), or (step, None) when the file cannot be read."""
                 try:
                     return step, _keys_of(files[step])
                 except (ViewError, OSError):
@@ -734,6 +761,7 @@ def prompt_steps(run: Run, key: str, *, offset: int = 0, limit: int = 20) -> dic
 
 # ---------------------------------------------------------------------------------------------------- reports
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> dict[str, Any]:
+    """A report table as the API returns it."""
     return {"title": title, "columns": columns, "rows": rows}
 
 
@@ -769,24 +797,28 @@ def _search_report(report: dict[str, Any]) -> tuple[list[dict[str, Any]], list[d
 
 
 def _rm_report(report: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Tables of a `rewardlab rm eval` report (pairwise, best-of-k, first-error sections, per-subset rows)."""
+    """Tables and charts of a `rewardlab rm eval` report: each section (pairs, best_of_k, first_error) as key/value
+    rows, its per-subset figures (`per_subset.subsets`: {subset: {n, mean}}) as a table and a bar chart."""
     tables, charts = [], []
     for section in ("pairs", "best_of_k", "first_error"):
         data = report.get(section)
         if not isinstance(data, dict):
             continue
-        tables.append(_table(section, ["key", "value"],
-                             _scalars({k: v for k, v in data.items() if k != "per_subset"})))
-        subsets = data.get("per_subset")
+        tables.append(_table(section, ["key", "value"], [r for r in _scalars(data)
+                                                         if not r[0].startswith("per_subset.subsets.")]))
+        per = data.get("per_subset")
+        subsets = per.get("subsets") if isinstance(per, dict) else None
         if isinstance(subsets, dict) and subsets:
-            tables.append(_table(f"{section}: per subset", ["subset", "value"],
-                                 [[k, v if not isinstance(v, dict) else json.dumps(v)] for k, v in subsets.items()]))
-            numeric = {k: v for k, v in subsets.items() if isinstance(v, (int, float))}
-            if numeric:
-                charts.append({"title": f"{section} accuracy per subset", "x_title": "subset", "y_title": "accuracy",
-                               "bar": True, "traces": [{"name": section, "x": list(numeric), "y": list(numeric.values())}]})
-    tables.append(_table("report", ["key", "value"],
-                         _scalars({k: v for k, v in report.items() if k not in ("pairs", "best_of_k", "first_error")})))
+            cols = sorted({k for v in subsets.values() if isinstance(v, dict) for k in v})
+            tables.append(_table(f"{section}: per subset", ["subset", *cols],
+                                 [[name, *((v.get(c) if isinstance(v, dict) else None) for c in cols)]
+                                  for name, v in subsets.items()]))
+            if "mean" in cols:
+                charts.append({"title": f"{section}: mean per subset", "x_title": "subset", "y_title": "mean",
+                               "bar": True, "traces": [{"name": section, "x": list(subsets),
+                                                        "y": [(v or {}).get("mean") for v in subsets.values()]}]})
+    tables.append(_table("report", ["key", "value"], _scalars({k: v for k, v in report.items()
+                                                               if k not in ("pairs", "best_of_k", "first_error")})))
     return tables, charts
 
 

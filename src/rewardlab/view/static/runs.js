@@ -13,7 +13,8 @@ async function main() {
     for (const col of cols) {
       let content = run[col] === null || run[col] === undefined ? "" : run[col];
       if (col === "name") content = el("a", {href: `/metrics?runs=${run.index}`, title: run.path}, run.name);
-      row.append(el("td", {"data-col": col, class: col === "status" ? `status-${run.status}` : null}, content));
+      row.append(el("td", {"data-col": col, class: col === "status" ? `status-${run.status}` : null,
+                           title: col === "status" ? run.status_reason : null}, content));
     }
     for (const m of data.final_columns) row.append(el("td", {"data-col": `metric:${m}`}, fmt(run.final[m])));
     const links = el("td", {});
