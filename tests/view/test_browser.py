@@ -49,8 +49,7 @@ class Page:
         self.page.on("response", lambda r: self.errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
 
     def _console(self, msg) -> None:
-        # chromium asks every new page's origin for /favicon.ico, which the viewer does not serve
-        if msg.type == "error" and not msg.location.get("url", "").endswith("/favicon.ico"):
+        if msg.type == "error":
             self.errors.append(f"{msg.text} (at {msg.location.get('url')}:{msg.location.get('lineNumber')})")
 
     def open(self, path: str, ready: str | None = None):
