@@ -426,6 +426,10 @@ def test_reports_page_shows_the_rm_eval_report(tab, runs):
     text = page.text_content("body")
     for subset in report["pairs"]["per_subset"]["subsets"]:
         assert subset in text
+    # the per-subset chart plots each subset's accuracy
     page.wait_for_selector("div.report-chart .main-svg")
-    traces = page.evaluate("() => Array.from(document.querySelectorAll('div.report-chart')).map(d => d.data.length)")
-    assert traces and all(n > 0 for n in traces)
+    charts = page.evaluate("""() => Array.from(document.querySelectorAll('div.report-chart'))
+        .map(d => d.data.map(t => ({x: Array.from(t.x), y: Array.from(t.y)})))""")
+    subsets = report["pairs"]["per_subset"]["subsets"]
+    plotted = {x: y for chart in charts for trace in chart for x, y in zip(trace["x"], trace["y"]) if x in subsets}
+    assert plotted == {name: pytest.approx(v["mean"]) for name, v in subsets.items()}, charts
