@@ -40,7 +40,7 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache
 
 # verl's own environment (verl 0.9.1 pins transformers<5.11, so it cannot share .venv): torch==2.13.0 (CPU) first,
-# then rewardlab with its test and verl extras (verl, and cachetools, uvicorn and fastapi, which verl imports but lists
+# then rewardlab with its test-base and verl extras (verl, and cachetools, uvicorn and fastapi, which verl imports but lists
 # only in its GPU extra). `make test-verl` runs the interop tests (the verl ones skip where verl is not installed) and the
 # policy tests under verl's transformers.
 VERL_VENV := .venv-verl
@@ -52,7 +52,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 $(VERL_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VERL_VENV) || python3 -m venv $(VERL_VENV)
 	$(VERL_PY) -m pip install --quiet torch==2.13.0
-	$(VERL_PY) -m pip install --quiet -e ".[test,verl]"
+	$(VERL_PY) -m pip install --quiet -e ".[test-base,verl]"
 	touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)
