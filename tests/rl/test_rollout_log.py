@@ -45,16 +45,28 @@ def _capture_loss_inputs(monkeypatch):
     return calls
 
 
+def _viewer_api(run):
+    """A client of `rewardlab view`'s app over `run`, or None without the view extra."""
+    try:
+        from starlette.testclient import TestClient
+
+        from rewardlab.view import create_app
+    except ImportError:
+        return None
+    return TestClient(create_app([run], quiet=True))
+
+
 def test_logged_tokens_are_the_values_the_loss_used(tmp_path, monkeypatch):
     """Two steps, two epochs of two minibatches, beta > 0: every logged row's advantages, behaviour and trained
     log-probs, ratio and clip codes equal the ones the loss read and computed in the step's first epoch (found by
     the row's behaviour log-probs), its KL term is the estimator's on the logged log-probs; only the first
-    rl.logging.log_tokens episodes carry tokens."""
+    rl.logging.log_tokens episodes carry tokens; and the viewer's API serves those same advantages and log-probs."""
     calls = _capture_loss_inputs(monkeypatch)
     cfg = _config(tmp_path, "run", "rl.steps=2", "rl.epochs=2", "rl.minibatch_size=8", "rl.beta=0.1",
                   "rl.logging.log_tokens=5")
     train(cfg, show_progress=False)
     run = tmp_path / "run"
+    api = _viewer_api(run)
     assert rollout_log.logged_steps(run) == [1, 2] and len(calls) == 8  # 2 steps x 2 epochs x 2 minibatches
     table = rollout_log.read_step(run, 2)
     assert table.num_rows == 16 and table["index"].to_pylist() == list(range(16))
@@ -81,6 +93,10 @@ def test_logged_tokens_are_the_values_the_loss_used(tmp_path, monkeypatch):
         sampled = [a for a, m in zip(rec["advantages"], rec["loss_mask"]) if m]
         assert rec["advantage"] == pytest.approx(sum(sampled) / len(sampled))
         assert rec["kept"] and rec["staleness"] == 0 and rec["policy_version"] == 1
+        if api is not None:  # what `rewardlab view` serves is what the loss used
+            served = api.get(f"/api/runs/0/steps/2/rollouts/{i}").json()
+            assert served["advantages"] == c["advantages"][j, :n].tolist()
+            assert served["logprob"] == c["logprobs"][j, :n].tolist() and served["loss_mask"] == rec["loss_mask"]
         checked += 1
     assert checked == 5
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines() if '"step": 2' in x]
