@@ -35,7 +35,7 @@ def credit(n: int) -> SimpleNamespace:
     m = packed.mask
     return SimpleNamespace(rows=list(range(n)), packed=packed, old_logprobs=-10.0 * m, loss_mask=m, episode=None,
                            advantages=torch.randn(m.shape, generator=gen) * m, group=torch.arange(n) // GROUP,
-                           ref_logprobs=None)
+                           ref_logprobs=None, first_epoch={})
 
 
 def reset_peak() -> None:
@@ -56,7 +56,8 @@ def main(n: int, micro: int) -> None:
     policy.model.train()
     rl = SimpleNamespace(epochs=1, minibatch_size=None, micro_batch_size=micro, loss="ppo_clip", agg="token-mean",
                          sampling=SimpleNamespace(temperature=1.0), entropy_coef=0.0, kl_in="loss", beta=0.0,
-                         kl_estimator="k3", grad_clip=1.0, ref_refresh_every=None)
+                         kl_estimator="k3", grad_clip=1.0, ref_refresh_every=None,
+                         logging=SimpleNamespace(log_completions=True, log_tokens=8))
     state = SimpleNamespace(cfg=SimpleNamespace(rl=rl), policy=policy, critic=None, reference=None, step=1,
                             optimizer=torch.optim.AdamW(model.parameters(), lr=1e-6), loss_options={}, agg_options={},
                             scheduler=SimpleNamespace(step=lambda: None),

@@ -34,6 +34,7 @@ def update(run: Any, credit: Credit | None, step: int) -> dict[str, float]:
     sums: dict[str, float] = {}
     updates = 0
     n = len(credit.rows) if credit is not None else 0
+    record = rl.logging.log_completions and rl.logging.log_tokens != 0  # the rollouts file logs tokens
     for epoch in range(rl.epochs if n else 0):
         for idx in episode_minibatches(credit.episode, rl.minibatch_size, n=n):
             run.optimizer.zero_grad(set_to_none=True)
@@ -41,7 +42,7 @@ def update(run: Any, credit: Credit | None, step: int) -> dict[str, float]:
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), rl.grad_clip)
             run.optimizer.step()
             stats, tokens = minibatch_stats(run, credit, idx, logprobs, entropy)
-            if epoch == 0:
+            if epoch == 0 and record:
                 record_first_epoch(credit, idx, tokens)
             stats["policy/grad_norm"] = grad_norm.item()
             if run.critic is not None:
