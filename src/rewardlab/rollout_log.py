@@ -62,8 +62,6 @@ STEP_FILES: dict[str, re.Pattern[str]] = {ROLLOUTS_DIR: re.compile(r"step-(\d+)\
 #: Per-token columns: filled for logged rows only.
 TOKEN_COLUMNS = ("token_ids", "tokens", "loss_mask", "logprob_old", "logprob", "ratio", "advantages", "entropy",
                  "clip", "kl", "ref_logprob", "step_spans", "step_scores")
-#: clip codes of the `clip` column.
-CLIP_CODES = {"none": 0, "low": 1, "high": 2, "dual": 3}
 
 
 def _schema(components: Sequence[str]):
