@@ -94,6 +94,7 @@ def prompt_key(row: Mapping[str, Any], prompt: str) -> str:
 
 
 def rollouts_path(run_dir: str | Path, step: int) -> Path:
+    """The path of step `step`'s rollouts file (`rollouts/step-{step:06d}.parquet`); it may not exist."""
     return Path(run_dir) / ROLLOUTS_DIR / f"step-{step:06d}.parquet"
 
 
