@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewardlab.rewards.base import register_reward
+from rewardlab.rewards.code_strict import strict_harness, trusted_source
 from rewardlab.sandbox import ISOLATION, Sandbox, SandboxError, SandboxLimits, SandboxResult
 from rewardlab.types import Rollout, RewardOutput
 
@@ -264,11 +265,16 @@ class CodeReward:
         tests_field: str = "tests",
         isolation: str = "auto",
         workers: int | None = None,
+        strict: bool = True,
     ) -> None:
         if program not in PROGRAMS:
             raise ValueError(f"code.program: expected one of {PROGRAMS}, got {program!r}")
         if isolation not in ISOLATION:
             raise ValueError(f"code.isolation: expected one of {ISOLATION}, got {isolation!r}")
+        if not isinstance(strict, bool):
+            raise ValueError(f"code.strict: expected true or false, got {strict!r}")
+        if strict and isinstance(max_processes, int) and max_processes < 2:
+            raise ValueError("code.max_processes: strict mode runs the program in a second process; needs at least 2")
         if isinstance(test_timeout, bool) or not isinstance(test_timeout, (int, float)) or not test_timeout > 0:
             raise ValueError(f"code.test_timeout: must be a positive number of seconds, got {test_timeout!r}")
         try:
@@ -280,6 +286,7 @@ class CodeReward:
         self.program = program
         self.fenced = bool(fenced)
         self.tests_field = tests_field
+        self.strict = strict
 
     # ---------------------------------------------------------------------------------------------- building
     def harness(self, row: Mapping[str, Any], completion: str, key: str = "") -> tuple[str, int]:
@@ -307,7 +314,8 @@ class CodeReward:
                 except SyntaxError as exc:
                     raise ValueError(f"row field {self.tests_field!r}[{i}] does not parse: {exc.msg}") from None
                 statements.append((True, str(test)))
-            prelude, entry, form_program = "", None, "completion"
+            prelude, form_program = "", "completion"
+            entry = str(row["entry_point"]) if self.strict and row.get("entry_point") else None
         else:
             raise ValueError(
                 f"the row has neither 'test' + 'entry_point' (HumanEval form) nor {self.tests_field!r} (a list of "
@@ -325,6 +333,9 @@ class CodeReward:
             index += is_test
         data = {"program": program, "prelude": prelude, "tests": tests, "entry": entry,
                 "key": key or secrets.token_hex(32), "timeout": self.test_timeout}
+        if self.strict:
+            trusted = trusted_source(str(row.get("prompt", "")), entry) if mode == "prompt+completion" else ""
+            return strict_harness({**data, "trusted": trusted}), total
         return f"_RL = {data!r}\n{_HARNESS}", total
 
     # ---------------------------------------------------------------------------------------------- running
