@@ -240,3 +240,24 @@ def probe():
 '''
     res = CodeReward(timeout=15.0, isolation=isolation).evaluate([row], [program])[0]
     assert res.tests[0].passed, res.tests[0].detail
+
+
+def test_source_form_of_the_harness_for_another_interpreter(monkeypatch):
+    """Marshalled code only suits the interpreter that wrote it; for another one the harness goes as source text.
+    Both forms give the same outcomes (the honest program and a forgery)."""
+    import rewardlab.rewards.code as code_module
+    from rewardlab.rewards.code_strict import strict_harness
+
+    forms = []
+
+    def source_form(data, marshalled=True):
+        forms.append(marshalled)
+        return strict_harness(data, marshalled=False)
+
+    hack = next(h for h in CODE_HACKS if h.name == "forge_via_gc").completion("asserts", "add")
+    expected = scores([HONEST, hack])
+    monkeypatch.setattr(code_module, "strict_harness", source_form)
+    assert scores([HONEST, hack]) == expected == [1.0, 0.0]
+    assert forms == [True, True]  # this interpreter runs the sandbox: the reward asked for marshalled code
+    assert "def _rl_main" in strict_harness({"x": 1}, marshalled=False)
+    assert "def _rl_main" not in strict_harness({"x": 1}, marshalled=True)

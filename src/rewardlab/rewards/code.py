@@ -55,6 +55,7 @@ import ast
 import hashlib
 import re
 import secrets
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -349,7 +350,7 @@ class CodeReward:
                 "key": key or secrets.token_hex(32), "timeout": self.test_timeout}
         if self.strict:
             trusted = trusted_source(str(row.get("prompt", "")), entry) if mode == "prompt+completion" else ""
-            return strict_harness({**data, "trusted": trusted}), total
+            return strict_harness({**data, "trusted": trusted}, self.sandbox.python == sys.executable), total
         return f"_RL = {data!r}\n{_HARNESS}", total
 
     # ---------------------------------------------------------------------------------------------- running

@@ -84,6 +84,23 @@ def _rl_pass_read_search(ctypes):
         libc.prctl(47, 2, 2, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH
 
 
+# The candidate interpreter's first code: read the runner (b"m" + marshalled code or b"s" + source) from fd 3, run it.
+_RL_BOOT = (
+    "import marshal, os\n"
+    "def _rl_read(n):\n"
+    "    data = b''\n"
+    "    while len(data) < n:\n"
+    "        chunk = os.read(3, n - len(data))\n"
+    "        if not chunk:\n"
+    "            raise SystemExit(1)\n"
+    "        data += chunk\n"
+    "    return data\n"
+    "_rl_runner = _rl_read(int.from_bytes(_rl_read(4), 'big'))\n"
+    "del _rl_read\n"
+    "exec(marshal.loads(_rl_runner[1:]) if _rl_runner[:1] == b'm' else _rl_runner[1:].decode('utf-8'))\n"
+)
+
+
 class _RLCandidate:
     """The candidate's process: started with `start`, addressed through `request`."""
 
@@ -104,7 +121,7 @@ class _RLCandidate:
             (_rl_os.POSIX_SPAWN_DUP2, r_in, 3),
             (_rl_os.POSIX_SPAWN_DUP2, w_out, 4),
         ]
-        argv = [_rl_sys.executable, "-I", "-S", "-B", "-c", self.runner]
+        argv = [_rl_sys.executable, "-I", "-S", "-B", "-c", _RL_BOOT]
         try:
             self.pid = _rl_os.posix_spawn(_rl_sys.executable, argv, dict(_rl_os.environ), file_actions=actions,
                                           setpgroup=0)
@@ -116,6 +133,7 @@ class _RLCandidate:
         self.busy = True
         try:
             _rl_signal.setitimer(_rl_signal.ITIMER_REAL, 30.0)  # the interpreter's start, not charged to the test
+            send(self.out, self.runner)
             if loads(recv(self.inp)) != ["ready"]:
                 raise ValueError("no ready message")
             _rl_signal.setitimer(_rl_signal.ITIMER_REAL, load_seconds)
