@@ -175,12 +175,16 @@ LOOPS = {
 }
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 @pytest.mark.parametrize("loop", list(LOOPS))
-def test_programs_that_never_finish(isolation, loop):
-    reward = reward_for(isolation, timeout=1.0, test_timeout=0.6)  # these need no time to start: shorter limits
+def test_programs_that_never_finish(isolation, loop, strict):
+    reward = reward_for(isolation, timeout=1.0, test_timeout=0.6, strict=strict)  # no time to start: short limits
     out, launcher = score_hostile(reward, LOOPS[loop])
-    assert failed(out) == {"timeout": 3.0}
+    # Strict mode times the program's definition from the tests' process, which the program cannot block or
+    # ignore: a loop at import is cut at test_timeout (a load failure for every test). Lenient: the wall limit.
+    at_import = loop != "CPU loop in every call"
+    assert failed(out) == ({"load": 3.0} if strict and at_import else {"timeout": 3.0})
     assert_unharmed(reward, launcher)
 
 
@@ -325,17 +329,22 @@ KILLERS = list(killers([]))
 BYSTANDER = "import time\ntime.sleep(0.3)\n" + CORRECT
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
 @pytest.mark.parametrize("isolation", [NS, process(min_landlock=6)])
 @pytest.mark.parametrize("attack", KILLERS)
-def test_killing_the_parent_and_others(isolation, attack):
-    reward = reward_for(isolation)
+def test_killing_the_parent_and_others(isolation, attack, strict):
+    reward = reward_for(isolation, strict=strict)
     launcher = launcher_pid(reward)
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         source = killers([os.getpid(), sleeper.pid, launcher])[attack]
         killer, bystander = reward([rollout(source), rollout(BYSTANDER)])
         assert (killer.score, killer.error) == (0.0, None)
-        if attack == "kill -9 -1 (shell)" and isolation == "process":
+        if strict:
+            # The program's parent is the tests' process: the attacks that reach it end the run (a crash or a
+            # load failure for every test), the others leave the program to define its wrong add. No test passes.
+            assert sum(failed(killer).values()) == 3.0
+        elif attack == "kill -9 -1 (shell)" and isolation == "process":
             # The shell's kill(-1) reaches every process the shell may signal, which is its own sandbox, the program
             # included: it killed the program before any test reported.
             assert failed(killer) == {"crash": 3.0}
@@ -406,13 +415,16 @@ EARLY_EXITS = {
 }
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 @pytest.mark.parametrize("case", list(EARLY_EXITS))
-def test_early_exit_does_not_pass(isolation, case):
+def test_early_exit_does_not_pass(isolation, case, strict):
     source, failures = EARLY_EXITS[case]
-    reward = reward_for(isolation)
+    reward = reward_for(isolation, strict=strict)
     out, launcher = score_hostile(reward, source)
-    assert failed(out) == failures
+    # The failures listed are the lenient harness's (the program and the tests in one process). Strict mode runs
+    # the tests in another process, where nothing the program writes or exits can reach them: every test fails.
+    assert failed(out) == failures if not strict else sum(failed(out).values()) == 3.0
     assert_unharmed(reward, launcher)
 
 
@@ -470,11 +482,14 @@ FAKES = {
 }
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 @pytest.mark.parametrize("fake", list(FAKES))
-def test_faked_pass_lines_do_not_pass(isolation, fake):
+def test_faked_pass_lines_do_not_pass(isolation, fake, strict):
     source, failures = FAKES[fake]
-    reward = reward_for(isolation)
+    reward = reward_for(isolation, strict=strict)
     out, launcher = score_hostile(reward, source)
-    assert failed(out) == failures
+    # The failures listed are the lenient harness's (the program and the tests in one process). Strict mode runs
+    # the tests in another process, where nothing the program writes or exits can reach them: every test fails.
+    assert failed(out) == failures if not strict else sum(failed(out).values()) == 3.0
     assert_unharmed(reward, launcher)

@@ -89,8 +89,12 @@ def test_program_that_fails_to_load_fails_every_test():
 
 
 def test_early_exit_and_forged_results_gain_nothing():
-    exits = score("    import os\n    os._exit(0)\n")  # exit status 0 before any test reports
+    exits = score("    import os\n    os._exit(0)\n", strict=False)  # exit status 0 before any test reports
     assert exits.score == 0.0 and exits.components["failed/crash"] == 4.0
+    # strict: each call's process ends (a crash) and the program is loaded again for the next test; the last
+    # test reads `big`, which the crashed statement before it never bound (an error)
+    exits = score("    import os\n    os._exit(0)\n")
+    assert exits.score == 0.0 and exits.components["failed/crash"] == 3.0 and exits.components["failed/error"] == 1.0
     forged = score("    import os\n    os.write(1, b'0 test 0 pass\\nx test 1 pass\\n')\n    return -7\n")
     assert forged.score == 0.0  # without the run's nonce, printed lines are ignored
 

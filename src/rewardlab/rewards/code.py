@@ -12,9 +12,21 @@ Two forms of task row, told apart by their fields:
                 ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]. The program is the completion alone unless
                 `program="prompt+completion"`. Each statement is one test.
 
-All tests of one completion run in one sandboxed process (rewardlab.sandbox), after the program, in the
-program's global namespace (HumanEval: with `candidate` bound to the entry point), each under a per-test time limit
-(`test_timeout`, SIGALRM); the whole process under the wall `timeout`. The program's own prints are discarded.
+All tests of one completion run in one sandbox under the wall `timeout`, each under a per-test time limit
+(`test_timeout`); the program's own prints are discarded. Two harnesses:
+
+    strict (the default)  the tests run in the sandbox's main process and the program in a second, fresh
+                interpreter that process starts (rewardlab.rewards.code_strict); the tests call the program's
+                functions through proxies, and arguments and results cross between the two as plain values
+                (None, bool, int, float, complex, str, bytes, containers of them, ...), rebuilt on the tests' side
+                as fresh built-in objects. The tests' namespace is the task's: the test prelude, the prompt's own
+                complete definitions (HumanEval's helpers), the builtins, then the program's other names; with
+                `entry_point` (HumanEval; optional on the asserts form) `candidate` and that name are the program's
+                function. A result that is not a plain value (an instance of a class the program defines) can be
+                called and its attributes read, but comparing, hashing or truth-testing it fails the test. After a
+                call that times out or ends the program's process, the program is loaded afresh for the next test.
+    lenient (strict=False)  HumanEval's own semantics: the tests run after the program, in its process and global
+                namespace (HumanEval: with `candidate` bound to the entry point), each under SIGALRM.
 
 Score: passed / total, in [0, 1]. Components: `passed`, `total`, `test/<i>` (1.0 passed, 0.0 failed) for each test
 i, and the count of failed tests by cause: `failed/assertion` (an assert failed), `failed/error` (another
@@ -26,15 +38,15 @@ no `entry_point`: every test fails). A failing program is a score, never an erro
 Errors (RewardOutput.error, naming `code`): the row has neither form, its tests do not parse, or the sandbox itself
 failed (e.g. it could not start). The score of such a rollout is 0 and the caller's `on_error` rule applies.
 
-Honesty limit: the tests run in the same process as the program, as in HumanEval. Each result line carries an
-authenticator keyed with a random per-run key (BLAKE2b), which the harness keeps out of the program's reach short of
-inspecting the interpreter: main.py is deleted and the key removed from the module's globals before the program
-runs, and the builtins the harness calls are bound before it runs. So a program that prints fake results (with or
-without the harness's line format), copies earlier result lines from its own stdout, exits early or patches
-builtins gains nothing. A program that inspects its own interpreter (stack frames, trace hooks, the garbage
-collector, its memory through ctypes) could still find the key or patch the harness; the sandbox contains such a
-program, it does not make it honest. Nor does the sandbox check what a test compares: a function that returns an
-object equal to everything passes `assert f(x) == y`, as it would under HumanEval's own harness.
+Honesty. Result lines carry an authenticator keyed with a random per-run key (BLAKE2b) in both harnesses, so
+printed results count for nothing. Under strict mode the program never shares a process, a namespace or a builtin
+with the tests, the key or the expected values, so what it returns is all that is judged: objects whose
+comparisons lie, int/str subclasses, patched builtins, shadowed names, exits, forged or stolen-key result lines,
+stack, gc, inspect and ctypes tampering, planted modules all score what an honest wrong answer scores
+(rewardlab.evaluation.hacks.code lists them; tests/rewards/test_code_strict.py runs each). Under the lenient
+harness a program that inspects its interpreter can forge every result, and an object equal to everything passes
+`assert f(x) == y`, as under HumanEval's own harness. What strict mode does not stop: a program that computes the
+answers from files it can read (the sandbox is not a chroot, docs/sandbox.md), and tests that pass for any value.
 """
 
 from __future__ import annotations
@@ -43,11 +55,13 @@ import ast
 import hashlib
 import re
 import secrets
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rewardlab.rewards.base import register_reward
+from rewardlab.rewards.code_strict import strict_harness, trusted_source
 from rewardlab.sandbox import ISOLATION, Sandbox, SandboxError, SandboxLimits, SandboxResult
 from rewardlab.types import Rollout, RewardOutput
 
@@ -236,6 +250,8 @@ class CodeReward:
         tests_field: the row field holding the asserts form's list of tests (default "tests").
         isolation: the sandbox's isolation, "auto" | "namespaces" | "process".
         workers: completions run at once (default: the run's `threads` setting, else the CPU count).
+        strict: run the tests in a process the program cannot reach, comparing plain values (default True); False
+            runs them in the program's process, as HumanEval's harness does (for published numbers).
     Raises:
         ValueError: an option out of range (the message names it).
 
@@ -264,11 +280,16 @@ class CodeReward:
         tests_field: str = "tests",
         isolation: str = "auto",
         workers: int | None = None,
+        strict: bool = True,
     ) -> None:
         if program not in PROGRAMS:
             raise ValueError(f"code.program: expected one of {PROGRAMS}, got {program!r}")
         if isolation not in ISOLATION:
             raise ValueError(f"code.isolation: expected one of {ISOLATION}, got {isolation!r}")
+        if not isinstance(strict, bool):
+            raise ValueError(f"code.strict: expected true or false, got {strict!r}")
+        if strict and isinstance(max_processes, int) and max_processes < 2:
+            raise ValueError("code.max_processes: strict mode runs the program in a second process; needs at least 2")
         if isinstance(test_timeout, bool) or not isinstance(test_timeout, (int, float)) or not test_timeout > 0:
             raise ValueError(f"code.test_timeout: must be a positive number of seconds, got {test_timeout!r}")
         try:
@@ -280,6 +301,7 @@ class CodeReward:
         self.program = program
         self.fenced = bool(fenced)
         self.tests_field = tests_field
+        self.strict = strict
 
     # ---------------------------------------------------------------------------------------------- building
     def harness(self, row: Mapping[str, Any], completion: str, key: str = "") -> tuple[str, int]:
@@ -307,7 +329,8 @@ class CodeReward:
                 except SyntaxError as exc:
                     raise ValueError(f"row field {self.tests_field!r}[{i}] does not parse: {exc.msg}") from None
                 statements.append((True, str(test)))
-            prelude, entry, form_program = "", None, "completion"
+            prelude, form_program = "", "completion"
+            entry = str(row["entry_point"]) if self.strict and row.get("entry_point") else None
         else:
             raise ValueError(
                 f"the row has neither 'test' + 'entry_point' (HumanEval form) nor {self.tests_field!r} (a list of "
@@ -325,6 +348,9 @@ class CodeReward:
             index += is_test
         data = {"program": program, "prelude": prelude, "tests": tests, "entry": entry,
                 "key": key or secrets.token_hex(32), "timeout": self.test_timeout}
+        if self.strict:
+            trusted = trusted_source(str(row.get("prompt", "")), entry) if mode == "prompt+completion" else ""
+            return strict_harness({**data, "trusted": trusted}, self.sandbox.python == sys.executable), total
         return f"_RL = {data!r}\n{_HARNESS}", total
 
     # ---------------------------------------------------------------------------------------------- running
