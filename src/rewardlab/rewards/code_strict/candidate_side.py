@@ -1,7 +1,8 @@
 """The candidate's side of the strict harness: a fresh interpreter that runs the program and answers the tests'
 requests over two pipes (fd 3 in: marshal, written by the tests' side; fd 4 out: JSON). It runs with -S, its
-import path (site-packages included) given by the tests' side. It never sees a test, an expected value or the run's key; whatever it
-or the program does here can change only the values it answers with (see rewardlab.rewards.code_strict).
+import path (site-packages included) given by the tests' side. It never sees a test, an expected value or the run's
+key; whatever it or the program does here can change only the values it answers with (see
+rewardlab.rewards.code_strict).
 
 Requests and replies (codec messages):
     ["load", program, work_dir, path]   -> ["loaded", [global names]] | ["load_failed", kind, why]
