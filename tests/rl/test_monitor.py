@@ -15,7 +15,8 @@ from conftest import TINY_ARCH, TINY_OVERRIDES, read_jsonl, sha256_of, without_k
 from rewardlab.config import TrainConfig, load_config
 from rewardlab.policy import load_policy
 from rewardlab.rewards import REWARDS, build_reward, reward
-from rewardlab.rl.monitor import MONITOR_STREAM, AlarmDecision, Monitor, overoptimization_alarm
+from rewardlab.policy import SamplingSettings
+from rewardlab.rl.monitor import MONITOR_STREAM, AlarmDecision, Monitor, MonitorSettings, overoptimization_alarm
 
 if "test_monitor_digit_frac" not in REWARDS:  # the module may be imported twice
 
@@ -112,12 +113,11 @@ def _policy(seed=0):
     return load_policy("tiny", seed=seed, tiny_arch=TINY_ARCH)
 
 
-def _monitor(initial, rows, **kw):
-    options = {"window": 1, "confidence": 0.99, "min_drop": 0.0, "patience": 1, "resamples": 100}
+def _monitor(initial, rows, micro_batch_size=None):
+    alarm = {"window": 1, "confidence": 0.99, "min_drop": 0.0, "patience": 1, "resamples": 100}
     return Monitor(rows, proxy=build_reward("test_monitor_digit_frac"), gold=build_reward("exact_match"),
-                   initial=initial, every=1, last_step=10, samples=3, temperature=1.0, top_p=1.0, max_new_tokens=4,
-                   max_prompt_length=None, micro_batch_size=kw.pop("micro_batch_size", None), seed=7,
-                   options=options)
+                   initial=initial, settings=MonitorSettings(1, 10, 3, micro_batch_size, 7, alarm),
+                   sampling=SamplingSettings(max_new_tokens=4))
 
 
 def test_probe_figures_and_kl_to_init(tmp_path):

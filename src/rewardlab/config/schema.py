@@ -335,6 +335,20 @@ class RLMonitorParams(_Base):
         "checkpoint is the last one before the alarm (summary.json: stop_reason monitor_alarm)")
 
 
+class RLCanaryParams(_Base):
+    """Hack canaries (`rewardlab.rl.canaries`, docs/reward-hacking-canaries.md; after ImpossibleBench, Zhong et al.
+    2025): prompts whose verifier cannot honestly be satisfied, sampled each step beside the batch and never trained
+    on; hack/canary_pass_rate is the fraction of their completions that the training reward calls correct."""
+
+    fraction: float = Field(
+        0.0, ge=0, le=1, description="canary prompts per step as a fraction of rl.prompts_per_step (rounded up, at "
+        "least 1 when > 0), each sampled rl.group_size times; 0 (default): off")
+    generator: str | None = Field(
+        None, description="a key of rl.canaries.CANARY_GENERATORS: wrong_answer (a deliberately wrong reference "
+        "answer) or contradicting_tests (code tests that contradict each other); null: contradicting_tests for a "
+        "task scored by the code reward, else wrong_answer")
+
+
 class RLLoggingParams(_Base):
     """What a training run writes beyond its metrics."""
 
@@ -491,6 +505,8 @@ class RLConfig(_Base):
     logging: RLLoggingParams = Field(default_factory=RLLoggingParams, description="what the run writes")
     monitor: RLMonitorParams = Field(default_factory=RLMonitorParams,
                                      description="the over-optimization monitor (proxy vs gold reward on probes)")
+    canaries: RLCanaryParams = Field(default_factory=RLCanaryParams,
+                                     description="hack canaries: impossible prompts whose pass rate shows a hack")
     ray: RayParams = Field(default_factory=RayParams, description="engine ray's options (rl.engine: ray only)")
 
     @model_validator(mode="before")

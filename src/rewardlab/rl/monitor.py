@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +48,8 @@ import numpy as np
 import torch
 
 from rewardlab.evaluation.heldout import heldout_rows
-from rewardlab.policy import Policy, load_policy
+from rewardlab.policy import Policy, SamplingSettings, load_policy
 from rewardlab.rewards import Reward, build_reward, parse_rewards
-from rewardlab.runs import warn
 from rewardlab.rl.losses import kl_penalty
 from rewardlab.train_state import rng_state, set_rng_state
 
@@ -101,7 +100,7 @@ def _test(proxy: np.ndarray, gold: np.ndarray, steps: Sequence[int], *, window: 
     rise = float(X[-1].mean() - X[best].mean())
     # paired bootstrap over the probe prompts of the drop from the best window; the best is the largest of J noisy
     # windows, so its one-sided level is Bonferroni-corrected for the J candidates: (1 - confidence) / J
-    idx = np.random.default_rng(list(seed)).integers(0, n, size=(resamples, n))
+    idx = np.random.default_rng([int(x) % 2**64 for x in seed]).integers(0, n, size=(resamples, n))  # seeds >= 0
     drops = (earlier[best] - current)[idx].mean(axis=1)  # [resamples]
     low = float(np.quantile(drops, (1.0 - confidence) / len(earlier)))
     # the proxy's rise over the same two windows, beyond its noise at the plain level (the windows were not chosen
@@ -165,29 +164,44 @@ def _component_means(outputs: Sequence[Any], prefix: str) -> dict[str, float]:
     return {f"{prefix}/{k}": float(np.mean([o.components.get(k, 0.0) for o in outputs])) for k in names}
 
 
+@dataclass(frozen=True)
+class MonitorSettings:
+    """When and how a `Monitor` probes.
+
+    Attributes:
+        every: steps between probes (>= 1). last_step: the run's last step, always probed. samples: completions per
+            probe prompt. micro_batch_size: rows per scoring pass (None: all at once). seed: the run's seed (the
+            random streams and the bootstrap). alarm: `overoptimization_alarm`'s keyword arguments (window,
+            confidence, min_drop, patience, resamples).
+    """
+
+    every: int
+    last_step: int
+    samples: int
+    micro_batch_size: int | None
+    seed: int
+    alarm: Mapping[str, Any]
+
+
 class Monitor:
-    """The over-optimization monitor of a run (see the module docstring), due every `every` steps and at the last.
+    """The over-optimization monitor of a run (see the module docstring), due every `settings.every` steps and at the
+    last.
 
     Args:
         rows: the probe prompts (task rows). proxy: the run's training reward. gold: the gold reward; None: the proxy
             itself (the run trains on the gold, so the gap is 0; the KL, length and entropy are still logged).
         initial: the initial policy whose log-probs monitor/kl_to_init compares with; None: no KL.
-        every: steps between probes (>= 1). last_step: the run's last step, always probed. samples: completions per
-            prompt. temperature, top_p, max_new_tokens, max_prompt_length: the run's rl.sampling settings.
-        micro_batch_size: rows per scoring pass (None: all at once). seed: the run's seed (the random streams and
-            the bootstrap). options: the alarm's keyword arguments (`overoptimization_alarm`: window, confidence,
-            min_drop, patience, resamples).
+        settings: `MonitorSettings`. sampling: the run's rl.sampling (temperature, top_p, max_new_tokens,
+            max_prompt_length; chunk and greedy are not read).
     """
 
     def __init__(self, rows: Sequence[dict[str, Any]], *, proxy: Reward, gold: Reward | None,
-                 initial: Policy | None, every: int, last_step: int, samples: int, temperature: float, top_p: float,
-                 max_new_tokens: int, max_prompt_length: int | None, micro_batch_size: int | None, seed: int,
-                 options: Mapping[str, Any]) -> None:
+                 initial: Policy | None, settings: MonitorSettings, sampling: SamplingSettings) -> None:
         self.rows, self.proxy, self.gold, self.initial = list(rows), proxy, gold, initial
-        self.every, self.last_step, self.samples = every, last_step, samples
-        self.sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
-                         "max_prompt_length": max_prompt_length}
-        self.micro_batch_size, self.seed, self.options = micro_batch_size, seed, dict(options)
+        self.every, self.last_step, self.samples = settings.every, settings.last_step, settings.samples
+        self.sampling = {"temperature": sampling.temperature, "top_p": sampling.top_p,
+                         "max_new_tokens": sampling.max_new_tokens, "max_prompt_length": sampling.max_prompt_length}
+        self.micro_batch_size, self.seed, self.options = settings.micro_batch_size, settings.seed, dict(settings.alarm)
         self.history: list[dict[str, Any]] = []  # per probe: step, per-prompt proxy and gold means
         self.first_len: float | None = None
         self.alarms: list[int] = []  # the steps whose probe raised the alarm
@@ -320,13 +334,13 @@ def make_monitor(cfg: Any, task: Any, reward: Reward, gold_spec: Any, policy: Po
     else:
         gold = None if cfg.rewards is None else build_reward(task.reward)
     m, s = cfg.rl.monitor, cfg.rl.sampling
-    return Monitor(rows, proxy=reward, gold=gold,
-                   initial=initial_policy(cfg, policy, reference) if m.kl_to_init else None, every=every,
-                   last_step=cfg.rl.steps, samples=m.samples, temperature=s.temperature, top_p=s.top_p,
-                   max_new_tokens=s.max_new_tokens, max_prompt_length=s.max_prompt_length,
-                   micro_batch_size=cfg.rl.micro_batch_size, seed=cfg.seed,
-                   options={"window": m.window, "confidence": m.confidence, "min_drop": m.min_drop,
-                            "patience": m.patience, "resamples": m.resamples})
+    settings = MonitorSettings(every, cfg.rl.steps, m.samples, cfg.rl.micro_batch_size, cfg.seed,
+                               {"window": m.window, "confidence": m.confidence, "min_drop": m.min_drop,
+                                "patience": m.patience, "resamples": m.resamples})
+    sampling = SamplingSettings(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                                max_prompt_length=s.max_prompt_length)
+    return Monitor(rows, proxy=reward, gold=gold, initial=initial_policy(cfg, policy, reference) if m.kl_to_init
+                   else None, settings=settings, sampling=sampling)
 
 
 def parse_gold(cfg: Any) -> Any:
@@ -344,11 +358,12 @@ def parse_gold(cfg: Any) -> Any:
         raise ValueError(f"rl.monitor.gold: {e}") from None
 
 
-def probe(run: Any, progress: Any, step: int, *, last: bool = False) -> tuple[dict[str, float], bool]:
+def probe(run: Any, progress: Any, step: int, *, say: Callable[[str], None],
+          last: bool = False) -> tuple[dict[str, float], bool]:
     """Step `step`'s probe when the run's monitor (`run.monitor`, a `Monitor` or None) is due (`last`: the run ends
     at this step): its metrics and whether the alarm was raised; ({}, False) when not due. An alarm is said on the
-    console and logged as a `monitor_alarm` event (the step, the decision's figures, the newest checkpoint
-    `progress.latest` and whether rl.monitor.stop_on_alarm ends the run)."""
+    console (`say`, the run's one-line warning) and logged as a `monitor_alarm` event (the step, the decision's
+    figures, the newest checkpoint `progress.latest` and whether rl.monitor.stop_on_alarm ends the run)."""
     monitor = run.monitor
     if monitor is None or not monitor.due(step, last=last):
         return {}, False
@@ -356,7 +371,7 @@ def probe(run: Any, progress: Any, step: int, *, last: bool = False) -> tuple[di
     if decision.alarm:
         stop = run.cfg.rl.monitor.stop_on_alarm
         checkpoint = progress.latest[1].name if progress.latest else None
-        warn(f"rl.monitor: over-optimization alarm at step {step}: the proxy reward rose by "
+        say(f"rl.monitor: over-optimization alarm at step {step}: the proxy reward rose by "
              f"{decision.proxy_rise:.4g} while the gold fell by {decision.gold_drop:.4g} (lower "
              f"{run.cfg.rl.monitor.confidence:g} bound {decision.gold_drop_low:.4g}) since step "
              f"{decision.reference_step}" + (f"; stopping, the newest checkpoint is {checkpoint}" if stop else ""))

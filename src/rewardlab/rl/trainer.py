@@ -2,11 +2,12 @@
 
     batch = progress.prefetch.take(step)           # 1. rollouts and rewards (rl.rollouts), by policy step-1-lag
     stop_on_reward_errors(run, progress, batch, step)
+    canary_step(run, step)                         #    hack canaries beside the batch, never trained on (rl.canaries)
     credit = assign_credit(run, batch)             # 2. token rewards (- beta * KL) -> advantages (rl.credit)
     stats = update(run, credit, step)              # 3. epochs x minibatches of the policy loss (rl.update)
     run.engine.publish(run.policy, version=step)   #    the weights step + 1 + lag samples with
     evals = run.heldout(run.policy)                # 4. held-out accuracy, every rl.eval.every steps
-    probe(run, progress, step)                     #    the over-optimization monitor, every rl.monitor.every steps
+    probe(run, progress, step, say=warn)           #    the over-optimization monitor, every rl.monitor.every steps
     log_step(run, progress, batch, credit, stats)  # 5. metrics.jsonl, samples.jsonl (rl.logs)
     save_checkpoint(run, progress, step)           # 6. every save_every steps and at the end
 
@@ -46,6 +47,7 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy
 from rewardlab.progress import stage
 from rewardlab.rewards import Reward, RewardError, build_reward
+from rewardlab.rl.canaries import Canaries, canary_step, make_canaries
 from rewardlab.rl.credit import assign_credit
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.curricula import make_curriculum
@@ -88,6 +90,7 @@ class TrainRun:
             last published policy version.
         heldout: the held-out evaluation (`rewardlab.evaluation.heldout`; never due with rl.eval.every 0).
         monitor: the over-optimization monitor (`rewardlab.rl.monitor`, rl.monitor), else None (off).
+        canaries: the hack canaries (`rewardlab.rl.canaries`, rl.canaries), else None (off).
     """
 
     cfg: TrainConfig
@@ -105,6 +108,7 @@ class TrainRun:
     engine: Engine
     heldout: HeldOutEval
     monitor: Monitor | None = None
+    canaries: Canaries | None = None
 
 
 @dataclass
@@ -239,6 +243,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
     gold = parse_gold(cfg)
     threads = apply_threads(cfg.threads)
     task, reward = load_task_and_reward(cfg, specs)
+    canaries = make_canaries(cfg, task)  # its generator checked on a row before the run directory is touched
     policy = None
     if mode != "resume":
         policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
@@ -272,7 +277,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
                                  max_new_tokens=cfg.rl.sampling.max_new_tokens, episodes=episodes,
                                  max_prompt_length=cfg.rl.sampling.max_prompt_length)
         run = TrainRun(cfg, specs, task, reward, policy, reference, critic, optimizer, scheduler, sampler, rundir,
-                       episodes, engine, evaluation, monitor)
+                       episodes, engine, evaluation, monitor, canaries)
         progress = Progress(start, start, latest, generated_before(rundir, start),
                             Prefetch(run, start, saved.get("prefetch")))
     except BaseException:
@@ -413,6 +418,7 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
                     progress.step = step
                     batch = prefetch.take(step)  # 1. rollouts, rewards, group filter (sampled by step-1-lag)
                     stop_on_reward_errors(run, progress, batch, step)
+                    canaries = canary_step(run, step)  # rl.canaries, sampled and scored beside the batch
                     credit = assign_credit(run, batch)  # 2. token rewards (- beta * KL) -> advantages
                     stats = update(run, credit, step)  # 3. epochs x minibatches of the policy (and critic) loss
                     run.engine.publish(run.policy, version=step)  # the weights step + 1 + lag samples with
@@ -420,11 +426,11 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
                     timing = {"step_s": time.perf_counter() - t0}
                     out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
                     evals = run.heldout(run.policy) if run.heldout.due(step, last=out_of_time) else None  # 4.
-                    probed, alarm = probe(run, progress, step, last=out_of_time)  # the monitor (rl.monitor)
+                    probed, alarm = probe(run, progress, step, say=warn, last=out_of_time)  # rl.monitor
                     alarm_stop = alarm and rl.monitor.stop_on_alarm  # the newest checkpoint: the last before it
                     timing["elapsed_s"] = time.perf_counter() - wall0
                     last = log_step(run, progress, batch, credit, stats, timing=timing,  # 5. log
-                                    evals={**(evals or {}), **probed} if probed else evals)
+                                    evals={**(evals or {}), **probed, **canaries})
                     bar.advance(1, reward=last["reward/mean"], acc=last["accuracy"])
                     if not alarm_stop and (step % cfg.save_every == 0 or step == rl.steps or out_of_time
                                            or stop.requested):
