@@ -94,6 +94,8 @@ def test_generator_per_task_kind():
         "contradicting_tests"
     with pytest.raises(ValueError, match="unknown canary generator 'nope'"):
         canary_generator(Task(name="j", train=[], test=[]), "nope")
+    with pytest.raises(ValueError, match="^rl.canaries.fraction: canaries are single completions"):
+        canary_generator(Task(name="env:calculator", train=[], test=[], env={"name": "calculator"}), None)
 
 
 # ------------------------------------------------------------------ scripted policies

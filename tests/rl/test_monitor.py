@@ -16,7 +16,9 @@ from rewardlab.config import TrainConfig, load_config
 from rewardlab.policy import load_policy
 from rewardlab.rewards import REWARDS, build_reward, reward
 from rewardlab.policy import SamplingSettings
-from rewardlab.rl.monitor import MONITOR_STREAM, AlarmDecision, Monitor, MonitorSettings, overoptimization_alarm
+from rewardlab.rl.monitor import (MONITOR_STREAM, AlarmDecision, Monitor, MonitorSettings, overoptimization_alarm,
+                                  probe_rows)
+from rewardlab.tasks.base import Task
 
 if "test_monitor_digit_frac" not in REWARDS:  # the module may be imported twice
 
@@ -210,8 +212,16 @@ def test_monitor_gold_spec_and_its_errors(tmp_path):
     with pytest.raises(ValueError, match=r"^rl.monitor.every: task jsonl:.* has no held-out test rows"):
         trainer.train(_config(tmp_path, "F", "rl.steps=1", "rl.monitor.every=1", "task.options={test_size: 0}"),
                       show_progress=False)
+    assert not (tmp_path / "F").exists()  # refused before the run directory is touched
     with pytest.raises(ValueError, match="rl.monitor.unknown"):
         _config(tmp_path, "H", "rl.monitor.unknown=1")
+    # an environment task: off by default, refused when asked for
+    env_task = Task(name="env:calculator", train=ROWS, test=TEST_ROWS, env={"name": "calculator", "options": {}})
+    assert probe_rows(_config(tmp_path, "I", "rl.eval.every=2"), env_task) is None
+    with pytest.raises(ValueError, match=r"^rl.monitor.every: the monitor probes single completions"):
+        probe_rows(_config(tmp_path, "I", "rl.monitor.every=2"), env_task)
+    assert len(probe_rows(_config(tmp_path, "I", "rl.eval.every=2", "rl.monitor.n=3"),
+                          Task(name="t", train=ROWS, test=TEST_ROWS))) == 3
 
 
 def _alarm_at(monkeypatch, step):
@@ -261,3 +271,25 @@ def test_monitor_state_survives_resume(tmp_path):
         for key in e:
             assert g[key] == pytest.approx(e[key], rel=1e-6, abs=1e-9), (g["step"], key)
     assert "monitor/gold_drop" in got[3] and "monitor/len_drift" in got[3]
+
+
+def test_quickstart_results_are_the_same_with_the_monitor_on_by_default(tmp_path):
+    # the quickstart (reasoning_gym chain sums, SFT then GRPO with rl.eval.every) runs the monitor by default; its
+    # initial policy is a frozen copy of the SFT checkpoint. Everything but monitor/* and time/* is unchanged.
+    from rewardlab.cli import main
+
+    args = ["quickstart", "--no-progress", *TINY_OVERRIDES,
+            "task.options={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, template: compact, size: 300, "
+            "test_size: 20}", "sft.steps=3", "sft.batch_size=8", "rl.steps=4", "rl.prompts_per_step=2",
+            "rl.group_size=2", "rl.eval.every=2", "eval.n=2", "eval.k=[1,2]"]
+    assert main([*args, "--out", str(tmp_path / "on")]) == 0
+    assert main([*args, "rl.monitor.every=0", "--out", str(tmp_path / "off")]) == 0
+    on, off = read_jsonl(tmp_path / "on" / "grpo" / "metrics.jsonl"), read_jsonl(tmp_path / "off" / "grpo" /
+                                                                                    "metrics.jsonl")
+    assert [r["step"] for r in on if "monitor/gold" in r] == [2, 4]
+    assert all("monitor/kl_to_init" in r for r in on if "monitor/gold" in r)
+    assert without_keys(on, "monitor/", "time/") == without_keys(off, "time/")
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("on", "off")]
+    figures = [{k: v for k, v in s.items() if k not in ("stage_seconds", "total_seconds")} for s in summaries]
+    assert json.dumps(figures[0]).replace(str(tmp_path / "on"), "X") == \
+        json.dumps(figures[1]).replace(str(tmp_path / "off"), "X")

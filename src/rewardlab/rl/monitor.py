@@ -310,14 +310,10 @@ def initial_policy(cfg: Any, policy: Policy, reference: Policy | None) -> Policy
     return initial
 
 
-def make_monitor(cfg: Any, task: Any, reward: Reward, gold_spec: Any, policy: Policy,
-                 reference: Policy | None) -> Monitor | None:
-    """The run's monitor (`cfg` a `TrainConfig`), or None when it is off (`monitor_every` 0). Built right after the
-    models, before the RNGs are seeded (a frozen copy of a tiny model draws its initial weights).
+def probe_rows(cfg: Any, task: Any) -> list[dict[str, Any]] | None:
+    """The monitor's probe prompts (`cfg` a `TrainConfig`): the first rl.monitor.n held-out rows, or None when the
+    monitor is off (`monitor_every` 0). Checked before the run directory is touched.
 
-    Args:
-        gold_spec: the parsed gold reward (`parse_gold`), or None: the task's verifier; that is the proxy itself
-            when the run has no `rewards:` (`cfg.rewards` None), and it is not built twice.
     Raises:
         ValueError: rl.monitor.every > 0 on an environment task, or on a task without held-out rows (one line naming
             rl.monitor.every).
@@ -328,13 +324,27 @@ def make_monitor(cfg: Any, task: Any, reward: Reward, gold_spec: Any, policy: Po
     if task.env is not None:
         raise ValueError("rl.monitor.every: the monitor probes single completions, and task.spec is an environment "
                          "task; set rl.monitor.every=0")
-    rows = heldout_rows(task, every, cfg.rl.monitor.n, field="rl.monitor.every")
+    return heldout_rows(task, every, cfg.rl.monitor.n, field="rl.monitor.every")
+
+
+def make_monitor(cfg: Any, rows: list[dict[str, Any]] | None, task: Any, reward: Reward, gold_spec: Any,
+                 policy: Policy, reference: Policy | None) -> Monitor | None:
+    """The run's monitor (`cfg` a `TrainConfig`) on the probe `rows` (`probe_rows`), or None when they are None (the
+    monitor is off). Built right after the models, before the RNGs are seeded (a frozen copy of a tiny model draws
+    its initial weights).
+
+    Args:
+        gold_spec: the parsed gold reward (`parse_gold`), or None: the task's verifier; that is the proxy itself
+            when the run has no `rewards:` (`cfg.rewards` None), and it is not built twice.
+    """
+    if rows is None:
+        return None
     if gold_spec is not None:
         gold = build_reward(gold_spec)
     else:
         gold = None if cfg.rewards is None else build_reward(task.reward)
     m, s = cfg.rl.monitor, cfg.rl.sampling
-    settings = MonitorSettings(every, cfg.rl.steps, m.samples, cfg.rl.micro_batch_size, cfg.seed,
+    settings = MonitorSettings(monitor_every(cfg, task), cfg.rl.steps, m.samples, cfg.rl.micro_batch_size, cfg.seed,
                                {"window": m.window, "confidence": m.confidence, "min_drop": m.min_drop,
                                 "patience": m.patience, "resamples": m.resamples})
     sampling = SamplingSettings(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,

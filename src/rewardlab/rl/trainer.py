@@ -53,7 +53,7 @@ from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.curricula import make_curriculum
 from rewardlab.rl.engines import Engine, make_engine
 from rewardlab.rl.logs import log_step
-from rewardlab.rl.monitor import Monitor, make_monitor, parse_gold, probe
+from rewardlab.rl.monitor import Monitor, make_monitor, parse_gold, probe, probe_rows
 from rewardlab.rl.rollouts import Prefetch, StepBatch, reward_error_share
 from rewardlab.rl.specs import TrainSpecs, resolve_specs
 from rewardlab.rl.update import update
@@ -244,6 +244,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
     threads = apply_threads(cfg.threads)
     task, reward = load_task_and_reward(cfg, specs)
     canaries = make_canaries(cfg, task)  # its generator checked on a row before the run directory is touched
+    probes = probe_rows(cfg, task)  # the monitor's held-out rows (rl.monitor), likewise
     policy = None
     if mode != "resume":
         policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
@@ -260,7 +261,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
                                              config=cfg.model_dump(mode="json"),
                                              resume_step=latest[0] if latest is not None else None))
         policy, reference, critic = build_models(cfg, specs, task, policy, latest)
-        monitor = make_monitor(cfg, task, reward, gold, policy, reference)
+        monitor = make_monitor(cfg, probes, task, reward, gold, policy, reference)
         optimizer = make_optimizer(policy.model, cfg.rl.lr, cfg.rl.weight_decay)
         scheduler = make_scheduler(optimizer, warmup_steps=cfg.rl.warmup_steps, total_steps=cfg.rl.steps,
                                    kind=cfg.rl.lr_schedule)
@@ -376,7 +377,11 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
     since the first step began), the run stops after the first step that ends past the budget (or at
     `cfg.rl.steps`) and saves its final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
     With `rl.eval.every`, the policy is evaluated greedily on held-out questions every that many steps and at the
-    last (`rewardlab.evaluation.heldout`; eval/accuracy in metrics.jsonl and plots/train.png). A first Ctrl-C
+    last (`rewardlab.evaluation.heldout`; eval/accuracy in metrics.jsonl and plots/train.png). The
+    over-optimization monitor (`rewardlab.rl.monitor`) probes at rl.monitor.every (default: the evaluation's cadence)
+    and, with rl.monitor.stop_on_alarm, ends the run at its first alarm without checkpointing that step (summary
+    `stop_reason` "monitor_alarm"); with rl.canaries.fraction, hack canaries are sampled beside each step's batch
+    and never trained on (`rewardlab.rl.canaries`). Neither changes what the run trains. A first Ctrl-C
     (SIGINT) or SIGTERM (main thread only) ends the run after the step it is in: a checkpoint of that step and the
     summary (`interrupted: true`) are written and `Interrupted` is raised; a second one raises KeyboardInterrupt at
     once. After a SIGTERM the process exits within the grace period whatever happens (`rewardlab.interrupt`). The
