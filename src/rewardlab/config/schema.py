@@ -303,9 +303,10 @@ class RLMonitorParams(_Base):
     initial policy, length drift and entropy, with an alarm when the proxy rises while the gold falls."""
 
     every: int | None = Field(
-        None, ge=0, description="probe every N RL steps and at the last; null (default): rl.eval.every, so the "
-        "monitor is on exactly when the held-out evaluation is (single-turn tasks: an environment task's monitor "
-        "stays off unless set), and the gold is the task's verifier unless rl.monitor.gold names one; 0: off")
+        None, ge=0, description="probe every N RL steps and at the last; null (default): rl.eval.every on a "
+        "single-turn task, so the monitor is on exactly when the held-out evaluation is, with the task's verifier "
+        "as the gold unless rl.monitor.gold names one, and off on an environment task (the monitor probes single "
+        "completions; N > 0 there is an error); 0: off")
     n: int = Field(64, gt=0, description="probe prompts: the first N rows of the task's held-out (test) split, the "
                    "rows rl.eval evaluates")
     samples: int = Field(4, gt=0, description="completions sampled per probe prompt, at rl.sampling's temperature "
