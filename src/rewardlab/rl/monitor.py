@@ -124,8 +124,9 @@ def overoptimization_alarm(history: Sequence[Mapping[str, Any]], *, window: int 
     J being the number of earlier windows (Bonferroni: the best window is the largest of J noisy means, and the
     correction keeps a flat noisy trace quiet), the bootstrap resampling the probe prompts (paired: the same prompts in
     both windows; `resamples` draws from numpy's generator seeded with (seed, last step), so a decision is
-    reproducible). The alarm is raised when the test
-    fires at the last probe and at each of the `patience` - 1 probes before it (each tested on the history up to it).
+    reproducible; past J > resamples * (1 - confidence) the quantile is the smallest resample, a conservative bound).
+    The alarm is raised when the test fires at the last probe and at each of the `patience` - 1 probes before it (each
+    tested on the history up to it).
 
     Args:
         history: the probes in step order, each {"step": int, "proxy": [n] floats, "gold": [n] floats}: the mean

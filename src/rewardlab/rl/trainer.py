@@ -244,7 +244,6 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
     threads = apply_threads(cfg.threads)
     task, reward = load_task_and_reward(cfg, specs)
     canaries = make_canaries(cfg, task)  # its generator checked on a row before the run directory is touched
-    probes = probe_rows(cfg, task)  # the monitor's held-out rows (rl.monitor), likewise
     policy = None
     if mode != "resume":
         policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
@@ -253,6 +252,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
     # tokenizer, known here unless resuming), the held-out rows and the rollout engine (rl.engine ray: its workers)
     episodes = load_episodes(task, cfg.env, policy)
     heldout = heldout_rows(task, cfg.rl.eval.every, cfg.rl.eval.n, field="rl.eval.every")
+    probes = probe_rows(cfg, task)  # the monitor's (rl.monitor), checked after the evaluation's
     engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads, task=task)
     rundir = None
     try:
