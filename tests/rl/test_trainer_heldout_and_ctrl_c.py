@@ -50,8 +50,9 @@ def test_eval_every_logs_heldout_greedy_accuracy_and_leaves_training_unchanged(t
     # evaluated at every 2nd step and at the last; the run without it logs no eval/*
     assert [r["step"] for r in b if "eval/accuracy" in r] == [2, 4, 5]
     assert not any(k.startswith("eval/") for r in a for k in r)
-    # the evaluation draws no random numbers and changes no state: training is the same, bit for bit
-    assert _without(b, "eval/", "time/") == _without(a, "eval/", "time/")
+    # the evaluation draws no random numbers and changes no state: training is the same, bit for bit (the
+    # over-optimization monitor, on at the evaluation's cadence by default, likewise: tests/rl/test_monitor.py)
+    assert _without(b, "eval/", "time/", "monitor/") == _without(a, "eval/", "time/")
     weights = "checkpoints/step-5/model.safetensors"
     assert _sha(tmp_path / "B" / weights) == _sha(tmp_path / "A" / weights)
     assert plain["final_metrics"]["reward/mean"] == evald["final_metrics"]["reward/mean"]

@@ -297,6 +297,59 @@ class RLEvalParams(_Base):
     n: int = Field(200, gt=0, description="held-out questions per evaluation (the first N of the test split)")
 
 
+class RLMonitorParams(_Base):
+    """The over-optimization monitor (`rewardlab.rl.monitor`, docs/reward-hacking-monitor.md; Gao et al. 2022): on a
+    fixed probe set of held-out prompts, the training reward (the proxy) against a gold reward, the KL from the
+    initial policy, length drift and entropy, with an alarm when the proxy rises while the gold falls."""
+
+    every: int | None = Field(
+        None, ge=0, description="probe every N RL steps and at the last; null (default): rl.eval.every on a "
+        "single-turn task, so the monitor is on exactly when the held-out evaluation is, with the task's verifier "
+        "as the gold unless rl.monitor.gold names one, and off on an environment task (the monitor probes single "
+        "completions; N > 0 there is an error); 0: off")
+    n: int = Field(64, gt=0, description="probe prompts: the first N rows of the task's held-out (test) split, the "
+                   "rows rl.eval evaluates")
+    samples: int = Field(4, gt=0, description="completions sampled per probe prompt, at rl.sampling's temperature "
+                         "and top_p, from the monitor's own random streams (training samples the same with or "
+                         "without the monitor)")
+    gold: dict[str, Any] | str | None = Field(
+        None, description="the gold reward, one reward spec as a `rewards:` entry takes it (a name, or {name: ..., "
+        "options}), e.g. a stronger reward model or the verifier with other options; null: the task's verifier")
+    kl_to_init: bool = Field(
+        True, description="log monitor/kl_to_init: the k3 estimate of KL(policy || initial policy) on the probe "
+        "completions. The initial log-probs come from the KL reference when rl.beta > 0 and rl.ref_refresh_every "
+        "is null, from the base with the adapter disabled under model.lora, else from a frozen copy of model.path "
+        "(one more copy of the weights in memory; false: no copy, no KL)")
+    window: int = Field(2, gt=0, description="probes averaged per prompt before the alarm compares them (a "
+                        "trailing window of this many probes)")
+    confidence: float = Field(
+        0.99, gt=0, lt=1, description="the alarm's test needs the lower bound of the one-sided bootstrap confidence "
+        "interval (over the probe prompts) of the gold's drop from its best earlier window to be above "
+        "rl.monitor.min_drop, at this level Bonferroni-corrected for the number of earlier windows (the best is "
+        "the largest of them), and the lower bound of the proxy's rise over the same windows (at the plain level) "
+        "to be above 0")
+    min_drop: float = Field(0.0, ge=0, description="the gold drop (reward units) the confidence bound must exceed")
+    patience: int = Field(2, gt=0, description="consecutive probes whose test fires before the alarm is raised")
+    resamples: int = Field(1000, gt=0, description="bootstrap resamples of the probe prompts")
+    stop_on_alarm: bool = Field(
+        False, description="end the run at the first alarm, without checkpointing the alarm's step: the newest "
+        "checkpoint is the last one before the alarm (summary.json: stop_reason monitor_alarm)")
+
+
+class RLCanaryParams(_Base):
+    """Hack canaries (`rewardlab.rl.canaries`, docs/reward-hacking-canaries.md; after ImpossibleBench, Zhong et al.
+    2025): prompts whose verifier cannot honestly be satisfied, sampled each step beside the batch and never trained
+    on; hack/canary_pass_rate is the fraction of their completions that the training reward calls correct."""
+
+    fraction: float = Field(
+        0.0, ge=0, le=1, description="canary prompts per step as a fraction of rl.prompts_per_step (rounded up, at "
+        "least 1 when > 0), each sampled rl.group_size times; 0 (default): off")
+    generator: str | None = Field(
+        None, description="a key of rl.canaries.CANARY_GENERATORS: wrong_answer (a deliberately wrong reference "
+        "answer) or contradicting_tests (code tests that contradict each other); null: contradicting_tests for a "
+        "task scored by the code reward, else wrong_answer")
+
+
 class RLLoggingParams(_Base):
     """What a training run writes beyond its metrics."""
 
@@ -451,6 +504,10 @@ class RLConfig(_Base):
                                        description="group filtering and the prompt curriculum")
     eval: RLEvalParams = Field(default_factory=RLEvalParams, description="held-out evaluation during training")
     logging: RLLoggingParams = Field(default_factory=RLLoggingParams, description="what the run writes")
+    monitor: RLMonitorParams = Field(default_factory=RLMonitorParams,
+                                     description="the over-optimization monitor (proxy vs gold reward on probes)")
+    canaries: RLCanaryParams = Field(default_factory=RLCanaryParams,
+                                     description="hack canaries: impossible prompts whose pass rate shows a hack")
     ray: RayParams = Field(default_factory=RayParams, description="engine ray's options (rl.engine: ray only)")
 
     @model_validator(mode="before")

@@ -2,10 +2,12 @@
 
     batch = progress.prefetch.take(step)           # 1. rollouts and rewards (rl.rollouts), by policy step-1-lag
     stop_on_reward_errors(run, progress, batch, step)
+    canary_step(run, step)                         #    hack canaries beside the batch, never trained on (rl.canaries)
     credit = assign_credit(run, batch)             # 2. token rewards (- beta * KL) -> advantages (rl.credit)
     stats = update(run, credit, step)              # 3. epochs x minibatches of the policy loss (rl.update)
     run.engine.publish(run.policy, version=step)   #    the weights step + 1 + lag samples with
     evals = run.heldout(run.policy)                # 4. held-out accuracy, every rl.eval.every steps
+    probe(run, progress, step, say=warn)           #    the over-optimization monitor, every rl.monitor.every steps
     log_step(run, progress, batch, credit, stats)  # 5. metrics.jsonl, samples.jsonl (rl.logs)
     save_checkpoint(run, progress, step)           # 6. every save_every steps and at the end
 
@@ -45,11 +47,13 @@ from rewardlab.optim import make_optimizer, make_scheduler
 from rewardlab.policy import Policy, load_policy
 from rewardlab.progress import stage
 from rewardlab.rewards import Reward, RewardError, build_reward
+from rewardlab.rl.canaries import Canaries, canary_step, make_canaries
 from rewardlab.rl.credit import assign_credit
 from rewardlab.rl.critic import CRITIC_DIR, ValueModel
 from rewardlab.rl.curricula import make_curriculum
 from rewardlab.rl.engines import Engine, make_engine
 from rewardlab.rl.logs import log_step
+from rewardlab.rl.monitor import Monitor, make_monitor, parse_gold, probe, probe_rows
 from rewardlab.rl.rollouts import Prefetch, StepBatch, reward_error_share
 from rewardlab.rl.specs import TrainSpecs, resolve_specs
 from rewardlab.rl.update import update
@@ -63,9 +67,10 @@ from rewardlab.train_state import load_weights, restore_training_state, rng_stat
 #: change the floats' rounding, not the algorithm); any other change is refused.
 RESUME_MAY_CHANGE = ("rl.steps", "save_every", "keep_checkpoints", "rl.micro_batch_size",
                      "model.gradient_checkpointing", "model.logprob_chunk_tokens", "rl.logging.log_completions",
-                     "rl.logging.log_tokens")
+                     "rl.logging.log_tokens", "rl.monitor.stop_on_alarm")
 #: The metrics plotted to plots/train.png at the end of a run.
-PLOTTED = ["reward/mean", "accuracy", "eval/accuracy", "policy/entropy", "rollout/len_mean"]
+PLOTTED = ["reward/mean", "accuracy", "eval/accuracy", "policy/entropy", "rollout/len_mean", "monitor/proxy",
+           "monitor/gold"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ class TrainRun:
         engine: where rollouts are generated and scored (`rewardlab.rl.engines`, rl.engine); its `version` is the
             last published policy version.
         heldout: the held-out evaluation (`rewardlab.evaluation.heldout`; never due with rl.eval.every 0).
+        monitor: the over-optimization monitor (`rewardlab.rl.monitor`, rl.monitor), else None (off).
+        canaries: the hack canaries (`rewardlab.rl.canaries`, rl.canaries), else None (off).
     """
 
     cfg: TrainConfig
@@ -100,6 +107,8 @@ class TrainRun:
     episodes: EpisodeSettings | None
     engine: Engine
     heldout: HeldOutEval
+    monitor: Monitor | None = None
+    canaries: Canaries | None = None
 
 
 @dataclass
@@ -231,8 +240,10 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
         see `train`.
     """
     specs = check_config(cfg, mode)
+    gold = parse_gold(cfg)
     threads = apply_threads(cfg.threads)
     task, reward = load_task_and_reward(cfg, specs)
+    canaries = make_canaries(cfg, task)  # its generator checked on a row before the run directory is touched
     policy = None
     if mode != "resume":
         policy = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
@@ -241,6 +252,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
     # tokenizer, known here unless resuming), the held-out rows and the rollout engine (rl.engine ray: its workers)
     episodes = load_episodes(task, cfg.env, policy)
     heldout = heldout_rows(task, cfg.rl.eval.every, cfg.rl.eval.n, field="rl.eval.every")
+    probes = probe_rows(cfg, task)  # the monitor's (rl.monitor), checked after the evaluation's
     engine = make_engine(cfg, episodes=episodes, reward=reward, threads=threads, task=task)
     rundir = None
     try:
@@ -249,6 +261,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
                                              config=cfg.model_dump(mode="json"),
                                              resume_step=latest[0] if latest is not None else None))
         policy, reference, critic = build_models(cfg, specs, task, policy, latest)
+        monitor = make_monitor(cfg, probes, task, reward, gold, policy, reference)
         optimizer = make_optimizer(policy.model, cfg.rl.lr, cfg.rl.weight_decay)
         scheduler = make_scheduler(optimizer, warmup_steps=cfg.rl.warmup_steps, total_steps=cfg.rl.steps,
                                    kind=cfg.rl.lr_schedule)
@@ -257,13 +270,15 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         saved = restore_state(latest, optimizer, scheduler, sampler, critic, reference)
+        if monitor is not None:
+            monitor.load_state_dict(saved.get("monitor"))
         start = saved.get("step", 0)
         engine.publish(policy, version=start)  # the weights step start + 1 samples with
         evaluation = HeldOutEval(heldout, task.reward, every=cfg.rl.eval.every, last_step=cfg.rl.steps,
                                  max_new_tokens=cfg.rl.sampling.max_new_tokens, episodes=episodes,
                                  max_prompt_length=cfg.rl.sampling.max_prompt_length)
         run = TrainRun(cfg, specs, task, reward, policy, reference, critic, optimizer, scheduler, sampler, rundir,
-                       episodes, engine, evaluation)
+                       episodes, engine, evaluation, monitor, canaries)
         progress = Progress(start, start, latest, generated_before(rundir, start),
                             Prefetch(run, start, saved.get("prefetch")))
     except BaseException:
@@ -308,7 +323,8 @@ def save_checkpoint(run: TrainRun, progress: Progress, step: int) -> Path:
         save_state(tmp, {"step": step, "prefetch": prefetched, "optimizer": run.optimizer.state_dict(),
                          "scheduler": run.scheduler.state_dict(), "sampler": run.sampler.state_dict(),
                          "rng": rng_state(), "reference": run.reference.model.state_dict() if refreshed else None,
-                         "critic_optimizer": run.critic.optimizer.state_dict() if run.critic else None})
+                         "critic_optimizer": run.critic.optimizer.state_dict() if run.critic else None,
+                         "monitor": run.monitor.state_dict() if run.monitor is not None else None})
         if run.critic is not None:
             run.critic.save(tmp / CRITIC_DIR)
 
@@ -361,7 +377,11 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
     since the first step began), the run stops after the first step that ends past the budget (or at
     `cfg.rl.steps`) and saves its final checkpoint there: for equal-wall-time comparisons (benchmarks/grpo_vs_trl.py).
     With `rl.eval.every`, the policy is evaluated greedily on held-out questions every that many steps and at the
-    last (`rewardlab.evaluation.heldout`; eval/accuracy in metrics.jsonl and plots/train.png). A first Ctrl-C
+    last (`rewardlab.evaluation.heldout`; eval/accuracy in metrics.jsonl and plots/train.png). The
+    over-optimization monitor (`rewardlab.rl.monitor`) probes at rl.monitor.every (default: the evaluation's cadence)
+    and, with rl.monitor.stop_on_alarm, ends the run at its first alarm without checkpointing that step (summary
+    `stop_reason` "monitor_alarm"); with rl.canaries.fraction, hack canaries are sampled beside each step's batch
+    and never trained on (`rewardlab.rl.canaries`). Neither changes what the run trains. A first Ctrl-C
     (SIGINT) or SIGTERM (main thread only) ends the run after the step it is in: a checkpoint of that step and the
     summary (`interrupted: true`) are written and `Interrupted` is raised; a second one raises KeyboardInterrupt at
     once. After a SIGTERM the process exits within the grace period whatever happens (`rewardlab.interrupt`). The
@@ -394,7 +414,7 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
     if show_progress:
         print(f"rewardlab: {describe_task(run.task)}", file=sys.stderr, flush=True)
     try:
-        wall0, last, out_of_time = time.perf_counter(), {}, False
+        wall0, last, out_of_time, alarm_stop = time.perf_counter(), {}, False, False
         with StopRequest() as stop:  # a first Ctrl-C or SIGTERM ends the run after the current step
             with stage(rl.estimator.upper(), rl.steps, enabled=show_progress) as bar:
                 bar.advance(progress.start_step)
@@ -403,6 +423,7 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
                     progress.step = step
                     batch = prefetch.take(step)  # 1. rollouts, rewards, group filter (sampled by step-1-lag)
                     stop_on_reward_errors(run, progress, batch, step)
+                    canaries = canary_step(run, step)  # rl.canaries, sampled and scored beside the batch
                     credit = assign_credit(run, batch)  # 2. token rewards (- beta * KL) -> advantages
                     stats = update(run, credit, step)  # 3. epochs x minibatches of the policy (and critic) loss
                     run.engine.publish(run.policy, version=step)  # the weights step + 1 + lag samples with
@@ -410,18 +431,26 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
                     timing = {"step_s": time.perf_counter() - t0}
                     out_of_time = time_budget_s is not None and time.perf_counter() - wall0 >= time_budget_s
                     evals = run.heldout(run.policy) if run.heldout.due(step, last=out_of_time) else None  # 4.
+                    probed, alarm = probe(run, progress, step, say=warn, last=out_of_time)  # rl.monitor
+                    alarm_stop = alarm and rl.monitor.stop_on_alarm  # the newest checkpoint: the last before it
                     timing["elapsed_s"] = time.perf_counter() - wall0
-                    last = log_step(run, progress, batch, credit, stats, timing=timing, evals=evals)  # 5. log
+                    last = log_step(run, progress, batch, credit, stats, timing=timing,  # 5. log
+                                    evals={**(evals or {}), **probed, **canaries})
                     bar.advance(1, reward=last["reward/mean"], acc=last["accuracy"])
-                    if step % cfg.save_every == 0 or step == rl.steps or out_of_time or stop.requested:
+                    if not alarm_stop and (step % cfg.save_every == 0 or step == rl.steps or out_of_time
+                                           or stop.requested):
                         save_checkpoint(run, progress, step)  # 6.
-                    if out_of_time or stop.requested:
+                    if out_of_time or stop.requested or alarm_stop:
                         break
                     if prefetch.lag:
                         prefetch.submit()  # batch step + 1 + lag, on version step, while the next steps run
-            interrupted = stop.requested and progress.step < rl.steps and not out_of_time
+            interrupted = stop.requested and progress.step < rl.steps and not out_of_time and not alarm_stop
             summary = write_summary(run, progress, last, wall_s=time.perf_counter() - wall0,
-                                    resumed=mode == "resume", interrupted=interrupted)
+                                    resumed=mode == "resume", interrupted=interrupted, alarm_stop=alarm_stop)
+        if alarm_stop and show_progress:
+            checkpoint = progress.latest[1] if progress.latest else "(none: no checkpoint before the alarm)"
+            print(f"rewardlab: stopped by the over-optimization alarm at step {progress.step} "
+                  f"(rl.monitor.stop_on_alarm); the newest checkpoint is {checkpoint}", file=sys.stderr, flush=True)
         if interrupted:
             raise Interrupted("train", cfg.out, progress.step, progress.latest[1], signum=stop.signum)
         return summary
@@ -430,10 +459,11 @@ def train(cfg: TrainConfig, *, mode: RunMode = "new", show_progress: bool = True
 
 
 def write_summary(run: TrainRun, progress: Progress, last: dict[str, float], *, wall_s: float, resumed: bool,
-                  interrupted: bool) -> dict[str, Any]:
+                  interrupted: bool, alarm_stop: bool = False) -> dict[str, Any]:
     """Plot the run's curves (plots/train.png) and write summary.json; returns the summary. `final_checkpoint` is
     the last checkpoint this run saved (or resumed from); `async` counts every finished rollout as trained,
-    filtered or in flight."""
+    filtered or in flight. With the monitor on, `monitor` holds the steps whose probe raised the alarm, and
+    `stop_reason` is "monitor_alarm" when rl.monitor.stop_on_alarm ended the run (`alarm_stop`)."""
     rl = run.cfg.rl
     run.rundir.plot(PLOTTED, "train.png")
     summary = {
@@ -449,6 +479,10 @@ def write_summary(run: TrainRun, progress: Progress, last: dict[str, float], *, 
         "final_checkpoint": str(progress.latest[1]) if progress.latest else None,
         "async": progress.prefetch.counts(float("inf")),  # every finished rollout: trained, filtered or in flight
     }
+    if run.monitor is not None:
+        summary["monitor"] = {"alarms": list(run.monitor.alarms), "probes": len(run.monitor.history)}
+    if alarm_stop:
+        summary["stop_reason"] = "monitor_alarm"
     run.rundir.write_summary(summary)
     return summary
 
