@@ -180,7 +180,8 @@ MONITORED = ["monitor/proxy", "monitor/gold", "monitor/gap", "monitor/proxy/test
 def test_monitor_is_on_at_the_eval_cadence_and_leaves_training_unchanged(tmp_path):
     trainer.train(_config(tmp_path, "off", "rl.steps=5", "rl.eval.every=2", "rl.monitor.every=0"),
                   show_progress=False)
-    on = trainer.train(_config(tmp_path, "on", "rl.steps=5", "rl.eval.every=2"), show_progress=False)
+    on = trainer.train(_config(tmp_path, "on", "rl.steps=5", "rl.eval.every=2", "rl.monitor.kl_to_init=true"),
+                       show_progress=False)
     trainer.train(_config(tmp_path, "plain", "rl.steps=2"), show_progress=False)  # no eval: no monitor
     off_lines, on_lines = read_jsonl(tmp_path / "off" / "metrics.jsonl"), read_jsonl(tmp_path / "on" / "metrics.jsonl")
     assert [r["step"] for r in on_lines if "monitor/gold" in r] == [2, 4, 5]  # rl.eval.every's steps, the last
@@ -274,8 +275,10 @@ def test_monitor_state_survives_resume(tmp_path):
 
 
 def test_quickstart_results_are_the_same_with_the_monitor_on_by_default(tmp_path):
-    # the quickstart (reasoning_gym chain sums, SFT then GRPO with rl.eval.every) runs the monitor by default; its
-    # initial policy is a frozen copy of the SFT checkpoint. Everything but monitor/* and time/* is unchanged.
+    # the quickstart (reasoning_gym chain sums, SFT then GRPO with rl.eval.every) runs the monitor by default. It
+    # trains every weight with rl.beta 0: no reference and no adapter give the initial policy for free, so the
+    # default (kl_to_init auto) logs no KL rather than keep a copy of the weights. Everything but monitor/* and
+    # time/* is unchanged.
     from rewardlab.cli import main
 
     args = ["quickstart", "--no-progress", *TINY_OVERRIDES,
@@ -287,7 +290,8 @@ def test_quickstart_results_are_the_same_with_the_monitor_on_by_default(tmp_path
     on, off = read_jsonl(tmp_path / "on" / "grpo" / "metrics.jsonl"), read_jsonl(tmp_path / "off" / "grpo" /
                                                                                     "metrics.jsonl")
     assert [r["step"] for r in on if "monitor/gold" in r] == [2, 4]
-    assert all("monitor/kl_to_init" in r for r in on if "monitor/gold" in r)
+    assert not any("monitor/kl_to_init" in r for r in on) and all("monitor/proxy" in r for r in on
+                                                                   if "monitor/gold" in r)
     assert without_keys(on, "monitor/", "time/") == without_keys(off, "time/")
     summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("on", "off")]
     figures = [{k: v for k, v in s.items() if k not in ("stage_seconds", "total_seconds")} for s in summaries]

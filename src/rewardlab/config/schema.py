@@ -315,11 +315,12 @@ class RLMonitorParams(_Base):
     gold: dict[str, Any] | str | None = Field(
         None, description="the gold reward, one reward spec as a `rewards:` entry takes it (a name, or {name: ..., "
         "options}), e.g. a stronger reward model or the verifier with other options; null: the task's verifier")
-    kl_to_init: bool = Field(
-        True, description="log monitor/kl_to_init: the k3 estimate of KL(policy || initial policy) on the probe "
+    kl_to_init: bool | Literal["auto"] = Field(
+        "auto", description="log monitor/kl_to_init: the k3 estimate of KL(policy || initial policy) on the probe "
         "completions. The initial log-probs come from the KL reference when rl.beta > 0 and rl.ref_refresh_every "
-        "is null, from the base with the adapter disabled under model.lora, else from a frozen copy of model.path "
-        "(one more copy of the weights in memory; false: no copy, no KL)")
+        "is null, or from the base with the adapter disabled under model.lora: both cost no memory. auto "
+        "(default): only from those, else no KL; true: else from a frozen copy of model.path (one more copy of "
+        "the weights in memory); false: no KL")
     window: int = Field(2, gt=0, description="probes averaged per prompt before the alarm compares them (a "
                         "trailing window of this many probes)")
     confidence: float = Field(

@@ -28,7 +28,8 @@ Initial policy: the KL reference when rl.beta > 0 and rl.ref_refresh_every is nu
 model.lora the base with the adapter disabled (`Policy.without_adapter`; a fresh adapter starts at zero, so that is
 the initial policy); otherwise a frozen copy of model.path (one more copy of the weights, no gradients and no
 optimizer state). The completions change every probe, so the initial log-probs cannot be cached: they are scored
-anew, rl.micro_batch_size rows at a time. rl.monitor.kl_to_init=false keeps no copy and logs no KL.
+anew, rl.micro_batch_size rows at a time. The copy is made only under rl.monitor.kl_to_init=true; the default, auto,
+logs the KL only when the reference or the adapter-free base gives it for free; false logs none.
 
 Same seed, same result: completions are drawn from the streams (seed, MONITOR_STREAM, step, rollout index)
 (`rewardlab.policy.streams`), never from the global generators, whose state is restored afterwards besides; the
@@ -299,13 +300,16 @@ def monitor_every(cfg: Any, task: Any) -> int:
     return every
 
 
-def initial_policy(cfg: Any, policy: Policy, reference: Policy | None) -> Policy:
+def initial_policy(cfg: Any, policy: Policy, reference: Policy | None) -> Policy | None:
     """The initial policy monitor/kl_to_init compares with (see the module docstring): the reference when it is the
-    initial weights, the base without the adapter under LoRA, else a frozen copy of model.path."""
+    initial weights, the base without the adapter under LoRA, else - only when rl.monitor.kl_to_init is true, not
+    "auto" - a frozen copy of model.path; None: no KL."""
     if reference is not None and cfg.rl.ref_refresh_every is None:
         return reference
     if policy.has_adapter:
         return policy.without_adapter()
+    if cfg.rl.monitor.kl_to_init is not True:
+        return None
     initial = load_policy(cfg.model.path, **{"seed": cfg.seed, **cfg.model.policy_options(), "lora": None})
     initial.model.eval().requires_grad_(False)
     return initial
