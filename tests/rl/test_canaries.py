@@ -172,3 +172,16 @@ def test_canaries_are_logged_never_trained_on_and_off_changes_nothing(tmp_path):
     assert all(s["answer"] != real[s["prompt"]] and s["kept"] is False for s in canaries)
     with pytest.raises(ValueError, match="rl.canaries.fraction"):
         _config(tmp_path, "bad", "rl.canaries.fraction=1.5")
+
+
+def test_rows_the_generator_refuses_are_skipped_and_a_task_it_refuses_wholly_is_refused():
+    """HumanEval/32's check has no `assert X == literal` to contradict: such rows are never canaries, and the first
+    training row being one of them does not stop the run."""
+    sampling = SamplingSettings(max_new_tokens=2)
+    refused = {"prompt": "p", "tests": ["assert abs(f(1) - 0.5) < 1e-6"]}
+    rows = [refused, {"prompt": "q", "tests": ["assert f(1) == 2"]}, refused]
+    canaries = Canaries(rows, generator="contradicting_tests", per_step=2, group_size=1, seed=0, sampling=sampling)
+    for step in range(5):
+        assert [r["prompt"] for r in canaries.rows_for(step)] == ["q"]
+    with pytest.raises(ValueError, match="contradicting_tests found no"):
+        Canaries([refused], generator="contradicting_tests", per_step=1, group_size=1, seed=0, sampling=sampling)

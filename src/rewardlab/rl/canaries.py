@@ -173,7 +173,7 @@ class Canaries:
             rl.sampling (temperature, top_p, max_new_tokens, max_prompt_length; chunk and greedy are not read).
             seed: the run's seed.
     Raises:
-        ValueError: the generator refuses the first row (checked here, before the run starts).
+        ValueError: the generator refuses every row (checked here, before the run starts).
     """
 
     def __init__(self, rows: list[dict[str, Any]], *, generator: str, per_step: int, group_size: int,
@@ -182,14 +182,30 @@ class Canaries:
         self.per_step, self.group_size, self.seed = per_step, group_size, seed
         self.sampling = {"temperature": sampling.temperature, "top_p": sampling.top_p,
                          "max_new_tokens": sampling.max_new_tokens, "max_prompt_length": sampling.max_prompt_length}
-        self.generate_row(row=rows[0], rng=np.random.default_rng(0))
+        first_error = None
+        for row in rows:  # the generator must accept some row (it may refuse some: a HumanEval check with no
+            try:          # `assert X == literal`, e.g. HumanEval/32's tolerance test)
+                self.generate_row(row=row, rng=np.random.default_rng(0))
+                break
+            except ValueError as exc:
+                first_error = first_error or exc
+        else:
+            raise first_error or ValueError("rl.canaries: no training rows to make canaries of")
 
     def rows_for(self, step: int) -> list[dict[str, Any]]:
-        """Step `step`'s canary rows: `per_step` training rows drawn without replacement (at most all of them) by
-        numpy's generator seeded with (seed, CANARY_STREAM, step), each made impossible by the generator."""
+        """Step `step`'s canary rows: the first `per_step` training rows, in an order drawn by numpy's generator
+        seeded with (seed, CANARY_STREAM, step), that the generator can make impossible (rows it refuses are
+        skipped), each made impossible by it."""
         rng = np.random.default_rng([self.seed % 2**64, CANARY_STREAM, step])  # numpy takes seeds >= 0
-        picks = rng.choice(len(self.rows), size=min(self.per_step, len(self.rows)), replace=False)
-        return [self.generate_row(row=self.rows[int(i)], rng=rng) for i in picks]
+        out = []
+        for i in rng.permutation(len(self.rows)):
+            try:
+                out.append(self.generate_row(row=self.rows[int(i)], rng=rng))
+            except ValueError:
+                continue
+            if len(out) == self.per_step:
+                break
+        return out
 
     def __call__(self, policy: Any, reward: Any, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Sample and score step `step`'s canaries with `policy` and the run's `reward`: returns the metrics and the
