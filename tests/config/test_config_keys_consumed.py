@@ -22,7 +22,11 @@ import episode_envs  # noqa: F401  (registers env:test_turns, its reward and the
 #: Keys that only apply in one mode, with the override that sets them, refused in the other mode.
 ENV_ONLY = ["env.max_turns=2", "env.max_episode_tokens=30", "env.max_tool_tokens=20", "env.tool_keep=end",
             "env.tool_timeout_s=2", "env.max_tool_calls_per_turn=2", "rl.turn_rewards=info_gain"]
-SINGLE_TURN_ONLY = ["rl.step_separator=';'"]
+SINGLE_TURN_ONLY = ["rl.step_separator=';'", "rl.canaries.fraction=0.5", "rl.canaries.generator=wrong_answer",
+                    "rl.monitor.every=1", "rl.monitor.n=5", "rl.monitor.samples=2", "rl.monitor.gold=exact_match",
+                    "rl.monitor.kl_to_init=true", "rl.monitor.window=1", "rl.monitor.confidence=0.9",
+                    "rl.monitor.min_drop=0.1", "rl.monitor.patience=1", "rl.monitor.resamples=10",
+                    "rl.monitor.stop_on_alarm=true"]
 #: Keys that only engine ray reads, refused on engine local (every run below) in both modes.
 RAY_ONLY = ["rl.ray.rollout_workers=3", "rl.ray.reward_workers=1", "rl.ray.address=auto",
             "rl.ray.rollout_worker_cpus=1", "rl.ray.rollout_worker_gpus=0.5", "rl.ray.reward_worker_cpus=1",
@@ -82,6 +86,7 @@ SINGLE_RUNS = [
     ["rl.filtering.group_filter=dapo", "rl.filtering.filter_metric=score", "rl.filtering.max_rounds=2",
      "rl.clip_eps=0.3", "rl.filtering.curriculum=pass_rate", "rl.beta=0.1", "rl.kl_in=loss"],
     ["rl.estimator=pure", "rl.step_separator='+'", "rewards=[{name: test_walk_steps}]", "on_error=skip"],
+    ["rl.canaries.fraction=0.5", "rl.canaries.generator=wrong_answer", "rl.monitor.stop_on_alarm=true"],
 ]
 ENV_RUNS = [
     ["rl.estimator=turn_grpo", "rl.turn_rewards=info_gain"],

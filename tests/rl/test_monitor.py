@@ -218,9 +218,12 @@ def test_monitor_gold_spec_and_its_errors(tmp_path):
         _config(tmp_path, "H", "rl.monitor.unknown=1")
     # an environment task: off by default, refused when asked for
     env_task = Task(name="env:calculator", train=ROWS, test=TEST_ROWS, env={"name": "calculator", "options": {}})
-    assert probe_rows(_config(tmp_path, "I", "rl.eval.every=2"), env_task) is None
+    default_samples = "rl.monitor.samples=4"  # _config sets 2
+    assert probe_rows(_config(tmp_path, "I", "rl.eval.every=2", default_samples), env_task) is None
     with pytest.raises(ValueError, match=r"^rl.monitor.every: the monitor probes single completions"):
-        probe_rows(_config(tmp_path, "I", "rl.monitor.every=2"), env_task)
+        probe_rows(_config(tmp_path, "I", "rl.monitor.every=2", default_samples), env_task)
+    with pytest.raises(ValueError, match=r"^rl.monitor.samples: the monitor probes single completions"):
+        probe_rows(_config(tmp_path, "I", "rl.eval.every=2"), env_task)  # a monitor key set there: not silent
     assert len(probe_rows(_config(tmp_path, "I", "rl.eval.every=2", "rl.monitor.n=3"),
                           Task(name="t", train=ROWS, test=TEST_ROWS))) == 3
 

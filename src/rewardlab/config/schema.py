@@ -298,7 +298,7 @@ class RLEvalParams(_Base):
 
 
 class RLMonitorParams(_Base):
-    """The over-optimization monitor (`rewardlab.rl.monitor`, docs/reward-hacking-monitor.md; Gao et al. 2022): on a
+    """The over-optimization monitor (`rewardlab.rl.monitor`, docs/reward-hacking.md; Gao et al. 2022): on a
     fixed probe set of held-out prompts, the training reward (the proxy) against a gold reward, the KL from the
     initial policy, length drift and entropy, with an alarm when the proxy rises while the gold falls."""
 
@@ -338,7 +338,7 @@ class RLMonitorParams(_Base):
 
 
 class RLCanaryParams(_Base):
-    """Hack canaries (`rewardlab.rl.canaries`, docs/reward-hacking-canaries.md; after ImpossibleBench, Zhong et al.
+    """Hack canaries (`rewardlab.rl.canaries`, docs/reward-hacking.md; after ImpossibleBench, Zhong et al.
     2025): prompts whose verifier cannot honestly be satisfied, sampled each step beside the batch and never trained
     on; hack/canary_pass_rate is the fraction of their completions that the training reward calls correct."""
 

@@ -235,10 +235,13 @@ def make_canaries(cfg: Any, task: Any) -> Canaries | None:
     """The run's canaries (`cfg` a `TrainConfig`), or None with rl.canaries.fraction 0.
 
     Raises:
-        ValueError: see `canary_generator` and `Canaries`.
+        ValueError: see `canary_generator` and `Canaries`; rl.canaries.generator set with fraction 0.
     """
     c, rl = cfg.rl.canaries, cfg.rl
     if not c.fraction:
+        if c.generator is not None:
+            raise ValueError("rl.canaries.generator: set while rl.canaries.fraction is 0 (no canaries); set a "
+                             "fraction, or leave the generator out")
         return None
     s = rl.sampling
     return Canaries(list(task.train), generator=canary_generator(task, c.generator),

@@ -321,9 +321,15 @@ def probe_rows(cfg: Any, task: Any) -> list[dict[str, Any]] | None:
 
     Raises:
         ValueError: rl.monitor.every > 0 on an environment task, or on a task without held-out rows (one line naming
-            rl.monitor.every).
+            rl.monitor.every); any other rl.monitor key set on an environment task (naming it).
     """
     every = monitor_every(cfg, task)
+    if task.env is not None:
+        m = cfg.rl.monitor
+        changed = [k for k, field in type(m).model_fields.items() if k != "every" and getattr(m, k) != field.default]
+        if changed:
+            raise ValueError(f"rl.monitor.{changed[0]}: the monitor probes single completions, and task.spec is an "
+                             "environment task (the monitor is off there); leave rl.monitor out")
     if not every:
         return None
     if task.env is not None:
@@ -383,8 +389,8 @@ def probe(run: Any, progress: Any, step: int, *, say: Callable[[str], None],
     if monitor is None or not monitor.due(step, last=last):
         return {}, False
     metrics, decision = monitor(run.policy, step)
+    stop = run.cfg.rl.monitor.stop_on_alarm
     if decision.alarm:
-        stop = run.cfg.rl.monitor.stop_on_alarm
         checkpoint = progress.latest[1].name if progress.latest else None
         say(f"rl.monitor: over-optimization alarm at step {step}: the proxy reward rose by "
              f"{decision.proxy_rise:.4g} while the gold fell by {decision.gold_drop:.4g} (lower "
