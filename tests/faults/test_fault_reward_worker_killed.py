@@ -226,9 +226,9 @@ def pids_named(marker: str) -> list[int]:
     return found
 
 
-def code_reward(isolation: str = "auto"):
+def code_reward(isolation: str = "auto", strict: bool = True):
     return build_reward([{"name": "code", "timeout": 20.0, "test_timeout": 20.0, "workers": 4,
-                          "isolation": isolation}], on_error="zero")
+                          "isolation": isolation, "strict": strict}], on_error="zero")
 
 
 def code_batch(quick: str, slow: str, seconds: float) -> list[Rollout]:
@@ -279,8 +279,10 @@ def test_sandbox_launcher_killed_mid_batch():
 
 def test_sandbox_supervisor_killed_mid_batch():
     """Process isolation runs each program under a supervisor process (the one that enforces its limits): killing
-    it loses that program's status, which is the reward's error, not the program's failure."""
-    reward = code_reward("process")
+    it loses that program's status, which is the reward's error, not the program's failure. The lenient harness,
+    so that the program whose parent is killed is the sandbox's own (under strict mode its parent is the tests'
+    process, whose death is the program's failure, tests/faults/test_fault_hostile_code.py)."""
+    reward = code_reward("process", strict=False)
     quick, slow = "rl" + uuid.uuid4().hex[:12], "rl" + uuid.uuid4().hex[:12]
     rollouts = code_batch(quick, slow, 3)
 
