@@ -25,7 +25,8 @@ def _required(registry, name):
     """Placeholder values for the options an entry requires (none of them is the option under test)."""
     params = inspect.signature(registry[name]).parameters
     placeholders = {"rewards": ["exact_match"], "tiers": ["exact_match", "exact_match"], "gate": "exact_match",
-                    "reward": "exact_match", "penalties": ["exact_match"], "path": "some/model", "coef": 0.1,
+                    "reward": "exact_match", "penalties": ["exact_match"], "members": ["exact_match", "exact_match"],
+                    "path": "some/model", "coef": 0.1,
                     "max_len": 8, "buffer": 2, "eta": 0.5}
     declared = registry.options(name) or ()
     return {k: placeholders[k] for k in declared if params[k].default is inspect.Parameter.empty}

@@ -219,7 +219,8 @@ def test_plain_leaf_specs_unchanged():
     [
         ([{"name": "field", "key": "o"}, {"compose": "tiered", "tiers": [{"threshold": 1.0}, {"name": "field"}]}],
          "rewards[1].tiers[0]: missing 'name'"),
-        ([{"compose": "gate"}], "rewards[0].compose: unknown composition 'gate'; valid: gated, penalty, sum, tiered"),
+        ([{"compose": "gate"}],
+         "rewards[0].compose: unknown composition 'gate'; valid: ensemble, gated, penalty, sum, tiered"),
         ([{"compose": "gated", "gate": "exact_match", "reward": "exact_match", "treshold": 1}],
          "rewards[0]: unknown option 'treshold' for composition 'gated'; valid: gate, gate_weight, reward, threshold"),
         ([{"compose": "gated", "reward": "exact_match"}], "rewards[0]: missing option 'gate' for composition 'gated'"),
@@ -331,3 +332,49 @@ on_error: skip
     assert out.score == pytest.approx(1.25)
     assert out.components["gated/penalty/overlong_penalty"] == pytest.approx(-0.5)
     assert out.components["gated/penalty/unshaped"] == 1.0  # shaped inside the gate: not re-derived at the top
+
+
+# ---------------------------------------------------------------------------------------------- ensemble
+def _ensemble_scores(reduce, lam=1.0):
+    spec = {"compose": "ensemble", "reduce": reduce, "lam": lam,
+            "members": [{"name": "field", "key": "a"}, {"name": "field", "key": "b"}, {"name": "field", "key": "c"}]}
+    (out,) = build_reward([spec])([make_rollout("y", {"a": 0.2, "b": 0.8, "c": 0.5})])
+    return out
+
+
+@pytest.mark.parametrize("reduce, lam, expected", [
+    ("mean", 1.0, 0.5),                         # (0.2 + 0.8 + 0.5) / 3
+    ("min", 1.0, 0.2),                          # worst case
+    ("mean_minus_var", 2.0, 0.5 - 2 * 0.06),    # var = (0.09 + 0.09 + 0) / 3 = 0.06 (population)
+    ("mean_minus_std", 1.0, 0.5 - 0.06 ** 0.5),
+    ("mean_minus_std", 0.0, 0.5),
+])
+def test_ensemble_reductions_on_hand_vectors(reduce, lam, expected):
+    out = _ensemble_scores(reduce, lam)
+    assert out.error is None and out.score == pytest.approx(expected)
+    assert out.components["field"] == 0.2 and out.components["field#2"] == 0.8 and out.components["field#3"] == 0.5
+    assert out.components["ensemble_mean"] == pytest.approx(0.5)
+    assert out.components["ensemble_std"] == pytest.approx(0.06 ** 0.5)
+
+
+def test_ensemble_step_scores_errors_and_validation():
+    from rewardlab.rewards.compose import EnsembleReward
+
+    row = {"a": 1.0, "b": 0.0, "sa": [1.0, 0.0], "sb": [0.0, 0.0], "sc": [1.0], "x": "x"}
+    ens = EnsembleReward([F("a", steps_key="sa"), F("b", steps_key="sb")], reduce="min")
+    (out,) = ens([make_rollout("y", row)])
+    assert out.score == 0.0 and out.step_scores == [0.0, 0.0]
+    (out,) = EnsembleReward([F("a", steps_key="sa"), F("b")])([make_rollout("y", row)])
+    assert out.step_scores is None and out.score == 0.5  # not every member gives step scores
+    (out,) = EnsembleReward([F("a", steps_key="sa"), F("b", steps_key="sc")])([make_rollout("y", row)])
+    assert out.error and "different numbers of step scores" in out.error
+    (out,) = EnsembleReward([F("a"), F("x")])([make_rollout("y", row)])
+    assert out.score == 0.0 and "no x" in out.error and out.components["field"] == 1.0
+    members = [{"name": "field", "key": "a"}, {"name": "field", "key": "b"}]
+    for bad, message in [({"members": members[:1]}, r"rewards\[0\]\.members: an ensemble needs at least 2"),
+                         ({"members": members, "reduce": "median"}, r"rewards\[0\]\.reduce: expected one of"),
+                         ({"members": members, "lam": -1}, r"rewards\[0\]\.lam: must be >= 0"),
+                         ({"members": members, "lam": "big"}, r"rewards\[0\]\.lam: expected a number"),
+                         ({"members": members, "beta": 1}, "beta")]:
+        with pytest.raises(ValueError, match=message):
+            build_reward([{"compose": "ensemble", **bad}])

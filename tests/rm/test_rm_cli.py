@@ -181,3 +181,33 @@ def test_minilm_encoder_backbone_trains_both_kinds_and_loads_as_a_scorer(pipelin
             assert report["pairs"]["n"] > 0
         else:
             assert report["first_error"]["scorer_kind"] == "process"
+
+
+def test_an_ensemble_of_two_reward_models_trained_on_different_subsamples(pipeline):
+    """`rm train` with train.subsample and another seed makes a second member; `compose: ensemble` of the two scores
+    the mean / min / mean - lam * std of the members' own scores, each logged as a component."""
+    from rewardlab.commands.rm import subsample_pairs
+
+    pairs_file = pipeline / "pairs" / "pairs.jsonl"
+    n = len(pairs_file.read_text().splitlines())
+    assert main(["rm", "train", "--no-progress", "--model", "tiny", "--data", str(pairs_file), "--out",
+                 str(pipeline / "bt2"), "train.epochs=1", "train.batch_size=8", "train.subsample=0.5", "seed=1",
+                 *TINY_OVERRIDES]) == 0
+    assert _summary(pipeline / "bt2")["train_pairs"] == max(1, round(0.5 * n))
+    members = [{"name": "reward_model", "path": _summary(pipeline / d)["final_checkpoint"]} for d in ("bt", "bt2")]
+    rollouts = [make_rollout(f"{i}=", c) for i, c in enumerate("ab")]
+    alone = [[o.score for o in build_reward([m])(rollouts)] for m in members]
+    assert alone[0] != alone[1]  # different members
+    for reduce, combine in [("mean", lambda a, b: (a + b) / 2), ("min", min),
+                            ("mean_minus_std", lambda a, b: (a + b) / 2 - 0.5 * abs(a - b) / 2)]:
+        outs = build_reward([{"compose": "ensemble", "reduce": reduce, "lam": 0.5, "members": members}])(rollouts)
+        for k, out in enumerate(outs):
+            assert out.score == pytest.approx(combine(alone[0][k], alone[1][k]), abs=1e-5)
+            assert out.components["reward_model"] == pytest.approx(alone[0][k], abs=1e-5)
+            assert out.components["reward_model#2"] == pytest.approx(alone[1][k], abs=1e-5)
+    rows = list(range(10))
+    assert subsample_pairs(rows, 0.3, seed=0) == subsample_pairs(rows, 3, seed=0) != subsample_pairs(rows, 3, seed=1)
+    assert subsample_pairs(rows, None, seed=0) == rows and len(subsample_pairs(rows, 0.01, seed=0)) == 1
+    for bad in (2.5, 11):
+        with pytest.raises(ValueError, match="train.subsample"):
+            subsample_pairs(rows, bad, seed=0)

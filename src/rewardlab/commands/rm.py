@@ -49,7 +49,7 @@ def train(cfg: RmTrainConfig, *, mode: RunMode = "new", show_progress: bool = Tr
             directory holds a run and `mode` is "new", is in use, or has nothing to resume.
     """
     t = cfg.train
-    train_pairs = load_pairs(cfg.data)
+    train_pairs = subsample_pairs(load_pairs(cfg.data), t.subsample, cfg.seed)
     eval_pairs = load_pairs(cfg.eval_data) if cfg.eval_data else []
     apply_threads(cfg.threads)
     model, tokenizer = load_backbone(cfg.model.path, "sequence", device=cfg.model.device,
@@ -81,13 +81,33 @@ def train(cfg: RmTrainConfig, *, mode: RunMode = "new", show_progress: bool = Tr
                                            name="RM train", show_progress=show_progress)
         run.plot(["train/loss", "train/accuracy", "eval/accuracy"], "rm_train.png")
         summary = {"stage": "rm_train", "loss": "bradley_terry", "backbone": cfg.model.path, "steps": step,
-                   "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs),
+                   "train_pairs": len(train_pairs), "subsample": t.subsample, "eval_pairs": len(eval_pairs),
                    "wall_s": time.perf_counter() - wall0,
                    "final_train": {k: v for k, v in last.items() if not k.startswith("eval/")},
                    "final_eval": last_eval, "final_checkpoint": str(final),
                    "resumed_from": start_step if mode == "resume" else None}
         run.write_summary(summary)
     return summary
+
+
+def subsample_pairs(pairs: list[Any], subsample: float | None, seed: int) -> list[Any]:
+    """`pairs`, or a subset of them drawn with `random.Random(seed)` in file order: `subsample` a fraction in (0, 1)
+    (round(f * n) pairs, at least 1) or a count (a whole number >= 1).
+
+    Raises:
+        ValueError: a count that is not whole or exceeds the pairs, naming train.subsample.
+    """
+    if subsample is None:
+        return pairs
+    n = len(pairs)
+    if subsample < 1:
+        k = max(1, round(subsample * n))
+    elif float(subsample).is_integer() and subsample <= n:
+        k = int(subsample)
+    else:
+        raise ValueError(f"train.subsample: a fraction in (0, 1) or a whole count of at most {n} pairs, got "
+                         f"{subsample:g}")
+    return [pairs[i] for i in sorted(random.Random(seed).sample(range(n), k))]
 
 
 def _plots(run: RunDir, report: dict[str, Any]) -> list[str]:

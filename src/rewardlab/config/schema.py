@@ -912,6 +912,11 @@ class RMTrainParams(_FitParams):
                              "sigmoid: -log sigmoid(r_c - r_r - m) (Llama 2)")
     center_coef: float = Field(0.0, ge=0, description="c of the centering term c (r_c + r_r)^2 (Eisenstein et al. "
                                "2023 use 0.01); 0: off")
+    subsample: float | None = Field(
+        None, gt=0, description="train on a random subset of the pairs, drawn with the run's seed (sorted back into "
+        "file order): a fraction in (0, 1), or a count (a whole number >= 1; at most the number of pairs); null: "
+        "every pair. Members of a reward ensemble (`compose: ensemble`, Coste et al. 2023) are typically RMs trained "
+        "with different seeds or subsamples")
 
 
 # `_Run, _Checkpoints` in this order keeps the key order save_every, keep_checkpoints, out, seed, model, ... (see

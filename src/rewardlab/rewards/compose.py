@@ -1,4 +1,5 @@
-"""Composed rewards: weighted sum, gated, tiered (lexicographic) and multiplicative penalties; config parse and build.
+"""Composed rewards: weighted sum, gated, tiered (lexicographic), multiplicative penalties and ensembles; config parse
+and build.
 
 Every node is a `Reward` (a batch of rollouts in, one `RewardOutput` per rollout out), so nodes nest. A node's
 components hold each child's score under the child's label and the child's own components under "<label>/<key>";
@@ -18,6 +19,7 @@ Config (the `rewards:` list of a `rewardlab train` config; docs/rewards-compose.
     gated:    {compose: gated, gate: SPEC, reward: SPEC, threshold: 1.0, gate_weight: 0.0}
     tiered:   {compose: tiered, tiers: [SPEC + {threshold: T}, ..., SPEC]}
     penalty:  {compose: penalty, reward: SPEC, penalties: [SPEC, ...]}
+    ensemble: {compose: ensemble, members: [SPEC, ...], reduce: mean | min | mean_minus_var | mean_minus_std, lam: 1}
     shaping:  {shape: length | overlong | par | clip | delta, reward: SPEC, ...}   (see `rewards.shaping`)
 
 `label` (any node) names its components; default: the reward name, the composition kind, or for a shaping node the
@@ -380,6 +382,82 @@ class PenaltyReward:
         return outputs
 
 
+# ---------------------------------------------------------------------------------------------- ensemble
+ENSEMBLE_REDUCTIONS = ("mean", "min", "mean_minus_var", "mean_minus_std")
+
+
+class EnsembleReward:
+    """k rewards that score the same thing (typically k reward models trained with different seeds or data subsets),
+    reduced to one conservative score.
+
+    Coste et al. 2023, "Reward Model Ensembles Help Mitigate Overoptimization" (arXiv 2310.02743), with r_1..r_k the
+    members' scores, mean = (1/k) sum_i r_i and var = (1/k) sum_i (r_i - mean)^2 (the population variance, as in the
+    paper's intra-ensemble variance):
+
+        mean            mean                                   (mean optimization)
+        min             min_i r_i                              (worst-case optimization, WCO)
+        mean_minus_var  mean - lam * var                       (uncertainty-weighted optimization, UWO: the paper's)
+        mean_minus_std  mean - lam * sqrt(var)                 (UWO with the std, in the reward's own units)
+
+    step_scores: the same reduction step by step when every member gives step scores (equal lengths; different
+    lengths are an error); else None. The members are not normalized here: Coste et al. normalize each RM's scores;
+    wrap a member in a shaping (`{shape: clip}`, ...) or train the members alike to make their scales comparable.
+
+    Components: each member's score under its label (`rm`, `rm#2`, ...) and its components under "<label>/<key>",
+    `ensemble_mean` and `ensemble_std`. A member's error makes the node's output an error.
+    """
+
+    def __init__(self, members: Sequence[Reward], *, reduce: str = "mean", lam: float = 1.0, name: str = "ensemble",
+                 labels: Sequence[str | None] | None = None) -> None:
+        if len(members) < 2:
+            raise ValueError(f"{name}: an ensemble needs at least 2 members, got {len(members)}")
+        if reduce not in ENSEMBLE_REDUCTIONS:
+            raise ValueError(f"{name}.reduce: expected one of {ENSEMBLE_REDUCTIONS}, got {reduce!r}")
+        self.members, self.reduce, self.lam, self.name = list(members), reduce, float(lam), name
+        given = list(labels) if labels is not None else [None] * len(self.members)
+        self.labels = unique_labels([lab or m.name for lab, m in zip(given, self.members)])
+
+    def reduced(self, scores: Sequence[float]) -> tuple[float, float, float]:
+        """(the reduced score, mean, population std) of one rollout's member scores."""
+        k = len(scores)
+        mean = sum(scores) / k
+        var = sum((x - mean) ** 2 for x in scores) / k
+        if self.reduce == "mean":
+            value = mean
+        elif self.reduce == "min":
+            value = min(scores)
+        elif self.reduce == "mean_minus_var":
+            value = mean - self.lam * var
+        else:
+            value = mean - self.lam * math.sqrt(var)
+        return value, mean, math.sqrt(var)
+
+    def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
+        outs = [m(rollouts) for m in self.members]
+        outputs = []
+        for i in range(len(rollouts)):
+            comps: dict[str, float] = {}
+            errors = []
+            for label, member_outs in zip(self.labels, outs):
+                add_child(comps, label, member_outs[i])
+                if member_outs[i].error is not None:
+                    errors.append(member_outs[i].error)
+            mine = [member_outs[i] for member_outs in outs]
+            score, comps["ensemble_mean"], comps["ensemble_std"] = self.reduced([o.score for o in mine])
+            steps = None
+            if not errors and all(o.step_scores is not None for o in mine):
+                lengths = {len(o.step_scores) for o in mine}
+                if len(lengths) > 1:
+                    errors.append(f"{self.name}: members give different numbers of step scores {sorted(lengths)}")
+                else:
+                    steps = [self.reduced(column)[0] for column in zip(*(o.step_scores for o in mine))]
+            if errors:
+                outputs.append(_failed(comps, errors))
+                continue
+            outputs.append(RewardOutput(score=score, components=comps, step_scores=steps))
+        return outputs
+
+
 # ---------------------------------------------------------------------------------------------- parsed specs
 @dataclass(frozen=True)
 class LeafSpec:
@@ -405,12 +483,12 @@ class ComposeSpec:
     """A parsed composition node `{compose: KIND, ...}`.
 
     Attributes:
-        kind: a `COMPOSITIONS` name: sum, gated, tiered, penalty.
+        kind: a `COMPOSITIONS` name: sum, gated, tiered, penalty, ensemble.
         children: the parsed child nodes in order: sum: the members; gated: (gate, reward); tiered: the tiers;
-            penalty: (reward, *penalties).
+            penalty: (reward, *penalties); ensemble: the members.
         options: the node's own checked values (read-only): sum: `weights` (a float per member); gated:
             `threshold`, `gate_weight`; tiered: `thresholds` (a float in [0, 1] per tier but the last); penalty:
-            none.
+            none; ensemble: `reduce`, `lam`.
         label: the `label` given, or None (the kind then labels it).
         path: where the spec sits in the config.
     """
@@ -660,6 +738,25 @@ def _compose_penalty(path: str, *, reward: Any, penalties: Sequence[Any]) -> tup
     inner = parse_node(reward, f"{path}.reward")
     return [inner, *(parse_node(p, f"{path}.penalties[{j}]")
                      for j, p in enumerate(_list(penalties, "penalties", path)))], {}
+
+
+def _build_ensemble(children: Sequence[Reward], labels: Sequence[str], name: str, *, reduce: str,
+                    lam: float) -> Reward:
+    return EnsembleReward(children, reduce=reduce, lam=lam, name=name, labels=labels)
+
+
+@COMPOSITIONS.register("ensemble", build=_build_ensemble)
+def _compose_ensemble(path: str, *, members: Sequence[Any], reduce: str = "mean",
+                      lam: float = 1.0) -> tuple[list[NodeSpec], dict[str, Any]]:
+    items = _list(members, "members", path)
+    if len(items) < 2:
+        raise ValueError(f"{path}.members: an ensemble needs at least 2 members, got {len(items)}")
+    if reduce not in ENSEMBLE_REDUCTIONS:
+        raise ValueError(f"{path}.reduce: expected one of {ENSEMBLE_REDUCTIONS}, got {reduce!r}")
+    lam = _number(lam, "lam", path)
+    if lam < 0:
+        raise ValueError(f"{path}.lam: must be >= 0, got {lam:g}")
+    return [parse_node(m, f"{path}.members[{j}]") for j, m in enumerate(items)], {"reduce": reduce, "lam": lam}
 
 
 # ---------------------------------------------------------------------------------------------- build
