@@ -81,14 +81,14 @@ def test_equivalences_and_non_equivalences_in_one_batch():
     outs = MathReward(timeout=30)([make_rollout(c, {"answer": a}) for c, a, _ in cases])
     wrong = [(c, a, want, o) for (c, a, want), o in zip(cases, outs) if o.score != want or o.error is not None]
     assert not wrong
-    assert all(o.components == {"correct": o.score, "extracted": 1.0, "timed_out": 0.0} for o in outs)
+    assert all(o.components == {"correct": o.score, "extracted": 1.0, "timed_out": 0.0, "ambiguous": 0.0} for o in outs)
 
 
 def test_no_answer_found_is_a_zero_not_an_error():
     r = MathReward(extract=["boxed"])
     (out,) = r([make_rollout("the answer is 5", {"answer": "5"})])  # no \boxed{} and only boxes are looked for
     assert out.score == 0.0 and out.error is None
-    assert out.components == {"correct": 0.0, "extracted": 0.0, "timed_out": 0.0}
+    assert out.components == {"correct": 0.0, "extracted": 0.0, "timed_out": 0.0, "ambiguous": 0.0}
 
 
 def test_missing_or_empty_reference_is_an_error():
@@ -109,7 +109,7 @@ def test_a_hung_answer_scores_0_timed_out_not_an_error_and_the_batch_still_score
         outs = reward([make_rollout(c, {"answer": a}) for c, a in cases])
     assert [o.score for o in outs] == [1.0, 0.0, 0.0, 1.0]
     assert [o.error for o in outs] == [None] * 4
-    assert outs[1].components == {"correct": 0.0, "extracted": 1.0, "timed_out": 1.0}
+    assert outs[1].components == {"correct": 0.0, "extracted": 1.0, "timed_out": 1.0, "ambiguous": 0.0}
     assert [o.components["timed_out"] for o in (outs[0], outs[2], outs[3])] == [0.0] * 3
     # the replaced worker scores the next batch
     assert reward([make_rollout(r"\boxed{6}", {"answer": "6"})])[0].score == 1.0
@@ -171,3 +171,39 @@ def test_registered_and_composed_with_format():
 def test_bad_options_fail_at_build_time(spec, message):
     with pytest.raises(ValueError, match=rf"rewards\[0\]( \(math\))?: .*{message}"):
         build_reward([{"name": "math", **spec}])
+
+
+# ------------------------------------------------------------------------------------------- hedged answers
+HEDGES = [
+    (r"\boxed{1} or maybe \boxed{2}", "2"),                       # two different boxes: the last one is right
+    (r"\boxed{3}\boxed{2}\boxed{1}", "1"),
+    ("<answer>4</answer> <answer>5</answer>", "5"),              # two different answer tags
+    ("So the answer is 1 or 2 or 3.", "3"),                      # a last line hedging between numbers
+    ("It could be 4, 5 or 6", "6"),
+    ("either 2 or -2", "-2"),
+    (r'The question asks "what is \boxed{7}?" and I do not know.', "7"),  # only the question's own box
+    ("the answer is seven", "7"),                                # outside the accepted forms
+]
+
+
+def test_several_candidate_answers_a_quoted_box_and_other_forms_score_zero():
+    rows = [{"prompt": r'what is \boxed{7}?', "answer": a} for _, a in HEDGES]
+    outs = MathReward(timeout=30)([make_rollout(c, row) for (c, _), row in zip(HEDGES, rows)])
+    assert [o.score for o in outs] == [0.0] * len(HEDGES) and all(o.error is None for o in outs)
+    assert [o.components["ambiguous"] for o in outs] == [1.0] * 6 + [0.0, 0.0]
+    # ... while extraction alone (multiple_answers: last) would have taken the last, right, answer
+    lenient = MathReward(timeout=30, multiple_answers="last")([make_rollout(c, row) for (c, _), row in
+                                                                zip(HEDGES[:6], rows)])
+    assert [o.score for o in lenient] == [1.0] * 6
+
+
+def test_one_answer_said_twice_steps_with_numbers_and_a_box_of_ones_own_still_count():
+    cases = [(r"\boxed{12} ... so again, \boxed{ 12 }", "12"), ("3 + 4 = 7", "7"),
+             ("<answer>5</answer><answer>5</answer>", "5"),
+             (r'The question: "is \boxed{7} prime?" My answer: \boxed{8}', "8"),
+             (r"The answer is \boxed{7}.", "7"), ("Steps 1, 2, 3, then 10.", "10")]
+    outs = MathReward(timeout=30)([make_rollout(c, {"prompt": r"Question: is \boxed{7} prime?", "answer": a})
+                                   for c, a in cases])
+    assert [o.score for o in outs] == [1.0] * len(cases)
+    with pytest.raises(ValueError, match="multiple_answers"):
+        MathReward(multiple_answers="first")

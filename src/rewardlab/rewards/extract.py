@@ -101,6 +101,58 @@ def check_methods(methods: Sequence[str] | str, field: str = "extract") -> tuple
     return methods
 
 
+#: The end of a line that hedges between numbers: "1 or 2 or 3", "4, 5 or 6.", "either 2 or -2", "7 and/or 8".
+_HEDGE = re.compile(rf"(?:{NUMBER.pattern})(?:\s*(?:,|;|\bor\b|\band/or\b|/)\s*(?:{NUMBER.pattern}))*"
+                    rf"\s*(?:,\s*)?(?:\bor\b|\band/or\b)\s*(?:{NUMBER.pattern})\s*[.!]?\s*$")
+
+
+def is_quoted(text: str, start: int, end: int, quoted: str) -> bool:
+    """True when the box `text[start:end]` is quoted from `quoted` (the prompt): the box's text together with the two
+    words just before it appears in `quoted` (punctuation and spaces between them aside). "what is \\boxed{7}"
+    quoted back is the question's box; an answer "\\boxed{5}" after the prompt's example "e.g. \\boxed{5}" is not,
+    unless the completion repeats the example's own words."""
+    words = re.findall(r"\w+", text[max(0, start - 60):start])[-2:]
+    if not quoted or not words:
+        return False
+    pattern = r"\W+".join(map(re.escape, words)) + r"\W*" + re.escape(text[start:end])
+    return re.search(rf"\b{pattern}", quoted, re.IGNORECASE) is not None
+
+
+def answer_candidates(text: str, method: str, quoted: str = "") -> list[str]:
+    """Every answer `method` finds in `text`, in order, for ambiguity checks (`extract_answer` keeps the last):
+
+        boxed        the content of each closed `\boxed{}`, except a box whose whole text also appears in `quoted`
+                     (a completion that quotes its question does not answer with the question's box)
+        answer_tag   the content of each `<answer>...</answer>` (a box inside one gives the box's content)
+        last_number  the last number outside the quoted boxes; when the last line ends by hedging between
+                     numbers ("1 or 2 or 3", "4, 5 or 6"), every number of that hedge
+
+    Empty contents are left out. Raises KeyError for an unknown method.
+    """
+    out: list[str] = []
+    if method == "boxed":
+        for start, a, b, end in boxed_spans(text):
+            if end >= 0 and not is_quoted(text, start, end, quoted) and text[a:b].strip():
+                out.append(text[a:b].strip())
+    elif method == "answer_tag":
+        for found in re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL):
+            found = found.strip()
+            inner = last_boxed(found)
+            if (inner if inner is not None else found):
+                out.append(inner if inner is not None else found)
+    elif method == "last_number":
+        if quoted:  # the question's own boxes, quoted, hold no number of the answer's
+            for start, _, _, end in reversed(boxed_spans(text)):
+                if end >= 0 and is_quoted(text, start, end, quoted):
+                    text = text[:start] + text[end:]
+        lines = [line for line in text.strip().splitlines() if line.strip()]
+        hedge = _HEDGE.search(lines[-1]) if lines else None
+        out = NUMBER.findall(hedge.group(0)) if hedge else [n for n in [last_number(text)] if n]
+    else:
+        raise KeyError(method)
+    return out
+
+
 def extract_answer(text: str, methods: Sequence[str]) -> tuple[str | None, str | None]:
     """(answer text, the method that found it) for the first method in `methods` that finds one, else (None, None).
 

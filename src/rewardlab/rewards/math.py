@@ -9,7 +9,7 @@ from typing import Any
 
 from rewardlab.rewards.base import register_reward
 from rewardlab.rewards.executor import TIMEOUT, TaskError, shared_executor
-from rewardlab.rewards.extract import check_methods, extract_answer, last_boxed
+from rewardlab.rewards.extract import answer_candidates, check_methods, last_boxed
 from rewardlab.rewards.text import NumberOutOfRange, parse_number
 from rewardlab.types import Rollout, RewardOutput
 
@@ -135,11 +135,15 @@ class MathTimeoutWarning(RuntimeWarning):
 class MathReward:
     """Final-answer correctness by math-verify (Hugging Face, 2025): symbolic and numeric equivalence.
 
-    The answer is extracted from the completion by the methods in `extract`, in order (first hit wins):
-    "answer_tag" (the last `<answer>...</answer>`; a `\\boxed{}` inside it gives the box's content), "boxed" (the
-    last `\\boxed{...}`, nested braces included) and "last_number" (the last number in the text, e.g. "1,000",
-    "-2.5", "3/4"). The extracted text and the row's `answer` (a string or number; a `\\boxed{}` in it is unwrapped)
-    are each parsed with `math_verify.parse` and compared with `math_verify.verify(gold, prediction)`: equal strings,
+    The answer is extracted from the completion by the methods in `extract`, in order (the first that finds one
+    decides): "answer_tag" (the last `<answer>...</answer>`; a `\\boxed{}` inside it gives the box's content),
+    "boxed" (the last `\\boxed{...}`, nested braces included; a box quoted from the prompt - its text with the two
+    words before it also in the prompt, `extract.is_quoted` - is the question's, not an answer) and "last_number"
+    (the last number in the text, e.g. "1,000", "-2.5", "3/4"). Several distinct answers in the deciding form -
+    `\\boxed{1} ... \\boxed{2}`, two different answer tags, a last line that hedges between numbers ("1 or 2 or 3",
+    "4, 5 or 6") - score 0 with the component `ambiguous` 1.0 (a policy must not win by listing candidates), unless
+    multiple_answers="last" (the last one, as extraction did before). The extracted text and the row's `answer` (a
+    string or number; a `\\boxed{}` in it is unwrapped) are each parsed with `math_verify.parse` and compared with `math_verify.verify(gold, prediction)`: equal strings,
     equal numbers after rounding to `float_rounding` decimals (so 1/2 = 0.5 = \\frac{1}{2}, 1,000 = 1000.0),
     symbolically equal expressions (x^2+2x+1 = (x+1)^2), equal sets and intervals, equations and matrices.
 
@@ -152,7 +156,8 @@ class MathReward:
     vs "20e399" would be 0). Other pairs, different numerals included, go to math-verify.
 
     Score: 1.0 when the answer is equivalent to the reference, else 0.0 (also 0.0 when no answer was found).
-    Components: `correct` (= score), `extracted` (1.0 when an extraction method found an answer), `timed_out` (1.0
+    Components: `correct` (= score), `extracted` (1.0 when an extraction method found an answer), `ambiguous` (1.0
+    when it found several distinct ones, see above), `timed_out` (1.0
     when checking the completion's answer ran past `timeout`, e.g. `\\boxed{9^{9^{9}}}`, which sympy evaluates
     eagerly: the worker is killed and the answer scores 0 - not an error, so a policy's output cannot stop its own
     run through `rl.max_reward_error_frac`; the reference alone is parsed again and compared with "0" within
@@ -173,9 +178,11 @@ class MathReward:
         chunk_size: items per pool task (default 1).
         float_rounding, numeric_precision, strict: passed to `math_verify.verify` (defaults 6, 15, True: decimals
             compared after rounding, digits of numeric evaluation, variables and set/tuple distinctions matter).
+        multiple_answers: "zero" (default: several distinct answers score 0) or "last" (the last one is checked).
 
     Raises:
-        ValueError: an unknown extraction method, timeout <= 0, workers or chunk_size < 1.
+        ValueError: an unknown extraction method, timeout <= 0, workers or chunk_size < 1, an unknown
+            multiple_answers.
     """
 
     name = "math"
@@ -191,8 +198,12 @@ class MathReward:
         float_rounding: int = 6,
         numeric_precision: int = 15,
         strict: bool = True,
+        multiple_answers: str = "zero",
     ) -> None:
         self.extract = check_methods(extract)
+        if multiple_answers not in ("zero", "last"):
+            raise ValueError(f"multiple_answers: expected 'zero' or 'last', got {multiple_answers!r}")
+        self.multiple_answers = multiple_answers
         if not timeout > 0:
             raise ValueError(f"timeout: expected a positive number of seconds, got {timeout}")
         if workers is not None and workers < 1:
@@ -206,6 +217,18 @@ class MathReward:
         # process start with math-verify imported and its LaTeX parser built (~0.5 s), so a worker that replaces a
         # killed one is ready at once.
         verify_answer(("1/2", "0.5", self.verify_options))
+
+    def final_answer(self, completion: str, prompt: str = "") -> tuple[str | None, bool]:
+        """(the completion's answer or None, whether it is ambiguous): the first extraction method that finds an
+        answer decides (`extract.answer_candidates`; a box also in `prompt` is the question's, not an answer); with
+        several distinct candidates in that form (two different boxes, two different answer tags, a last line
+        hedging between numbers) the answer is ambiguous unless multiple_answers is "last"."""
+        for method in self.extract:
+            found = answer_candidates(completion, method, prompt)
+            if found:
+                distinct = {"".join(c.split()) for c in found}
+                return found[-1], len(distinct) > 1 and self.multiple_answers == "zero"
+        return None, False
 
     def __call__(self, rollouts: Sequence[Rollout]) -> list[RewardOutput]:
         outputs: list[RewardOutput | None] = [None] * len(rollouts)
@@ -223,8 +246,10 @@ class MathReward:
                 outputs[i] = _output(0.0, 0.0, error=f"math: reference answer {reference!r} is not a value (write "
                                                       "\\infty for infinity)")
                 continue
-            found, _ = extract_answer(r.completion, self.extract)
-            if found is None:
+            found, ambiguous = self.final_answer(r.completion, r.prompt + "\n" + str(r.row.get("prompt", "")))
+            if ambiguous:
+                outputs[i] = _output(0.0, 1.0, ambiguous=1.0)
+            elif found is None:
                 outputs[i] = _output(0.0, 0.0)
             elif _same_numeral(found, reference):
                 outputs[i] = _output(1.0, 1.0)
@@ -253,8 +278,10 @@ class MathReward:
         return outputs  # type: ignore[return-value]
 
 
-def _output(score: float, extracted: float, *, timed_out: float = 0.0, error: str | None = None) -> RewardOutput:
-    return RewardOutput(score, {"correct": score, "extracted": extracted, "timed_out": timed_out}, error=error)
+def _output(score: float, extracted: float, *, timed_out: float = 0.0, ambiguous: float = 0.0,
+            error: str | None = None) -> RewardOutput:
+    return RewardOutput(score, {"correct": score, "extracted": extracted, "timed_out": timed_out,
+                                "ambiguous": ambiguous}, error=error)
 
 
 _WARNED_TIMEOUT = False
