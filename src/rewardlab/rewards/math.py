@@ -145,7 +145,8 @@ class MathReward:
     multiple_answers="last" (the last one, as extraction did before). The extracted text and the row's `answer` (a
     string or number; a `\\boxed{}` in it is unwrapped) are each parsed with `math_verify.parse` and compared with
     `math_verify.verify(gold, prediction)`: equal strings, equal numbers after rounding to `float_rounding` decimals
-    (so 1/2 = 0.5 = \\frac{1}{2}, 1,000 = 1000.0), symbolically equal expressions (x^2+2x+1 = (x+1)^2), equal sets and intervals, equations and matrices.
+    (so 1/2 = 0.5 = \\frac{1}{2}, 1,000 = 1000.0), symbolically equal expressions (x^2+2x+1 = (x+1)^2), equal sets
+    and intervals, equations and matrices.
 
     The math-verify calls of a whole batch go to the process pool in one submission (`Executor.map`); each item has
     a hard wall timeout of `timeout` seconds, after which its worker is killed and replaced.
