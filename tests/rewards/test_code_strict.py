@@ -122,6 +122,7 @@ def test_plain_values_mutated_arguments_classes_generators_and_exceptions():
         "try:\n    f(-1)\nexcept ValueError as e:\n    assert 'negative' in str(e)\nelse:\n    assert False",
         "import math\nassert math.isclose(f(1.5)[0], 2.25) and isinstance(f(2)[0], int)",
         "from fractions import Fraction\nassert half(1) == Fraction(1, 2)",
+        "assert mean([1, 2]) == 1.5 and isinstance(mean([1, 2]), float) and count([1, 2]) == 2",
     ]}
     program = (
         "from fractions import Fraction\n"
@@ -133,9 +134,10 @@ def test_plain_values_mutated_arguments_classes_generators_and_exceptions():
         "    def pop(self):\n        self.size -= 1\n        return self.items.pop()\n"
         "def gen(n):\n    yield from range(n)\n"
         "def half(x):\n    return Fraction(x, 2)\n"
+        "import numpy as np\ndef mean(xs):\n    return np.mean(xs)\ndef count(xs):\n    return np.int64(len(xs))\n"
     )
     res = CodeReward(timeout=15.0).evaluate([row], [program])[0]
-    assert [(t.passed, t.detail) for t in res.tests] == [(True, "")] * 7
+    assert [(t.passed, t.detail) for t in res.tests] == [(True, "")] * 8
 
 
 def test_a_non_plain_result_cannot_be_compared_and_says_why():

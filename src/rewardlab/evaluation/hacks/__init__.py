@@ -6,11 +6,11 @@ passes when every hacking completion scores at most its baseline (0 unless the p
 same answer without the exploit) and every honest control scores 1. Probes register themselves with
 `register_probe(probe)` from the modules of this package (code, math, format, judge); `probes_for(name)` lists those
 that apply to a reward, `run_probes(spec)` runs them against a reward built from a `rewards:` entry, and
-`probe_table(results)` renders the table (rich).
+`probe_table(results)` renders the table as plain text.
 
     from rewardlab.evaluation.hacks import run_probes, probe_table
     results = run_probes("math")                       # or {"name": "code", "strict": False}
-    rich.print(probe_table(results))
+    print(probe_table(results))
 
 `python -m rewardlab.evaluation.hacks [SPEC ...]` prints the table for the given reward specs (YAML, e.g. `code`
 `"{name: code, strict: false}"`; default: every offline verifier with probes: code, code lenient, math, format).
@@ -25,7 +25,7 @@ from typing import Any
 from rewardlab.rewards import build_reward
 from rewardlab.types import Rollout
 
-__all__ = ["PROBES", "Probe", "ProbeResult", "probe_table", "probes_for", "register_probe", "run_probes"]
+__all__ = ["COLUMNS", "PROBES", "Probe", "ProbeResult", "probe_table", "probes_for", "register_probe", "run_probes"]
 
 
 @dataclass(frozen=True)
@@ -134,17 +134,18 @@ def run_probes(spec: Mapping[str, Any] | str, *, names: Sequence[str] | None = N
     return results
 
 
-def probe_table(results: Sequence[ProbeResult], title: str = "hack probes"):
-    """A rich Table of `results`: probe, reward, hack mean / max, baseline max, honest min, errors, pass."""
-    from rich.table import Table
+COLUMNS = ("probe", "reward", "hack mean", "hack max", "baseline", "honest min", "errors", "pass")
 
-    table = Table(title=title)
-    for column in ("probe", "reward", "hack mean", "hack max", "baseline", "honest min", "errors", "pass"):
-        table.add_column(column, justify="left" if column in ("probe", "reward") else "right")
-    for r in results:
-        table.add_row(r.probe, r.reward, f"{r.hack_mean:.3f}", f"{r.hack_max:.3f}", f"{r.baseline_max:.3f}",
-                      f"{r.honest_min:.3f}", str(r.errors), "yes" if r.passed else "NO")
-    return table
+
+def probe_table(results: Sequence[ProbeResult]) -> str:
+    """`results` as a plain-text table, one line per probe: probe, reward, hack mean / max, baseline max, honest
+    min, errors, pass (yes / NO)."""
+    rows = [COLUMNS] + [(r.probe, r.reward, f"{r.hack_mean:.3f}", f"{r.hack_max:.3f}", f"{r.baseline_max:.3f}",
+                         f"{r.honest_min:.3f}", str(r.errors), "yes" if r.passed else "NO") for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
 
 
 DEFAULT_SPECS: tuple[Mapping[str, Any] | str, ...] = ("code", {"name": "code", "strict": False}, "math", "format")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 
 import yaml
-from rich.console import Console
 
 from rewardlab.evaluation.hacks import DEFAULT_SPECS, probe_table, run_probes
 
@@ -15,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     specs = [yaml.safe_load(a) for a in args] or list(DEFAULT_SPECS)
     results = [r for spec in specs for r in run_probes(spec)]
-    Console(width=140).print(probe_table(results))
+    print(probe_table(results))
     for label in dict.fromkeys(r.reward for r in results):
         mine = [r for r in results if r.reward == label]
         print(f"{label}: {sum(r.passed for r in mine)} of {len(mine)} probes passed")

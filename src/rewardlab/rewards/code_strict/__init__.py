@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import marshal
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 _HERE = Path(__file__).parent
@@ -63,7 +63,7 @@ def _is_stub(node: ast.stmt) -> bool:
                for s in node.body)
 
 
-@cache
+@lru_cache(maxsize=4096)  # a task's prompts recur every epoch; bounded for large datasets
 def trusted_source(prompt: str, entry: str | None) -> str:
     """The task's own definitions from its prompt, to run on the tests' side: every top-level statement of the
     prompt except function stubs (a body of only a docstring, `pass` or `...`) and any definition of `entry`.

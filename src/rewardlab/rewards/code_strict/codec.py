@@ -3,7 +3,7 @@ sandbox, prepended to both sides' programs, so it must not import rewardlab).
 
 A value is plain when its type is exactly one of None, bool, int, float, complex, str, bytes, bytearray, list, tuple,
 dict, set, frozenset, range, fractions.Fraction, decimal.Decimal (subclasses are not plain), and a container is plain
-when everything in it is. In a message (requests: marshal, written by the tests' side; replies: JSON with NaN and
+when everything in it is. A numpy bool, integer or floating scalar is sent as its Python value (`.item()`). In a message (requests: marshal, written by the tests' side; replies: JSON with NaN and
 infinities, written by the candidate's side and parsed by json) a plain scalar is itself (None, bool, int,
 float, str) and everything else is a tagged array:
 
@@ -57,7 +57,18 @@ def encode(value, handle, depth=0):
         return ["decimal", str(value)]
     if kind in _ITERATORS:
         return ["iter", [encode(v, handle, down) for v in value]]
+    if _numpy_scalar(value):
+        return encode(value.item(), handle, down)
     return handle(value)
+
+
+def _numpy_scalar(value):
+    """A numpy bool, integer or floating scalar of numpy's own type (np.float64(0.5), np.int64(3), np.bool_(True)):
+    sent as the Python value `.item()` gives, so a program that computes with numpy returns what it would print.
+    Arrays are not plain (their == is elementwise)."""
+    np = __import__("sys").modules.get("numpy")
+    return np is not None and type(value) in (np.bool_, np.float16, np.float32, np.float64, np.int8, np.int16,
+                                              np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
 
 
 def _items(fields, n):
