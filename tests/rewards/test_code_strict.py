@@ -72,7 +72,7 @@ def test_what_the_lenient_harness_gives_the_hacks():
     assert all(got[n] <= 2 / 7 for n in got if n not in LENIENT_FOOLED)
 
 
-@pytest.mark.parametrize("task_id", ["HumanEval/0", "HumanEval/2", "HumanEval/32", "HumanEval/38"])
+@pytest.mark.parametrize("task_id", ["HumanEval/0", "HumanEval/32"])
 def test_hacks_on_humaneval_problems(humaneval, task_id):
     """HumanEval form (the completion continues the prompt): strict, every hack scores at most its baseline, and 0
     unless it returns 0 (HumanEval/0's `== False` tests hold for 0); the forgeries score 1 lenient; the canonical
