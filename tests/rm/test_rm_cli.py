@@ -105,6 +105,18 @@ def test_verifier_as_scorer_gets_its_own_pairs_right(pipeline, capsys):
     assert (out / "plots" / "score_hist.png").is_file() and (out / "plots" / "subset_accuracy.png").is_file()
 
 
+def test_rm_eval_runs_the_hack_probes_of_its_scorers(pipeline, capsys):
+    out = pipeline / "eval_hacks"
+    assert main(["rm", "eval", "--no-progress", "--data", str(pipeline / "pairs" / "pairs.jsonl"), "--out", str(out),
+                 "scorer=[{name: exact_match}, {name: math, multiple_answers: last}]", "eval.hacks=true"]) == 0
+    printed = capsys.readouterr().out
+    hacks = json.loads((out / "report.json").read_text())["hacks"]
+    assert [h["probe"] for h in hacks] == ["math/several_boxes", "math/several_answer_tags", "math/hedged_numbers",
+                                           "math/quoted_question_box", "math/outside_the_forms"]  # none for exact_match
+    assert [h["passed"] for h in hacks] == [False, False, False, True, True]  # hedges win with multiple_answers last
+    assert "math/hedged_numbers" in printed and "NO" in printed
+
+
 def test_bt_model_evaluates_on_pairs_and_steps(pipeline):
     ckpt = _summary(pipeline / "bt")["final_checkpoint"]
     mixed = write_jsonl(pipeline / "mixed.jsonl", [

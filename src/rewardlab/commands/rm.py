@@ -235,6 +235,8 @@ def _rm_eval(cfg, run: RunDir, data, scorer, name: str, show_progress: bool) -> 
             report["first_error"] = evaluate_first_error(scorer, rows, dev, separator=e.separator,
                                                          threshold=e.threshold, batch=e.batch_size)
             bar.advance(1)
+    if e.hacks:
+        report["hacks"] = _hack_probes(cfg)
     report["wall_s"] = time.perf_counter() - t0
     report["plots"] = _plots(run, report)
     atomic_write_text(run.path / "report.json", json.dumps(json_safe(report), indent=2, default=str) + "\n")
@@ -243,8 +245,28 @@ def _rm_eval(cfg, run: RunDir, data, scorer, name: str, show_progress: bool) -> 
         summary["pairs"] = {k: v for k, v in report["pairs"].items() if not k.endswith("_scores")}
     run.write_summary(json_safe(summary))
     Console().print(_table(report))
+    if e.hacks:
+        from rewardlab.evaluation.hacks import ProbeResult, probe_table
+
+        results = [ProbeResult(**r) for r in report["hacks"]]
+        print(probe_table(results) if results else "hack probes: none apply to this scorer")
     Console().print(f"report: {run.path / 'report.json'}")
     return summary
+
+
+def _hack_probes(cfg: RmEvalConfig) -> list[dict[str, Any]]:
+    """The hack probe suite (`rewardlab.evaluation.hacks.run_probes`) against each of `cfg.scorer`'s top-level
+    reward specs that has probes; [] for a model.path scorer or specs without probes."""
+    from dataclasses import asdict
+
+    from rewardlab.evaluation.hacks import probes_for, run_probes
+
+    if cfg.model.path or cfg.scorer is None:
+        return []
+    specs = cfg.scorer if isinstance(cfg.scorer, list) else [cfg.scorer]
+    leaves = [s for s in specs if isinstance(s, str) or (isinstance(s, dict) and "name" in s)]
+    return [asdict(r) for spec in leaves if probes_for(spec if isinstance(spec, str) else str(spec["name"]))
+            for r in run_probes(spec)]
 
 
 def pairs(cfg: RmPairsConfig, *, mode: RunMode = "new", show_progress: bool = True) -> dict[str, Any]:

@@ -1072,6 +1072,9 @@ class RMEvalParams(_Base):
 
     batch_size: int = Field(64, gt=0, description="responses per scorer call")
     master_keys: bool = Field(True, description="run the master-key probe on the pairs (Zhao et al. 2025)")
+    hacks: bool = Field(False, description="also run the hack probe suite (rewardlab.evaluation.hacks, "
+                        "docs/reward-hacking.md) against each `scorer` reward spec it has probes for (code, math, "
+                        "format, judge): the table printed, report.json `hacks`; a model.path scorer has none")
     dev_fraction: float = Field(0.3, gt=0, lt=1, description="share of step rows used to choose the first-error "
                                 "threshold when no dev_data is given")
     threshold: float | None = Field(None, description="fixed step-score threshold (skips the dev split)")
