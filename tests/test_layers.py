@@ -234,6 +234,8 @@ MANY_PARAMETERS_ALLOWED: dict[str, str] = {
                                               "options",
     "rl/advantages.py:gigpo": "a registered estimator: the registry passes each declared option and trainer input "
                               "as its own keyword",
+    "rl/advantages.py:prime": "a registered estimator: the registry passes each declared option and trainer input "
+                              "as its own keyword",
     "integrations/verl_agent.py:RewardlabAgentLoop.__init__": "verl dictates it: AgentLoopBase's arguments, then "
                                                               "hydra passes each agent-loop config key as a keyword",
     "policy/hf.py:Policy.generate": "the public sampling call, keyword for keyword Hugging Face's generate "

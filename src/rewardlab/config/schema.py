@@ -272,15 +272,16 @@ class FilteringParams(_Base):
     and the prompt curriculum."""
 
     group_filter: str | None = Field(
-        None, description="a key of rl.filters.GROUP_FILTERS, e.g. 'dapo' (DAPO dynamic sampling, Yu et al. 2025: "
-        "drop groups whose filter_metric has zero std and generate more); None: keep every group"
+        None, description="a key of rl.filters.GROUP_FILTERS: 'dapo' (DAPO dynamic sampling, Yu et al. 2025: "
+        "drop groups whose filter_metric has zero std and generate more) or 'accuracy' (PRIME's filter, Cui et al. "
+        "2025: keep groups whose mean filter_metric is in [low, high], default [0.2, 0.8]); None: keep every group"
     )
     filter_metric: str = Field(
         "unshaped", description="per-rollout value the group filter looks at: 'unshaped' (the reward before "
         "shaping, else the score), 'score', or a reward component name such as 'correct'"
     )
     group_filter_options: dict[str, Any] = Field(default_factory=dict, description="options of the group filter "
-                                                 "(dapo takes none)")
+                                                 "(dapo takes none; accuracy: low, high)")
     max_rounds: int = Field(3, gt=0, description="generation rounds per step at most when a group filter drops groups")
     curriculum: str = Field("uniform", description="prompt sampler, a key of rl.curricula.CURRICULA: 'uniform' or "
                             "'pass_rate' (FG-ExPO Gaussian pass-rate curriculum)")
@@ -486,6 +487,15 @@ class RLConfig(_Base):
         None, description="split completions into steps at this string (rollout.steps/step_text) so process "
         "rewards can score them; needed by the 'pure' and 'process_sum' estimators"
     )
+    online_prm: str | None = Field(
+        None, description="an online process reward model trained beside the policy, a key of "
+        "rl.online_prm.ONLINE_PRMS: prime (PRIME's implicit PRM, Cui et al. 2025: a copy of the starting model "
+        "whose token-level rewards are r_t = beta * log(pi_phi(y_t)/pi_ref(y_t)), updated each step by "
+        "cross-entropy on the step's outcome labels); its process rewards go to the estimator's step_rewards "
+        "(estimator prime, process_sum or pure), so rl.step_separator stays unset. null: none")
+    online_prm_options: dict[str, Any] = Field(
+        default_factory=dict, description="options the online PRM declares, e.g. {beta: 0.05, lr: 1e-6, update: "
+        "before, norm: batch, label: score} (prime); an undeclared one is an error")
     turn_rewards: str = Field(
         "env", description="the per-turn rewards of a turn-level estimator (turn_grpo, gigpo) on an environment task, "
         "a key of rl.credit.TURN_REWARD_SOURCES: env (the environment's StepResult rewards) or info_gain (IGPO, Wang et al. 2025: r_k = log p(answer | "

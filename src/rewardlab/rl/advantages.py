@@ -555,6 +555,70 @@ def process_sum(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewa
     return ((g - baseline[:, None]) * m).float()
 
 
+@register_estimator("prime", needs=("step_rewards", "step_mask"), min_group_size=2)
+def prime(*, token_rewards: Tensor, mask: Tensor, group: Tensor, step_rewards: Tensor | None = None,
+          step_mask: Tensor | None = None, baseline_type: str = "rloo", gamma: float = 1.0,
+          process_coef: float = 1.0, outcome_coef: float = 1.0, whiten: bool = True,
+          eps: float = DEFAULT_EPS) -> Tensor:
+    """PRIME's advantage (Cui et al., 2025, "Process Reinforcement through Implicit Rewards", arXiv:2502.01456):
+    the process and the outcome rewards each against their own baseline, then their returns added.
+
+    With p_{i,s} the process reward of step s of rollout i (step_rewards where step_mask is 1; with the online
+    implicit PRM, `rl.online_prm: prime`, every sampled token is a step), pbar_i = mean_s p_{i,s} (0 for a rollout
+    without steps) and R_i = sum_t token_rewards[i, t]:
+
+        baseline_type "rloo" (the paper's): q_{i,s} = p_{i,s} - mean_{j in g(i), j != i} pbar_j
+                                       o_i = R_i - mean_{j in g(i), j != i} R_j
+        baseline_type "grpo":          q_{i,s} = (p_{i,s} - mean_{j in g(i)} pbar_j) / (std_{j in g(i)} pbar_j + eps)
+                                       o_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps)
+        G_{i,t} = sum_{s >= t} gamma^(s - t) q_{i,s}      (over the steps of rollout i; t, s in tokens)
+        A_{i,t} = process_coef * G_{i,t} + outcome_coef * o_i
+
+    and with ``whiten`` (the default, as verl's PRIME recipe) A is whitened over every response token of the batch:
+    (A - mean) / (std + eps). The paper's eq.: A_t = sum_{s>=t} gamma^(s-t) [r_phi(y_s) - 1/(K-1) sum_{j!=i}
+    r_phi(y^j)] + r_o(y) - 1/(K-1) sum_{j!=i} r_o(y^j), r_phi(y^j) the averaged implicit process reward. (verl's
+    recipe applies the leave-one-out per token as p_{i,s} K/(K-1) - sum_j pbar_j/(K-1), which differs from the
+    paper's by (p_{i,s} - pbar_i)/(K-1); this follows the paper.)
+
+    Args:
+        token_rewards: [N, T] float, rewards on response tokens (the outcome reward on the last one).
+        mask: [N, T] bool/0-1, response tokens.
+        group: [N] int64, prompt-group id of each rollout.
+        step_rewards: [N, T] float, required; a step's process reward on its last token.
+        step_mask: [N, T] bool/0-1, required; 1 on each step's last token (only response tokens count).
+        baseline_type: "rloo" (default) or "grpo".
+        gamma: float discount of the process returns, per token (default 1.0).
+        process_coef, outcome_coef: float weights of the two returns (default 1.0 each; the verl recipe's
+            reward_dpo_coef and reward_gt_coef, 5 each there, which whitening makes equivalent to 1 each).
+        whiten: bool, whiten A over the batch's response tokens (default true).
+        eps: float added to the stds (default 1e-6).
+    Returns:
+        [N, T] float32 advantages, 0 where mask is 0.
+    Raises:
+        ValueError: if ``step_rewards``/``step_mask`` are missing or misshapen, an unknown ``baseline_type``, a
+            group has fewer than 2 rollouts (naming the group id), on shape mismatch, or a NaN/inf reward or step
+            reward inside the mask.
+    """
+    r, m = _check_inputs(token_rewards, mask, group)
+    p, sm = _step_rewards({"step_rewards": step_rewards, "step_mask": step_mask}, m, "prime")
+    if baseline_type not in ("rloo", "grpo"):
+        raise ValueError(f"prime: unknown baseline_type {baseline_type!r}; valid: grpo, rloo")
+    groups = Segments(group)
+    steps = sm.sum(dim=1)
+    pbar = torch.where(steps > 0, p.sum(dim=1) / steps.clamp(min=1), torch.zeros_like(steps))
+    R = _sequence_reward(r)
+    if baseline_type == "rloo":
+        q = (p - _leave_one_out_mean(groups, pbar, "prime")[:, None]) * sm
+        o = R - _leave_one_out_mean(groups, R, "prime")
+    else:
+        _leave_one_out_mean(groups, R, "prime")  # the same group-size check as rloo's
+        mean_p = groups.broadcast(groups.mean(pbar))
+        q = _scaled(p - mean_p[:, None], groups.broadcast(groups.std(pbar))[:, None].expand_as(p), eps) * sm
+        o = _scaled(groups.center(R), groups.broadcast(groups.std(R)), eps)
+    a = process_coef * reverse_discounted_sum(q, m, float(gamma)) + outcome_coef * _broadcast(o, m)
+    return (_whiten_tokens(a, m, eps) if whiten else a * m).float()
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # critic-based
 

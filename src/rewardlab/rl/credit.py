@@ -34,10 +34,12 @@ from rewardlab.rl.losses import kl_clamped, kl_penalty
 from rewardlab.types import Rollout, RewardOutput
 
 class Provided(NamedTuple):
-    """What an estimator-input provider returns: the inputs by name, and the tokens it generated (if any)."""
+    """What an estimator-input provider returns: the inputs by name, the tokens it generated (if any), and metrics
+    to log with the step (e.g. the online PRM's prm/loss)."""
 
     inputs: dict[str, torch.Tensor]
     generated_tokens: int = 0
+    metrics: dict[str, float] = {}
 
 
 #: Estimator input name -> its provider (see the module doc).
@@ -197,7 +199,11 @@ def critic_values(view: CreditView) -> Provided:
 @ESTIMATOR_INPUTS.register("step_rewards")
 @ESTIMATOR_INPUTS.register("step_mask")
 def step_rewards(view: CreditView) -> Provided:
-    """Process rewards on the last token of each reasoning step (`process_reward_tensors`)."""
+    """Process rewards: the online PRM's on every sampled token (`rl.online_prm`, which it updates on the step's rows
+    first), else the reward's step scores on the last token of each reasoning step
+    (`process_reward_tensors`)."""
+    if view.run.online_prm is not None:
+        return view.run.online_prm.provide(view)
     rewards, mask = process_reward_tensors(view.rows, view.outputs, view.sampled)
     return Provided({"step_rewards": rewards, "step_mask": mask})
 
@@ -243,10 +249,11 @@ def training_view(run: Any, episodes: list[Any]) -> tuple[CreditView, torch.Tens
     return CreditView(run, episodes, rows, outputs, owner, packed), old_logprobs
 
 
-def provide_inputs(view: CreditView) -> tuple[dict[str, torch.Tensor], float, int]:
+def provide_inputs(view: CreditView) -> tuple[dict[str, torch.Tensor], float, int, dict[str, float]]:
     """The estimator's inputs its spec says the trainer provides (`EstimatorSpec.provided`), each provider run once;
-    returns them with the seconds and tokens of the generating ones."""
+    returns them with the seconds and tokens of the generating ones and the providers' metrics."""
     inputs: dict[str, torch.Tensor] = {}
+    metrics: dict[str, float] = {}
     gen_s, gen_tokens = 0.0, 0
     for key in view.run.specs.estimator.provided:
         t0 = time.perf_counter()
@@ -255,7 +262,8 @@ def provide_inputs(view: CreditView) -> tuple[dict[str, torch.Tensor], float, in
             gen_s += time.perf_counter() - t0
             gen_tokens += out.generated_tokens
         inputs.update(out.inputs)
-    return inputs, gen_s, gen_tokens
+        metrics.update(out.metrics)
+    return inputs, gen_s, gen_tokens, metrics
 
 
 def reference_kl(run: Any, view: CreditView, old_logprobs: torch.Tensor, token_rewards: torch.Tensor,
@@ -304,7 +312,7 @@ def assign_credit(run: Any, batch: Any) -> Credit | None:
     order = ep["order"] if episode is not None else None
     token_rewards, group = reward_tensors(view.rows, view.outputs, view.sampled)
     ref_logprobs, token_rewards, kl_metrics = reference_kl(run, view, old_logprobs, token_rewards, group)
-    inputs, gen_s, gen_tokens = provide_inputs(view)
+    inputs, gen_s, gen_tokens, input_metrics = provide_inputs(view)
     options = {**inputs, **{k: ep[k] for k in spec.inputs}, **spec.options}
     advantages = episode_advantages(spec.name, token_rewards=token_rewards, mask=view.sampled, group=group,
                                     episode=episode, order=order, **options)
@@ -314,5 +322,6 @@ def assign_credit(run: Any, batch: Any) -> Credit | None:
         returns = run.critic.returns(token_rewards, view.sampled, group, values, episode=episode, order=order,
                                      **spec.options)
     return Credit(view.rows, view.outputs, view.owner, view.packed, old_logprobs, ref_logprobs, view.sampled,
-                  episode, group, truncation_mask(run, view), advantages, values, returns, {**kl_metrics, **metrics},
+                  episode, group, truncation_mask(run, view), advantages, values, returns,
+                  {**kl_metrics, **metrics, **input_metrics},
                   gen_s, gen_tokens)

@@ -57,3 +57,27 @@ def dapo(*, metric: Tensor, group: Tensor) -> Tensor:
     values = metric.double()
     varies = (groups.counts > 1) & ((groups.max(values) - groups.min(values)) > 0)  # NaN in a group: not kept
     return groups.broadcast(varies)
+
+
+@register_group_filter("accuracy")
+def accuracy(*, metric: Tensor, group: Tensor, low: float = 0.2, high: float = 0.8) -> Tensor:
+    """PRIME's accuracy filter (Cui et al., 2025, arXiv:2502.01456): keep the groups whose mean metric (the pass
+    rate, for a 0/1 verifier) lies in [low, high]; prompts the policy always or never solves are dropped and
+    replaced by newly generated groups, as `dapo` does.
+
+    keep_i = low <= mean_{j in g(i)} metric_j <= high.
+
+    Args:
+        metric: [N] float, the per-rollout metric (default the reward before shaping).
+        group: [N] int64, prompt-group ids.
+        low, high: float bounds of the kept group means, inclusive (default 0.2 and 0.8, the paper's).
+    Returns:
+        [N] bool, True for rollouts of kept groups.
+    Raises:
+        ValueError: low > high (naming both).
+    """
+    if not low <= high:
+        raise ValueError(f"rl.filtering.group_filter_options: accuracy needs low <= high, got low={low}, high={high}")
+    groups = Segments(group)
+    mean = groups.mean(metric.double())
+    return groups.broadcast((mean >= low) & (mean <= high))  # NaN in a group: not kept

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+import torch
+
 from rewardlab.registry import Registry
 from rewardlab.rewards import RewardTree, parse_rewards
 from rewardlab.rl.advantages import ESTIMATORS
@@ -29,6 +31,7 @@ from rewardlab.rl.credit import ESTIMATOR_INPUTS, TURN_REWARD_SOURCES
 from rewardlab.rl.curricula import CURRICULA
 from rewardlab.rl.filters import GROUP_FILTERS
 from rewardlab.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, check_loss_options
+from rewardlab.rl.online_prm import ONLINE_PRMS, check_online_prm
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def trainable_estimators() -> list[str]:
 NAMED_PARTS: tuple[tuple[str, Registry], ...] = (
     ("estimator", ESTIMATORS), ("loss", POLICY_LOSSES), ("agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS),
     ("filtering.curriculum", CURRICULA), ("filtering.group_filter", GROUP_FILTERS),
-    ("turn_rewards", TURN_REWARD_SOURCES))
+    ("turn_rewards", TURN_REWARD_SOURCES), ("online_prm", ONLINE_PRMS))
 
 
 def check_names(rl: Any) -> None:
@@ -143,9 +146,17 @@ def resolve_estimator(rl: Any) -> EstimatorSpec:
         raise ValueError(f"rl.turn_rewards: {rl.turn_rewards!r} sets the per-turn rewards of a turn-level estimator, "
                          f"and {name!r} reads none; use "
                          f"{' or '.join(n for n in ESTIMATORS if 'turn_rewards' in ESTIMATORS.inputs(n))}")
-    if any(k in ("step_rewards", "step_mask") for k in needs) and rl.step_separator is None:
+    process = any(k in ("step_rewards", "step_mask") for k in needs)
+    if rl.online_prm is not None and not process:
+        raise ValueError(f"rl.online_prm: {rl.online_prm!r} gives process rewards, which estimator {name!r} does not "
+                         f"read; use {' or '.join(n for n in ESTIMATORS if 'step_rewards' in estimator_needs(n))}")
+    if rl.online_prm is not None and rl.step_separator is not None:
+        raise ValueError(f"rl.step_separator: rl.online_prm {rl.online_prm!r} rewards every sampled token, so the "
+                         "completions are not split into steps; unset rl.step_separator")
+    if process and rl.step_separator is None and rl.online_prm is None:
         raise ValueError(f"rl.step_separator: estimator {name!r} needs process rewards on steps; set the "
-                         "step separator (e.g. '\\n') and use a reward that returns step_scores")
+                         "step separator (e.g. '\\n') and use a reward that returns step_scores, or train an "
+                         "online PRM (rl.online_prm: prime)")
     provided: list[str] = []
     for key in needs:  # one provider may supply several inputs: listed once, at its first
         if ESTIMATOR_INPUTS.get(key) not in [ESTIMATOR_INPUTS.get(k) for k in provided]:
@@ -200,11 +211,15 @@ def resolve_specs(cfg: Any) -> TrainSpecs:
     """
     rl = cfg.rl
     check_names(rl)
+    check_online_prm(rl)
     estimator = resolve_estimator(rl)
     CURRICULA.check(rl.filtering.curriculum, rl.filtering.curriculum_options, field="rl.filtering.curriculum_options")
     if rl.filtering.group_filter is not None:
         GROUP_FILTERS.check(rl.filtering.group_filter, rl.filtering.group_filter_options,
                             field="rl.filtering.group_filter_options")
+        # the option values, checked by the filter itself on one row before anything loads
+        GROUP_FILTERS[rl.filtering.group_filter](metric=torch.zeros(1), group=torch.zeros(1, dtype=torch.long),
+                                                 **rl.filtering.group_filter_options)
     elif rl.filtering.group_filter_options:
         raise ValueError(f"rl.filtering.group_filter_options: {sorted(rl.filtering.group_filter_options)} given "
                          "without rl.filtering.group_filter")

@@ -54,6 +54,7 @@ from rewardlab.rl.curricula import make_curriculum
 from rewardlab.rl.engines import Engine, make_engine
 from rewardlab.rl.logs import log_step
 from rewardlab.rl.monitor import Monitor, make_monitor, parse_gold, probe, probe_rows
+from rewardlab.rl.online_prm import ONLINE_PRM_DIR, make_online_prm
 from rewardlab.rl.rollouts import Prefetch, StepBatch, reward_error_share
 from rewardlab.rl.specs import TrainSpecs, resolve_specs
 from rewardlab.rl.update import update
@@ -91,6 +92,8 @@ class TrainRun:
         heldout: the held-out evaluation (`rewardlab.evaluation.heldout`; never due with rl.eval.every 0).
         monitor: the over-optimization monitor (`rewardlab.rl.monitor`, rl.monitor), else None (off).
         canaries: the hack canaries (`rewardlab.rl.canaries`, rl.canaries), else None (off).
+        online_prm: the process reward model trained beside the policy (`rewardlab.rl.online_prm`, rl.online_prm,
+            e.g. PRIME's implicit PRM), else None.
     """
 
     cfg: TrainConfig
@@ -109,6 +112,7 @@ class TrainRun:
     heldout: HeldOutEval
     monitor: Monitor | None = None
     canaries: Canaries | None = None
+    online_prm: Any = None
 
 
 @dataclass
@@ -170,6 +174,9 @@ def load_task_and_reward(cfg: TrainConfig, specs: TrainSpecs) -> tuple[Task, Rew
     if task.env is None and cfg.rl.turn_rewards != "env":
         raise ValueError(f"rl.turn_rewards: {cfg.rl.turn_rewards!r} scores the turns of an episode, and "
                          f"{cfg.task.spec} is a single-turn task (use an environment task, task.spec env:NAME)")
+    if task.env is not None and cfg.rl.online_prm is not None:
+        raise ValueError(f"rl.online_prm: {cfg.task.spec} is an environment task, and the online PRM scores single "
+                         "completions; unset it")
     if task.env is not None and cfg.rl.step_separator is not None:
         raise ValueError(f"rl.step_separator: {cfg.task.spec} is an environment task, whose episodes are not split "
                          "into reasoning steps (process rewards score single completions); unset it")
@@ -262,6 +269,7 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
                                              resume_step=latest[0] if latest is not None else None))
         policy, reference, critic = build_models(cfg, specs, task, policy, latest)
         monitor = make_monitor(cfg, probes, task, reward, gold, policy, reference)
+        online_prm = make_online_prm(cfg, reference, latest)  # a model built before the RNGs are seeded
         optimizer = make_optimizer(policy.model, cfg.rl.lr, cfg.rl.weight_decay)
         scheduler = make_scheduler(optimizer, warmup_steps=cfg.rl.warmup_steps, total_steps=cfg.rl.steps,
                                    kind=cfg.rl.lr_schedule)
@@ -272,13 +280,15 @@ def setup(cfg: TrainConfig, *, mode: RunMode = "new") -> tuple[TrainRun, Progres
         saved = restore_state(latest, optimizer, scheduler, sampler, critic, reference)
         if monitor is not None:
             monitor.load_state_dict(saved.get("monitor"))
+        if online_prm is not None and latest is not None:
+            online_prm.load_state_dict(saved["online_prm"])
         start = saved.get("step", 0)
         engine.publish(policy, version=start)  # the weights step start + 1 samples with
         evaluation = HeldOutEval(heldout, task.reward, every=cfg.rl.eval.every, last_step=cfg.rl.steps,
                                  max_new_tokens=cfg.rl.sampling.max_new_tokens, episodes=episodes,
                                  max_prompt_length=cfg.rl.sampling.max_prompt_length)
         run = TrainRun(cfg, specs, task, reward, policy, reference, critic, optimizer, scheduler, sampler, rundir,
-                       episodes, engine, evaluation, monitor, canaries)
+                       episodes, engine, evaluation, monitor, canaries, online_prm)
         progress = Progress(start, start, latest, generated_before(rundir, start),
                             Prefetch(run, start, saved.get("prefetch")))
     except BaseException:
@@ -307,7 +317,8 @@ def restore_state(latest: tuple[int, Path] | None, optimizer: torch.optim.Optimi
 
 
 def save_checkpoint(run: TrainRun, progress: Progress, step: int) -> Path:
-    """Checkpoint step `step` (weights, trainer_state.pt, the critic) atomically; records it as `progress.latest`.
+    """Checkpoint step `step` (weights, trainer_state.pt, the critic, the online PRM) atomically; records it as
+    `progress.latest`.
     trainer_state.pt holds the batches prefetched for later steps (`Prefetch.state_dict`, after waiting for the one
     in production), so a resume trains what the uninterrupted run trains.
 
@@ -324,9 +335,12 @@ def save_checkpoint(run: TrainRun, progress: Progress, step: int) -> Path:
                          "scheduler": run.scheduler.state_dict(), "sampler": run.sampler.state_dict(),
                          "rng": rng_state(), "reference": run.reference.model.state_dict() if refreshed else None,
                          "critic_optimizer": run.critic.optimizer.state_dict() if run.critic else None,
-                         "monitor": run.monitor.state_dict() if run.monitor is not None else None})
+                         "monitor": run.monitor.state_dict() if run.monitor is not None else None,
+                         "online_prm": run.online_prm.state_dict() if run.online_prm is not None else None})
         if run.critic is not None:
             run.critic.save(tmp / CRITIC_DIR)
+        if run.online_prm is not None:
+            run.online_prm.save(tmp / ONLINE_PRM_DIR)
 
     path = run.rundir.save_checkpoint(step, write, keep=run.cfg.keep_checkpoints)
     progress.latest = (step, path)
