@@ -386,7 +386,7 @@ def test_curriculum_and_truncation_masking_run(tmp_path):
 def test_unknown_curriculum_and_filter_names(tmp_path):
     with pytest.raises(ValueError, match="rl.filtering.curriculum: unknown name 'nope'; valid: pass_rate, uniform"):
         train(_config(tmp_path, "run", "rl.filtering.curriculum=nope"), show_progress=False)
-    with pytest.raises(ValueError, match="rl.filtering.group_filter: unknown name 'x'; valid: dapo"):
+    with pytest.raises(ValueError, match="rl.filtering.group_filter: unknown name 'x'; valid: accuracy, dapo"):
         train(_config(tmp_path, "run", "rl.filtering.group_filter=x"), show_progress=False)
 
 
