@@ -23,7 +23,8 @@ arXiv:2502.01456, after Yuan et al., 2024, "Free Process Rewards without Process
   1e-6 over the batch.
 
 Logged per step: prm/loss and prm/accuracy on the step's rollouts with the PRM's weights before its update (so
-on rollouts it has not trained on; accuracy: `ranking_accuracy`, how often the implicit reward orders two rollouts
+on rollouts it has not trained on; with several minibatches, each minibatch's rows after the steps of those before
+it; accuracy: `ranking_accuracy`, how often the implicit reward orders two rollouts
 of a prompt as their labels do, when some group has two different labels), prm/loss_after (the same rollouts after
 the update; `update: before` only), prm/reward_mean (mean over rollouts of sum_t r_t, before `norm`), time/prm_s.
 
@@ -195,9 +196,14 @@ class ImplicitPRM:
 
     @torch.no_grad()
     def scored_log_ratio(self, batch: Batch, ref_logprobs: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-        """`log_ratio` without gradient, rl.micro_batch_size rows at a time, [N, T] float32."""
-        return self.model.scored_logprobs(batch, micro_batch_size=self.start.micro_batch_size,
-                                          group=group) - ref_logprobs
+        """`log_ratio` without gradient in eval mode (no dropout), rl.micro_batch_size rows at a time, [N, T]
+        float32."""
+        self.model.model.eval()
+        try:
+            return self.model.scored_logprobs(batch, micro_batch_size=self.start.micro_batch_size,
+                                              group=group) - ref_logprobs
+        finally:
+            self.model.model.train()
 
     def train_step(self, batch: Batch, ref_logprobs: torch.Tensor, labels: torch.Tensor, sampled: torch.Tensor,
                    group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
