@@ -66,7 +66,7 @@ def test_what_verl_can_feed_is_derived_from_the_registrys_declarations():
 
 
 def test_estimators_verl_cannot_feed_are_one_line_errors():
-    assert set(UNSUPPORTED) == {"pure", "process_sum", "gdpo", "gae", "turn_grpo", "gigpo"}
+    assert set(UNSUPPORTED) == {"pure", "process_sum", "prime", "gdpo", "gae", "turn_grpo", "gigpo"}
     with pytest.raises(ValueError, match=r"^rewardlab_gae cannot run in verl: it needs the critic's values"):
         verl_estimator("gae")
     with pytest.raises(ValueError, match=r"^no rewardlab estimator 'ppo' for verl; valid: grpo, dr_grpo, rloo"):

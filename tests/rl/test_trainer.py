@@ -249,7 +249,7 @@ from rewardlab.rl.advantages import ESTIMATORS  # noqa: E402
 from rewardlab.rl.losses import POLICY_LOSSES  # noqa: E402
 from rewardlab.rl.specs import trainable_estimators  # noqa: E402
 
-PROCESS = {"pure", "process_sum"}
+PROCESS = {"pure", "process_sum", "prime"}
 
 
 def _algorithm_cases():

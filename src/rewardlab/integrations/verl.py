@@ -82,6 +82,8 @@ VERL_ESTIMATORS: dict[str, str] = {name: reads for name in ESTIMATORS if (reads 
 UNSUPPORTED: dict[str, str] = {
     "pure": "it needs per-step rewards (step_rewards, step_mask), which verl does not pass to an estimator",
     "process_sum": "it needs per-step rewards (step_rewards, step_mask), which verl does not pass to an estimator",
+    "prime": "it needs per-token process rewards (step_rewards, step_mask), which verl does not pass to an estimator "
+             "(verl's PRIME recipe computes them in its own trainer)",
     "gdpo": "it needs the reward components and their weights; verl passes only the summed token_level_rewards "
             "(use verl's own gdpo)",
     "gae": "it needs the critic's values, which verl passes only to its built-in gae (use verl's gae)",
