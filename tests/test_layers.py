@@ -132,7 +132,7 @@ def test_importing_tasks_loads_neither_envs_nor_rewards_yet_env_tasks_and_reward
 #: The layers, top to bottom: a module may import only modules of its own layer or of layers below it
 #: (docs/layout.md draws this order; `config`, `runs` and `progress` sit beside the verbs and the training loops,
 #: which `test_library_modules_import_no_verb_layer` checks).
-LAYERS = ("cli", "commands", "view", "integrations", "rl", "sft", "rm", "search", "evaluation", "envs", "rewards",
+LAYERS = ("cli", "commands", "view", "integrations", "po", "rl", "sft", "rm", "search", "evaluation", "envs", "rewards",
           "sandbox", "train_state", "policy", "tasks", "runs", "rollout_log", "config", "trackers", "progress",
           "interrupt", "optim", "modeldir", "threads", "lifetime", "registry", "types")
 

@@ -1,0 +1,1 @@
+"""Preference optimization: the DPO family of losses (`rewardlab.po.losses`)."""
