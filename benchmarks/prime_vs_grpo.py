@@ -127,8 +127,8 @@ def main() -> None:
         print(f"{label:<44}{table[key]['mean']:>7.3f}  {each}")
     for seed in seeds:
         r = table["runs"][seed]
-        print(f"seed {seed}: s/step GRPO {r['grpo_equal_steps']['s_per_step']:.2f}, PRIME {r['prime']['s_per_step']:.2f}"
-              f" (GRPO at PRIME's wall time: step {r['grpo_equal_time']['step']}); PRIME's PRM: loss "
+        print(f"seed {seed}: s/step GRPO {r['grpo_equal_steps']['s_per_step']:.2f}, "
+              f"PRIME {r['prime']['s_per_step']:.2f} (GRPO at PRIME's wall time: step {r['grpo_equal_time']['step']}); PRIME's PRM: loss "
               f"{r['prime']['prm_loss']:.3f} at the end, ranking accuracy {r['prime']['prm_accuracy_mean']:.3f} on "
               "average over the steps")
     print(f"wrote {args.json}; {time.time() - t0:.0f} s")
