@@ -79,5 +79,5 @@ def test_curriculum_and_filter_options_are_checked_by_name():
     assert filter_groups("dapo", metric=metric, group=group).tolist() == [True, True, False, False]
     with pytest.raises(ValueError, match="unknown option 'min_std' for group filter 'dapo'; valid: \\(none\\)"):
         filter_groups("dapo", metric=metric, group=group, min_std=0.1)
-    with pytest.raises(ValueError, match="unknown group filter 'x'; valid: dapo"):
+    with pytest.raises(ValueError, match="unknown group filter 'x'; valid: accuracy, dapo"):
         filter_groups("x", metric=metric, group=group)
