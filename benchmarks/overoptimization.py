@@ -20,10 +20,11 @@ process at a time.
 4. GRPO (`rewardlab train`) from the SFT policy, 3 seeds per configuration, the same budget for all: 60 steps x 64
    prompts x 8 completions, lr 1e-4, T=0.7, 4 new tokens; the monitor probes every 5 steps on the first 128 held-out
    questions x 4 samples, with KL to the initial policy (`rl.monitor.kl_to_init: true`). The configurations
-   (CONFIGS below): the proxy alone (`baseline`); a KL penalty (`kl`, rl.beta 0.1); PAR shaping against the
-   reference answer scored by the proxy (`par`); ensembles of the 3 RMs reduced by mean, min and mean - std
-   (`ens_mean`, `ens_min`, `ens_mean_minus_std`); the proxy gated by the verifier (`gated`: sigmoid(RM) counts only
-   on a correct answer, else 0).
+   (CONFIGS below): the proxy alone (`baseline`); a KL penalty (`kl`, rl.beta 0.1; `kl_strong`, 1.0); PAR shaping
+   against the reference answer scored by the proxy (`par`); ensembles of the 3 RMs reduced by mean, min and
+   mean - std (`ens_mean`, `ens_min`, `ens_mean_minus_std`); the proxy gated by the verifier (`gated`: sigmoid(RM)
+   counts only on a correct answer, else 0). Reward clipping is not among them: the `clip` shaping acts on process
+   rewards' step scores and leaves an outcome RM's score unchanged; PAR is the centring one (on the reference).
 5. The report: per run, from metrics.jsonl (monitor/*) and events.jsonl (monitor_alarm): gold and proxy at the
    start and the end, the gold peak (its step and sqrt KL), the final proxy - gold gap, the first alarm's step and
    its distance from the gold peak; per configuration, the mean and standard deviation over seeds. Printed as a
@@ -32,7 +33,7 @@ process at a time.
    at the start, peak and end).
 
 Time: about 60 minutes on one thread of a 2-core machine shared with other work (pairs and RMs 4 min, each GRPO run
-1.5-2.5 min, 21 runs). --report-only rebuilds the table, JSON and plot from the finished runs.
+1.5-2.5 min, 24 runs). --report-only rebuilds the table, JSON and plot from the finished runs.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def config_overrides(name: str, rms: Sequence[str]) -> list[str]:
     return {
         "baseline": [f"rewards=[{proxy}]"],
         "kl": [f"rewards=[{proxy}]", "rl.beta=0.1"],
+        "kl_strong": [f"rewards=[{proxy}]", "rl.beta=1.0"],
         "par": [f"rewards=[{{shape: par, ref_completion_field: answer, reward: {proxy}}}]"],
         "ens_mean": [f"rewards=[{ensemble('mean')}]"],
         "ens_min": [f"rewards=[{ensemble('min')}]"],
@@ -88,10 +90,11 @@ def config_overrides(name: str, rms: Sequence[str]) -> list[str]:
     }[name]
 
 
-CONFIGS = ("baseline", "kl", "par", "ens_mean", "ens_min", "ens_mean_minus_std", "gated")
+CONFIGS = ("baseline", "kl", "kl_strong", "par", "ens_mean", "ens_min", "ens_mean_minus_std", "gated")
 DESCRIPTIONS = {
     "baseline": "RM 0 alone",
     "kl": "RM 0, KL penalty rl.beta 0.1 (k3, in the loss)",
+    "kl_strong": "RM 0, KL penalty rl.beta 1.0",
     "par": "PAR: sigmoid(RM 0 - RM 0 of the reference answer)",
     "ens_mean": "3 RMs, mean",
     "ens_min": "3 RMs, min (worst case)",
@@ -113,7 +116,8 @@ def run_figures(probes: Sequence[Mapping[str, float]], initial: Mapping[str, flo
     Returns:
         {gold_start, proxy_start, gold_end, proxy_end, gap_end, sqrt_kl_end, gold_peak, gold_peak_step,
         gold_peak_sqrt_kl, proxy_rise (end - start), gold_change (end - start), alarm_step (first, or None),
-        alarm_after_peak (alarm_step - gold_peak_step, or None), curve: [{step, sqrt_kl, proxy, gold}]}.
+        alarm_after_peak (alarm_step - gold_peak_step, or None), gold_at_alarm and sqrt_kl_at_alarm (the alarm's
+        probe, or None), curve: [{step, sqrt_kl, proxy, gold}]}.
     Raises:
         ValueError: no probe.
     """
@@ -126,6 +130,7 @@ def run_figures(probes: Sequence[Mapping[str, float]], initial: Mapping[str, flo
     peak = max(curve, key=lambda c: c["gold"])  # the first of equal maxima
     first, last = curve[0], curve[-1]
     alarm = min(alarm_steps) if alarm_steps else None
+    at = next((c for c in curve if c["step"] == alarm), None)
     return {
         "gold_start": first["gold"], "proxy_start": first["proxy"],
         "gold_end": last["gold"], "proxy_end": last["proxy"], "gap_end": last["proxy"] - last["gold"],
@@ -133,6 +138,7 @@ def run_figures(probes: Sequence[Mapping[str, float]], initial: Mapping[str, flo
         "gold_peak": peak["gold"], "gold_peak_step": peak["step"], "gold_peak_sqrt_kl": peak["sqrt_kl"],
         "proxy_rise": last["proxy"] - first["proxy"], "gold_change": last["gold"] - first["gold"],
         "alarm_step": alarm, "alarm_after_peak": None if alarm is None else alarm - peak["step"],
+        "gold_at_alarm": None if at is None else at["gold"], "sqrt_kl_at_alarm": None if at is None else at["sqrt_kl"],
         "curve": curve,
     }
 
@@ -143,14 +149,16 @@ AGGREGATED = ("gold_start", "gold_end", "gold_peak", "gold_peak_step", "gold_pea
 
 def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and sample standard deviation (0 for one run) over seeds of each figure in AGGREGATED, as
-    {figure: {"mean", "sd"}}, plus `seeds` (the count) and `alarms` (each run's first alarm step or None).
+    {figure: {"mean", "sd"}}, plus `seeds` (the count), `alarms` (each run's first alarm step or None) and
+    `gold_at_alarms` (the gold at it, or None).
 
     Raises:
         ValueError: no run.
     """
     if not runs:
         raise ValueError("runs: nothing to aggregate")
-    out: dict[str, Any] = {"seeds": len(runs), "alarms": [r["alarm_step"] for r in runs]}
+    out: dict[str, Any] = {"seeds": len(runs), "alarms": [r["alarm_step"] for r in runs],
+                           "gold_at_alarms": [r["gold_at_alarm"] for r in runs]}
     for key in AGGREGATED:
         values = [float(r[key]) for r in runs]
         out[key] = {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
@@ -164,10 +172,10 @@ def _pm(figure: Mapping[str, float], digits: int = 3) -> str:
 def table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     """The per-configuration table (Markdown), one row per configuration in `summary` ({name: aggregate(...)})."""
     head = ("| configuration | gold start | gold peak (step, √KL) | gold end | proxy start → end | gap end "
-            "(proxy − gold) | √KL end | alarm steps |")
+            "(proxy − gold) | √KL end | first alarm: step (gold there), per seed |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, s in summary.items():
-        alarms = ", ".join("—" if a is None else str(a) for a in s["alarms"])
+        alarms = ", ".join("—" if a is None else f"{a} ({g:.3f})" for a, g in zip(s["alarms"], s["gold_at_alarms"]))
         lines.append(
             f"| {name} | {_pm(s['gold_start'])} | {_pm(s['gold_peak'])} ({s['gold_peak_step']['mean']:.0f}, "
             f"{s['gold_peak_sqrt_kl']['mean']:.2f}) | {_pm(s['gold_end'])} | {s['proxy_start']['mean']:.3f} → "
@@ -343,6 +351,8 @@ def main() -> None:
                 stage(out, f"{name}/seed{s}", ["train"], [*overrides[name], f"seed={s}"])
     for name in configs:
         commands[name] = shlex.join(["rewardlab", "train", *overrides[name], "seed=S"])
+        if not (out / "initial" / f"{name}.json").exists():
+            continue  # --report-only before the configuration ran
         initial = json.loads((out / "initial" / f"{name}.json").read_text())
         for s in seeds:
             rundir = out / name / f"seed{s}"

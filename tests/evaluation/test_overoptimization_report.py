@@ -34,6 +34,7 @@ def test_run_figures_find_the_gold_peak_and_the_alarm_after_it():
     assert f["gap_end"] == pytest.approx(0.50) and f["sqrt_kl_end"] == 0.9
     assert f["proxy_rise"] == pytest.approx(0.20) and f["gold_change"] == pytest.approx(-0.05)
     assert f["alarm_step"] == 20 and f["alarm_after_peak"] == 10
+    assert f["gold_at_alarm"] == 0.20 and f["sqrt_kl_at_alarm"] == 0.9
     assert [c["step"] for c in f["curve"]] == [0, 5, 10, 15, 20]
 
 
@@ -41,7 +42,7 @@ def test_a_gold_that_only_falls_peaks_at_the_initial_probe_and_no_alarm_is_none(
     falling = [_probe(5, 0.6, 0.2, 0.3), _probe(10, 0.7, 0.1, 0.6)]
     f = bench.run_figures(falling, INITIAL)
     assert f["gold_peak_step"] == 0 and f["gold_peak"] == 0.25
-    assert f["alarm_step"] is None and f["alarm_after_peak"] is None
+    assert f["alarm_step"] is None and f["alarm_after_peak"] is None and f["gold_at_alarm"] is None
     # without the initial probe the peak is the first probe's
     assert bench.run_figures(falling)["gold_peak_step"] == 5
 
@@ -63,7 +64,7 @@ def test_aggregate_gives_mean_and_sample_sd_over_seeds_and_the_table_shows_them(
     lines = text.splitlines()
     assert len(lines) == 3 and lines[1].count("---") == lines[0].count("|") - 1
     assert "| baseline | 0.250 ± 0.000 | 0.320 ± 0.028 (8, 0.35) | 0.230 ± 0.042 |" in lines[2]
-    assert lines[2].endswith("| 20, — |")
+    assert lines[2].endswith("| 20 (0.200), — |") and s["gold_at_alarms"] == [0.20, None]
     with pytest.raises(ValueError, match="runs"):
         bench.aggregate([])
 
