@@ -32,8 +32,9 @@ process at a time.
    the baseline's gold and proxy against sqrt KL, one line per seed, alarms marked; right: each configuration's gold
    at the start, peak and end).
 
-Time: about 60 minutes on one thread of a 2-core machine shared with other work (pairs and RMs 4 min, each GRPO run
-1.5-2.5 min, 24 runs). --report-only rebuilds the table, JSON and plot from the finished runs.
+Time: about 55 minutes on one thread of a 2-core machine shared with other work (measured: pairs and RMs 3 min; the
+24 GRPO runs 52 min, 100-130 s each and 170-215 s for the ensembles). --report-only rebuilds the table, JSON and
+plot from the finished runs.
 """
 
 from __future__ import annotations
