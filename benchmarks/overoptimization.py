@@ -45,14 +45,14 @@ import math
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stages import ROOT, last_checkpoint, stage  # noqa: E402  (benchmarks/stages.py)
 TASK_OPTIONS = ("{min_terms: 2, max_terms: 3, min_digits: 1, max_digits: 1, template: compact, size: 20000, "
                 "test_size: 500}")
 TASK = ["task.spec=reasoning_gym:chain_sum", f"task.options={TASK_OPTIONS}"]
@@ -201,39 +201,6 @@ def read_run(rundir: Path) -> tuple[list[dict[str, Any]], list[int]]:
 
 
 # ------------------------------------------------------------------------------------------------- the stages
-def _rewardlab() -> list[str]:
-    exe = Path(sys.executable).with_name("rewardlab")
-    return [str(exe)] if exe.exists() else [sys.executable, "-c", "from rewardlab.cli import main; main()"]
-
-
-def stage(out: Path, name: str, verb: Sequence[str], args: Sequence[str]) -> Path:
-    """Run `rewardlab VERB ARGS --out OUT/NAME` unless OUT/NAME/summary.json exists; resume a stopped one."""
-    rundir = out / name
-    if (rundir / "summary.json").exists():
-        print(f"== {name}: done before, skipped", flush=True)
-        return rundir
-    again = ["--resume"] if (rundir / "events.jsonl").exists() and verb[0] == "train" else []
-    if rundir.exists() and not again:
-        again = ["--overwrite"]
-    cmd = [*_rewardlab(), *verb, *args, "--no-progress", *again, "--out", str(rundir)]
-    print(f"== {name}: {shlex.join(cmd[len(_rewardlab()):])}", flush=True)
-    t0 = time.perf_counter()
-    log = out / f"{name.replace('/', '_')}.log"
-    with open(log, "a") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if rc != 0:
-        sys.exit(f"stage {name} failed (exit {rc}); see {log}")
-    print(f"   {time.perf_counter() - t0:.0f} s", flush=True)
-    return rundir
-
-
-def last_checkpoint(rundir: Path) -> str:
-    steps = sorted((rundir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-    if not steps:
-        sys.exit(f"{rundir}: no checkpoint")
-    return str(steps[-1])
-
-
 def initial_probe(out: Path, name: str, overrides: Sequence[str]) -> dict[str, Any]:
     """The monitor's probe of the initial (SFT) policy under configuration `name`, at step 0 (cached in
     OUT/initial/NAME.json): the same probe rows, samples, streams (seed 0, step 0) and rewards as the run's probes."""
@@ -328,17 +295,16 @@ def main() -> None:
     t0 = time.perf_counter()
     task = [f"--task={TASK[0].split('=', 1)[1]}", TASK[1]]
     if not args.report_only:
-        stage(out, "pairs_train", ["rm", "pairs"], ["--model", args.policy, *task, "split=train", "pairs.n=8",
-                                                      "pairs.pairs_per_question=1", "pairs.max_pairs=1500",
-                                                      "pairs.max_new_tokens=4"])
-        stage(out, "pairs_test", ["rm", "pairs"], ["--model", args.policy, *task, "split=test", "pairs.n=8",
-                                                     "pairs.pairs_per_question=1", "pairs.max_new_tokens=4"])
+        stage(out, "pairs_train", ["rm", "pairs", "--model", args.policy, *task, "split=train", "pairs.n=8",
+                                   "pairs.pairs_per_question=1", "pairs.max_pairs=1500", "pairs.max_new_tokens=4"])
+        stage(out, "pairs_test", ["rm", "pairs", "--model", args.policy, *task, "split=test", "pairs.n=8",
+                                  "pairs.pairs_per_question=1", "pairs.max_new_tokens=4"])
         for s in RM_SEEDS:
-            stage(out, f"rm{s}", ["rm", "train"], [
-                "--model", args.policy, "--data", str(out / "pairs_train/pairs.jsonl"),
-                f"eval_data={out / 'pairs_test/pairs.jsonl'}", f"seed={s}", f"train.subsample={RM_PAIRS}",
-                "train.epochs=4", "train.batch_size=32", "train.lr=1e-4", "train.warmup_steps=5"])
-    rms = [last_checkpoint(out / f"rm{s}") for s in RM_SEEDS]
+            stage(out, f"rm{s}", ["rm", "train", "--model", args.policy, "--data",
+                                  str(out / "pairs_train/pairs.jsonl"), f"eval_data={out / 'pairs_test/pairs.jsonl'}",
+                                  f"seed={s}", f"train.subsample={RM_PAIRS}", "train.epochs=4", "train.batch_size=32",
+                                  "train.lr=1e-4", "train.warmup_steps=5"])
+    rms = [str(last_checkpoint(out / f"rm{s}")) for s in RM_SEEDS]
     rm_eval = {f"rm{s}": json.loads((out / f"rm{s}/summary.json").read_text())["final_eval"]["eval/accuracy"]
                for s in RM_SEEDS}
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -349,7 +315,7 @@ def main() -> None:
             initial_probe(out, name, overrides[name])
         for s in seeds:  # seed by seed, so that a sweep stopped early has every configuration at its first seeds
             for name in configs:
-                stage(out, f"{name}/seed{s}", ["train"], [*overrides[name], f"seed={s}"])
+                stage(out, f"{name}/seed{s}", ["train", *overrides[name], f"seed={s}"])
     for name in configs:
         commands[name] = shlex.join(["rewardlab", "train", *overrides[name], "seed=S"])
         if not (out / "initial" / f"{name}.json").exists():

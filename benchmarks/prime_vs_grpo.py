@@ -31,9 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stages import ROOT, last_checkpoint, metrics, stage  # noqa: E402  (benchmarks/stages.py)
 
 TASK = ["--task", "worked:chain_sum",
@@ -128,8 +130,8 @@ def main() -> None:
     for seed in seeds:
         r = table["runs"][seed]
         print(f"seed {seed}: s/step GRPO {r['grpo_equal_steps']['s_per_step']:.2f}, "
-              f"PRIME {r['prime']['s_per_step']:.2f} (GRPO at PRIME's wall time: step {r['grpo_equal_time']['step']}); PRIME's PRM: loss "
-              f"{r['prime']['prm_loss']:.3f} at the end, ranking accuracy {r['prime']['prm_accuracy_mean']:.3f} on "
+              f"PRIME {r['prime']['s_per_step']:.2f} (GRPO at PRIME's wall time: step "
+              f"{r['grpo_equal_time']['step']}); PRIME's PRM: loss {r['prime']['prm_loss']:.3f} at the end, ranking accuracy {r['prime']['prm_accuracy_mean']:.3f} on "
               "average over the steps")
     print(f"wrote {args.json}; {time.time() - t0:.0f} s")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -22,28 +23,33 @@ def rewardlab() -> list[str]:
 
 
 def stage(out: Path, name: str, args: list[str]) -> Path:
-    """Run `rewardlab ARGS --no-progress --out OUT/NAME` (its output appended to OUT/NAME.log) unless
-    OUT/NAME/summary.json exists; resume a stopped one. Exits naming the log when the command fails."""
+    """Run `rewardlab ARGS --no-progress --out OUT/NAME` (its output appended to OUT/NAME.log, a "/" in NAME
+    written "_") unless OUT/NAME/summary.json exists; resume a stopped one (its events.jsonl exists), overwrite a
+    directory a command left before it logged anything. Exits naming the log when the command fails."""
     path = out / name
     if (path / "summary.json").exists():
         print(f"== {name}: done before, skipped", flush=True)
         return path
-    again = ["--resume"] if (path / "events.jsonl").exists() else []
+    again = ["--resume"] if (path / "events.jsonl").exists() else ["--overwrite"] if path.exists() else []
     cmd = [*rewardlab(), *args, "--no-progress", *again, "--out", str(path)]
-    print(f"== {name}: {' '.join(cmd)}", flush=True)
+    print(f"== {name}: {shlex.join(cmd[len(rewardlab()):])}", flush=True)
     t0 = time.time()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    with open(out / f"{name}.log", "a") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    log = out / f"{name.replace('/', '_')}.log"
+    with open(log, "a") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
     if rc != 0:
-        sys.exit(f"stage {name} failed (exit {rc}); see {out / (name + '.log')}")
+        sys.exit(f"stage {name} failed (exit {rc}); see {log}")
     print(f"   {time.time() - t0:.0f} s", flush=True)
     return path
 
 
 def last_checkpoint(run: Path) -> Path:
-    """The newest checkpoint directory of a run."""
-    return max((run / "checkpoints").iterdir(), key=lambda p: int(p.name.split("-")[1]))
+    """The newest checkpoint directory of a run. Exits naming the run when it has none."""
+    steps = sorted((run / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not steps:
+        sys.exit(f"{run}: no checkpoint")
+    return steps[-1]
 
 
 def metrics(run: Path) -> list[dict]:
