@@ -155,7 +155,8 @@ class ImplicitPRM:
     Args:
         model: pi_phi, trained. reference: pi_ref, frozen (never modified here).
         beta, lr, update, norm, label: the options (`check_prime_options`).
-        weight_decay, grad_clip, minibatch_size, micro_batch_size: as `PrmStart`.
+        start: what it was built from (`PrmStart`): the weight decay, gradient clip, minibatch and micro-batch sizes
+            its update uses.
     """
 
     def __init__(self, model: Policy, reference: Policy, *, beta: float, lr: float, update: str, norm: str,
