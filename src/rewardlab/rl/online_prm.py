@@ -47,6 +47,7 @@ from rewardlab.optim import make_optimizer
 from rewardlab.policy import Batch, Policy, load_policy
 from rewardlab.policy.batch import micro_batches
 from rewardlab.registry import Registry
+from rewardlab.rl.segments import reverse_discounted_sum
 
 #: The checkpoint subdirectory that holds the online PRM's weights.
 ONLINE_PRM_DIR = "online_prm"
@@ -144,8 +145,10 @@ def ranking_accuracy(z: torch.Tensor, labels: torch.Tensor, group: torch.Tensor)
 
 def normalized_rewards(r: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
     """verl's prime_norm batch_norm: r / (max_{i,t} |sum_{s>=t} r_{i,s}| + 1e-6) over the batch, [N, T] -> [N, T]."""
-    to_go = torch.flip(torch.cumsum(torch.flip(r * sampled, dims=[1]), dim=1), dims=[1])
-    return r / (to_go.abs().max() + 1e-6) if r.numel() else r
+    if not r.numel():
+        return r
+    to_go = reverse_discounted_sum(r, sampled.to(r.dtype), 1.0)
+    return r / (to_go.abs().max() + 1e-6)
 
 
 class ImplicitPRM:
@@ -306,7 +309,8 @@ def prime(start: PrmStart, *, beta: float = 0.05, lr: float = 1e-6, update: str 
 
 
 def check_online_prm(rl: Any) -> None:
-    """rl.online_prm names a registered PRM whose options (rl.online_prm_options) are declared and valid.
+    """rl.online_prm's options (rl.online_prm_options) are declared and valid (its name is checked with the other
+    named parts, `rl.specs.check_names`; an unknown one still raises here, from the registry).
 
     Raises:
         ValueError: one line naming the key.
@@ -315,8 +319,6 @@ def check_online_prm(rl: Any) -> None:
         if rl.online_prm_options:
             raise ValueError(f"rl.online_prm_options: {sorted(rl.online_prm_options)} given without rl.online_prm")
         return
-    if rl.online_prm not in ONLINE_PRMS:
-        raise ValueError(f"rl.online_prm: unknown name {rl.online_prm!r}; valid: {', '.join(sorted(ONLINE_PRMS))}")
     ONLINE_PRMS.check(rl.online_prm, rl.online_prm_options, field="rl.online_prm_options")
     ONLINE_PRMS.meta(rl.online_prm)["check"](**rl.online_prm_options)
 
