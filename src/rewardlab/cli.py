@@ -58,7 +58,11 @@ def _add_verb(sub, name: str, command: Command) -> None:
     p.add_argument("--out", help="run directory (config key: out)")
     p.add_argument("--seed", type=int, help="random seed (config key: seed)")
     for flag in command.flags:
-        p.add_argument(f"--{flag.name}", help=f"{flag.help} (config key: {flag.key})")
+        if flag.switch:
+            p.add_argument(f"--{flag.name}", action="store_true", default=None,
+                           help=f"{flag.help} (config key: {flag.key}=true)")
+        else:
+            p.add_argument(f"--{flag.name}", help=f"{flag.help} (config key: {flag.key})")
     p.add_argument("--resume", action="store_true", help=command.resume_help + " (same settings)")
     p.add_argument("--overwrite", action="store_true",
                    help="delete the run already in --out and start afresh (without --resume or --overwrite, a "

@@ -18,20 +18,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from rewardlab.config.schema import (EvaluateConfig, MergeConfig, PrmLabelConfig, PrmTrainConfig, QuickstartConfig,
-                                     RmEvalConfig, RmPairsConfig, RmTrainConfig, SearchConfig, SFTConfig, TrainConfig)
+from rewardlab.config.schema import (EvaluateConfig, MergeConfig, PoConfig, PrmLabelConfig, PrmTrainConfig,
+                                     QuickstartConfig, RmEvalConfig, RmPairsConfig, RmTrainConfig, SearchConfig,
+                                     SFTConfig, TrainConfig)
 
 
 class Flag(NamedTuple):
     """A shortcut flag: `--NAME VALUE` is the override `KEY=VALUE` (`KEY=[VALUE]` when `listed`, so that
-    `--n 1,2,4` is `search.n=[1,2,4]`)."""
+    `--n 1,2,4` is `search.n=[1,2,4]`); a `switch` takes no value: `--NAME` is `KEY=true` (`--online` is
+    `po.online=true`)."""
 
     name: str
     key: str
     help: str
     listed: bool = False
+    switch: bool = False
 
-    def override(self, value: str) -> str:
+    def override(self, value: str | bool) -> str:
+        if self.switch:
+            return f"{self.key}=true"
         return f"{self.key}=[{value}]" if self.listed else f"{self.key}={value}"
 
 
@@ -85,6 +90,13 @@ COMMANDS: dict[str, Command] = {
     "train": Command(TrainConfig, "rewardlab.commands.train:run",
                      "RL training (GRPO family) against the task's verifier or configured rewards", _CHECKPOINT,
                      (_MODEL, _TASK)),
+    "po": Command(
+        PoConfig, "rewardlab.commands.po:run",
+        "preference optimization (DPO, IPO, SimPO, KTO, ORPO, RPO, mixes): offline from a pairs file, or --online / "
+        "semi-online (po.sync_every) with a reward ranking sampled completions", _CHECKPOINT,
+        (_MODEL, _TASK, Flag("pairs", "pairs", "preference pairs JSONL (rm pairs' output, or TRL's preference format)"),
+         Flag("loss", "po.loss_type", "dpo, ipo, simpo, kto, orpo, rpo, bco_pair, sft (or a list in po.loss_type)"),
+         Flag("online", "po.online", "sample the pairs during training, labelled by the reward", switch=True))),
     "evaluate": Command(
         EvaluateConfig, "rewardlab.commands.evaluate:run",
         "greedy exact-match accuracy and pass@k: a jsonl file whole, a generated task's held-out split "

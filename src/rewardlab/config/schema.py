@@ -1104,3 +1104,112 @@ class RmEvalConfig(_Run):
     data: str = Field(..., description="JSONL of pairs, best-of-k rows and/or step rows (kinds may be mixed)")
     dev_data: str | None = Field(None, description="step rows for choosing the first-error threshold")
     eval: RMEvalParams = Field(default_factory=RMEvalParams, description="evaluation settings")
+
+
+class POParams(_Base):
+    """Preference optimization (`rewardlab po`): a preference loss on summed log-probs (`rewardlab.po.losses`),
+    AdamW with linear warm-up then a constant or cosine learning rate. Offline, it trains `epochs` passes over a
+    pairs file in shuffled batches; online (`online: true`), each of `steps` steps samples `num_generations`
+    completions of `prompts_per_step` prompts, pairs each prompt's best and worst by the reward, and takes one
+    optimizer step on those pairs."""
+
+    online: bool = Field(False, description="false: offline, from the pairs file `pairs`; true: online / semi-online "
+                         "DPO (Lanchantin et al. 2025, arXiv:2506.21495): pairs sampled during training and labelled "
+                         "by `rewards` (--online)")
+    loss_type: str | list[str] = Field(
+        "dpo", description="the preference loss (TRL's loss_type): dpo, ipo, simpo, kto, orpo, rpo, bco_pair, sft, "
+        "or a list of them mixed with loss_weights (MPO: [dpo, bco_pair, sft]); docs/preference-optimization.md "
+        "gives each formula (--loss)")
+    loss_weights: list[float] | None = Field(None, description="one weight per loss of a loss_type list (TRL's "
+                                             "loss_weights); null: 1 each")
+    beta: float | None = Field(None, gt=0, description="the losses' beta (TRL's beta): DPO's KL strength (Rafailov "
+                               "et al. 2023), IPO's tau, SimPO's reward scale, ORPO's lambda; null: each loss's own "
+                               "default (0.1; simpo 2.0, as its paper)")
+    loss_options: dict[str, Any] = Field(
+        default_factory=dict, description="the losses' other declared options, e.g. {label_smoothing: 0.1} (dpo, "
+        "rpo), {gamma: 1.0} (simpo), {alpha: 1.0} (rpo), {delta: 0.0} (bco_pair), {desirable_weight: 1.0, "
+        "undesirable_weight: 1.0} (kto); an option no loss declares is refused before anything loads")
+    epochs: int = Field(1, gt=0, description="offline: passes over the pairs (TRL's num_train_epochs)")
+    steps: int = Field(100, gt=0, description="online: optimizer steps, each on pairs sampled for it (TRL's "
+                       "max_steps)")
+    batch_size: int = Field(32, gt=0, description="offline: pairs per optimizer step")
+    micro_batch_size: int | None = Field(
+        None, gt=0, description="pairs per forward/backward pass: a step accumulates its batch's gradient over "
+        "micro-batches of this size, the loss still the mean over the step's pairs; null: the whole batch at once "
+        "(also the pairs per pass of the reference's log-probs)")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (TRL's DPO default 1e-6; the tiny model needs "
+                      "about 1e-5 to 1e-4)")
+    weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up, optimizer steps")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="cosine: decay to 0.1 x lr at the end "
+                                                       "(Loshchilov & Hutter 2017)")
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    # online
+    prompts_per_step: int = Field(32, gt=0, description="online: prompts sampled per step (each gives at most one "
+                                  "pair)")
+    num_generations: int = Field(8, ge=2, description="online: K, completions sampled per prompt; the best and the "
+                                 "worst by the reward become the pair, ties (best = worst) skipped and counted")
+    temperature: float = Field(1.0, gt=0, description="online: sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
+    max_new_tokens: int = Field(8, gt=0, description="online: completion token limit")
+    sync_every: int | None = Field(
+        1, gt=0, description="online: the completions come from a copy of the policy synced every N steps (Lanchantin "
+        "et al. 2025's s): 1 = online DPO (the current policy samples), N > 1 = semi-online, null = never synced (the "
+        "starting policy samples throughout: offline pairs drawn fresh each step)")
+    ref_refresh: bool = Field(False, description="online: the reference model becomes the sampling copy at every sync "
+                              "(the policy of the last sync); false: the reference is the starting model throughout")
+    # held-out evaluation
+    eval_every: int = Field(0, ge=0, description="every N optimizer steps and at the last: greedy accuracy on the "
+                            "first eval_n held-out rows of `task` (eval/accuracy, as sft and train log it) and, with "
+                            "eval_pairs, the loss's metrics on those pairs (eval/rewards/accuracies, ...); 0: off")
+    eval_n: int = Field(200, gt=0, description="held-out questions per greedy evaluation (the first N of the test split)")
+    eval_max_new_tokens: int = Field(8, gt=0, description="token limit of the held-out greedy completions")
+
+
+class PoConfig(_Reporting, _Checkpoints, _Verb):
+    """`rewardlab po`: preference optimization, offline from a pairs file (DPO and its family) or online /
+    semi-online with a reward in the loop."""
+
+    trains: ClassVar[bool] = True
+
+    out: str = _out("runs/po")
+    pairs: str | None = Field(None, description="offline: preference pairs JSONL, as `rm pairs` writes them or in "
+                              "TRL's preference formats (prompt/chosen/rejected, conversational or with an implicit "
+                              "prompt) (--pairs)")
+    eval_pairs: str | None = Field(None, description="held-out pairs JSONL, scored every po.eval_every steps")
+    skip_invalid: bool = Field(False, description="a pair whose chosen or rejected response is empty, or whose "
+                               "responses are equal, is skipped and counted (summary skipped_pairs) instead of "
+                               "refused")
+    po: POParams = Field(default_factory=POParams, description="preference optimization settings")
+    rewards: list[dict[str, Any] | str] | None = Field(
+        None, description="online: reward specs that rank the sampled completions (as in `train`); default: the "
+        "task's own verifier")
+    on_error: Literal["zero", "skip", "raise"] = Field(
+        "zero", description="online: a completion whose reward fails: zero scores it 0, skip leaves it out of the "
+        "ranking, raise stops the run")
+
+    @model_validator(mode="after")
+    def _mode_keys(self):
+        refuse_environment(self.task, "po")
+        # a partly given section is filled from its defaults before validation (its fields_set names every field),
+        # so a key counts as set when it differs from its default
+        p = self.po
+        given = {k for k, f in POParams.model_fields.items() if getattr(p, k) != f.get_default(call_default_factory=True)}
+        if p.online:
+            if self.pairs is not None:
+                raise ValueError("pairs: po.online samples its pairs; drop pairs or set po.online=false")
+            wrong = [k for k in ("epochs", "batch_size") if k in given]
+        else:
+            if self.pairs is None:
+                raise ValueError("pairs: offline po needs a pairs file (--pairs PATH), or set po.online=true (--online)")
+            wrong = [k for k in ("steps", "prompts_per_step", "num_generations", "temperature", "top_p",
+                                 "max_new_tokens", "sync_every", "ref_refresh") if k in given]
+            if self.rewards is not None:
+                wrong.insert(0, "rewards")
+        if wrong:
+            key = wrong[0] if wrong[0] == "rewards" else f"po.{wrong[0]}"
+            mode = "online" if p.online else "offline"
+            raise ValueError(f"{key}: does not apply to {mode} po (po.online={str(p.online).lower()}); drop it")
+        if self.eval_pairs is not None and not p.eval_every:
+            raise ValueError("eval_pairs: scored every po.eval_every steps, and po.eval_every is 0; set it")
+        return self

@@ -38,6 +38,7 @@ class PreferenceRow:
     chosen: Content
     rejected: Content
     row: dict[str, Any] = field(default_factory=dict)
+    where: str = ""  # FILE:LINE it was read from, for errors about it
 
     @property
     def conversational(self) -> bool:
@@ -105,7 +106,7 @@ def parse_preference_row(obj: dict[str, Any], where: str) -> PreferenceRow:
     if not isinstance(row, dict):
         raise ValueError(f"{where}: field 'row' must be an object")
     extra = {k: v for k, v in obj.items() if k not in ("prompt", "chosen", "rejected", "row")}
-    return PreferenceRow(prompt, chosen, rejected, {**extra, **row})
+    return PreferenceRow(prompt, chosen, rejected, {**extra, **row}, where)
 
 
 def load_preference_rows(path: str | Path, *, skip_invalid: bool = False) -> tuple[list[PreferenceRow],

@@ -40,7 +40,10 @@ from torch import Tensor
 
 from rewardlab.registry import Registry
 
-__all__ = ["PREFERENCE_LOSSES", "PreferenceBatch", "preference_loss", "register_preference_loss"]
+__all__ = ["PREFERENCE_LOSSES", "REFERENCE_FREE", "PreferenceBatch", "preference_loss", "register_preference_loss"]
+
+#: The registered losses that read no reference log-probs (a run of only these loads no reference model).
+REFERENCE_FREE = frozenset({"simpo", "orpo", "sft"})
 
 #: name -> loss(batch, **options) -> (losses [B], chosen_rewards [B] | None, rejected_rewards [B] | None).
 PREFERENCE_LOSSES: Registry[Callable[..., tuple[Tensor, Tensor | None, Tensor | None]]] = Registry(

@@ -29,9 +29,10 @@ RESUME_MAY_CHANGE = ("save_every", "keep_checkpoints", "train.micro_batch_size")
 
 
 @contextmanager
-def open_fit_run(cfg: Any, *, mode: RunMode) -> Iterator[tuple[RunDir, int, Path | None, random.Random]]:
-    """Open `cfg.out` for a reward-model training run (`RunDir.start`), record or check its config, and on a resume
-    find the newest valid checkpoint; seed torch with `cfg.seed`.
+def open_fit_run(cfg: Any, *, mode: RunMode, may_change: Sequence[str] = RESUME_MAY_CHANGE
+                 ) -> Iterator[tuple[RunDir, int, Path | None, random.Random]]:
+    """Open `cfg.out` for a training run of `fit` (`RunDir.start`), record or check its config (a resume may change
+    only the dotted keys `may_change`), and on a resume find the newest valid checkpoint; seed torch with `cfg.seed`.
 
     Yields:
         (run, the step resumed from (0 for a new run), that checkpoint's directory or None, the `random.Random`
@@ -41,7 +42,7 @@ def open_fit_run(cfg: Any, *, mode: RunMode) -> Iterator[tuple[RunDir, int, Path
         RunDirError: as `RunDir.start`, `RunDir.record_config` and `RunDir.resume_checkpoint` raise it.
     """
     with RunDir.start(cfg.out, mode=mode) as run:
-        run.record_config(dump_config(cfg), resume=mode == "resume", may_change=RESUME_MAY_CHANGE)
+        run.record_config(dump_config(cfg), resume=mode == "resume", may_change=may_change)
         start_step, checkpoint = run.resume_checkpoint() if mode == "resume" else (0, None)
         run.attach_trackers(open_trackers(cfg.report_to, run.path, run_name=cfg.out, config=cfg.model_dump(mode="json"),
                                           resume_step=start_step if mode == "resume" else None))
