@@ -23,7 +23,8 @@ Logged per step, besides the TRL names of `rewardlab.po.train`: `po/pairs`, `po/
 `po/reward_mean` (all samples), `po/reward_chosen`, `po/reward_rejected`, `po/completion_length` (tokens, all
 samples), `po/synced` (1 on a step whose sampler was synced), `time/sample_s`, `time/step_s`; eval/* as offline.
 A step with no pair takes no optimizer step (its schedule still advances). samples.jsonl holds every completion with
-its reward and role (chosen, rejected or null).
+its reward and role (chosen, rejected or null); pairs.jsonl the pairs trained on, in the format `rm pairs` writes
+(so an offline run, or TRL's DPOTrainer through `rewardlab.integrations.trl.pairs_to_trl`, can train on them).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ __all__ = ["OnlineModels", "best_worst_pairs", "sync_due", "train_online"]
 
 #: The sampling copy's trained weights inside a checkpoint of a semi-online run.
 SAMPLER_FILE = "sampler.pt"
+#: The pairs an online run trained on, one JSON line each (`_pair_rows`).
+PAIRS_FILE = "pairs.jsonl"
 
 
 def best_worst_pairs(scores: Sequence[float | None], n: int) -> tuple[list[tuple[int, int]], int, int]:
@@ -135,6 +138,16 @@ def _records(step: int, rollouts: list[Rollout], scores: list[float | None], ind
             for i, (r, s) in enumerate(zip(rollouts, scores))]
 
 
+def _pair_rows(step: int, rollouts: list[Rollout], scores: list[float | None], index: list[tuple[int, int]]
+               ) -> list[dict[str, Any]]:
+    """The step's pairs in the pair row format `rm pairs` writes (prompt = the task prompt, the texts decoded from
+    the sampled ids), with their step and scores: pairs.jsonl is an offline `po` run's --pairs, and TRL's
+    (`rewardlab.integrations.trl.pairs_to_trl`)."""
+    return [{"prompt": rollouts[b].row.get("prompt", rollouts[b].prompt), "chosen": rollouts[b].completion,
+             "rejected": rollouts[w].completion, "step": step, "chosen_score": scores[b], "rejected_score": scores[w],
+             "row": rollouts[b].row} for b, w in index]
+
+
 @dataclasses.dataclass
 class _OnlineTraining:
     cfg: Any
@@ -184,6 +197,7 @@ class _OnlineTraining:
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             self.scheduler.step()
         self.run.log_samples(_records(step, rollouts, scores, index))
+        self.run.append_jsonl(PAIRS_FILE, _pair_rows(step, rollouts, scores, index))
         return {**metrics, **counts, "po/synced": int(synced), "lr": self.scheduler.get_last_lr()[0],
                 "time/sample_s": t1 - t0, "time/step_s": time.perf_counter() - t0}
 
