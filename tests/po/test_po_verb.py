@@ -286,3 +286,23 @@ def test_the_cli_spells_out_the_flags(tmp_path):
     assert main(["po", "--pairs", str(_pairs_file(tmp_path)), f"--out={out}", *TINY_OVERRIDES, "threads=1",
                  "po.batch_size=12", "--no-progress"]) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 1
+
+
+def test_lora_runs_offline_and_semi_online_against_the_adapter_free_base(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    import rewardlab.commands.po as po_command
+
+    loads = []
+    original = po_command.load_policy
+    monkeypatch.setattr(po_command, "load_policy", lambda *a, **k: loads.append(k.get("lora")) or original(*a, **k))
+    lora = "model.lora={r: 4}"
+    run_po(_cfg(tmp_path, f"pairs={_pairs_file(tmp_path)}", lora, "po.lr=0.01", "po.batch_size=4", out="off"),
+           show_progress=False)
+    assert loads == []  # the reference is the base with the adapter disabled: no second model
+    metrics = _metrics(tmp_path / "off")
+    assert metrics[0]["train/loss"] == pytest.approx(0.693147, abs=1e-5) and abs(metrics[-1]["rewards/margins"]) > 0
+    assert (tmp_path / "off" / "checkpoints" / "step-3" / "adapter_model.safetensors").is_file()
+    summary = run_po(_cfg(tmp_path, *ONLINE, _digit_reward(tmp_path), lora, "po.steps=2", "po.sync_every=2",
+                          out="semi"), show_progress=False)
+    assert summary["pairs"] > 0 and loads == [{"r": 4, "alpha": 32.0, "dropout": 0.0, "target_modules": "all-linear"}]
+    assert (tmp_path / "semi" / "checkpoints" / "step-2" / "sampler.pt").is_file()

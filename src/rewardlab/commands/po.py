@@ -127,8 +127,7 @@ def _online(cfg: PoConfig, spec: LossSpec, mode: RunMode, show_progress: bool) -
     sampler = policy
     if p.sync_every != 1:  # a copy, synced every sync_every steps (never: the starting policy)
         sampler = load_policy(cfg.model.path, seed=cfg.seed, **cfg.model.policy_options())
-        sampler.load_trained_weights(policy.trained_weights())
-        sampler.model.eval().requires_grad_(False)
+        sampler.load_trained_weights(policy.trained_weights())  # (its trainable parameters name what a sync copies)
     reference = None
     if spec.reference:
         never_synced = p.sync_every is None and sampler is not policy
