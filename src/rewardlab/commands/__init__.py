@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from rewardlab.config.schema import (EvaluateConfig, MergeConfig, PrmLabelConfig, PrmTrainConfig, QuickstartConfig,
                                      RmEvalConfig, RmPairsConfig, RmTrainConfig, SearchConfig, SFTConfig, TrainConfig)
+from rewardlab.config.schema import RftConfig
 
 
 class Flag(NamedTuple):
@@ -85,6 +86,13 @@ COMMANDS: dict[str, Command] = {
     "train": Command(TrainConfig, "rewardlab.commands.train:run",
                      "RL training (GRPO family) against the task's verifier or configured rewards", _CHECKPOINT,
                      (_MODEL, _TASK)),
+    "rft": Command(RftConfig, "rewardlab.commands.rft:run",
+                   "rejection-sampling fine-tuning (STaR/RAFT): sample N per prompt, keep what the reward passes, SFT "
+                   "on it, for R rounds", _CHECKPOINT,
+                   (_MODEL,
+                    Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval" or "jsonl:PATH" '
+                         "(single completions: an environment task, env:NAME, runs in train, sft and evaluate)"),
+                    Flag("n", "rft.n", "completions sampled per prompt each round"))),
     "evaluate": Command(
         EvaluateConfig, "rewardlab.commands.evaluate:run",
         "greedy exact-match accuracy and pass@k: a jsonl file whole, a generated task's held-out split "

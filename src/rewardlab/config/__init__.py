@@ -24,6 +24,7 @@ from rewardlab.config.schema import (EVAL_SPLIT_DESCRIPTION, BackboneConfig, Eva
                                      RmEvalConfig, RMEvalParams, RmPairsConfig, RmTrainConfig, RMTrainParams,
                                      SamplingParams, ScorerModel, SearchConfig, SearchParams, SFTConfig, SFTParams,
                                      TaskConfig, TinyArch, TrainConfig)
+from rewardlab.config.schema import RftConfig, RFTParams  # rewardlab rft
 
 __all__ = [
     "EVAL_SPLIT_DESCRIPTION", "BackboneConfig", "ConfigDeprecationWarning", "ConfigError", "EvalParams",
@@ -35,3 +36,4 @@ __all__ = [
     "apply_override", "config_keys", "describe", "dump_config", "help_text", "load_config", "move_renamed",
     "read_config_file", "reference_markdown", "renamed_keys", "undescribed", "validate", "with_section_defaults",
 ]
+__all__ += ["RftConfig", "RFTParams"]
