@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rewardlab"
 #: The layers only the verbs and the training loops use.
 VERB_ONLY = ("rewardlab.config", "rewardlab.runs", "rewardlab.progress", "rich")
 #: The training loops: they write run directories (config.yaml, metrics, checkpoints) as they go.
-TRAINING_LOOPS = {"rl/trainer.py", "rm/fit.py", "sft.py"}
+TRAINING_LOOPS = {"rl/trainer.py", "rm/fit.py", "sft.py", "po/rft.py"}
 #: The verb layer itself and the modules it is built from; view/ (`rewardlab view`) reads run directories as the
 #: verbs do (rewardlab.runs' markers, lock and event log names), read-only.
 TOP = ("commands/", "cli.py", "config/", "runs.py", "progress.py", "view/")

@@ -587,7 +587,7 @@ class _Checkpoints(_Base):
     and the optimizer, schedule, data-order and RNG state, so `--resume` continues exactly where it left off."""
 
     save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end): RL steps (train), "
-                            "optimizer steps (sft, rm train, prm train)")
+                            "optimizer steps (sft, rm train, prm train), rounds (rft)")
     keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
 
 
