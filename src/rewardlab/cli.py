@@ -1,15 +1,16 @@
 """Command line: `rewardlab VERB [--config FILE] [--model PATH] [--task SPEC] [--out DIR] [key=value ...]`.
 
 The verbs, their config classes, runners and shortcut flags are one table, `rewardlab.commands.COMMANDS`
-(quickstart, sft, train, evaluate, merge, search, rm train|eval|pairs, prm label|train). Overrides are dotted
+(quickstart, sft, train, rft, evaluate, merge, search, rm train|eval|pairs, prm label|train). Overrides are dotted
 config keys (`rl.lr=1e-4`); a verb's shortcut flags (`--model`, `--task`, `--data`, ...) are spelled-out overrides
 (`model.path=`, `task.spec=`, `data=`). Every verb writes a run directory (`--out`) and refuses one that already
 holds a run unless given `--resume` (continue it) or `--overwrite` (delete it first). Errors print one line and exit
 with status 2. `rewardlab view RUN_DIR ...` (the local web viewer, `rewardlab.commands.view`) takes run directories
 instead of a config.
 
-Signals: during `train` and `sft` (and the quickstart's stages) a first Ctrl-C or SIGTERM finishes the step, writes a
-checkpoint, prints the `--resume` command and exits with 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once.
+Signals: during `train`, `sft` and `rft` (and the quickstart's stages) a first Ctrl-C or SIGTERM finishes the step (in
+rft the round), writes a checkpoint, prints the `--resume` command and exits with 130 (Ctrl-C) or 143 (SIGTERM); a
+second one stops at once.
 After a first SIGTERM the process ends within $REWARDLAB_SIGTERM_GRACE_S seconds (default 20) whatever happens:
 a step that does not finish in time is abandoned, to be resumed from the last checkpoint. Any other Ctrl-C (during
 set-up, Ray's start-up included, a second one, or in another verb) stops at once with one line and status 130.
@@ -29,9 +30,9 @@ from rewardlab.commands import COMMANDS, GROUPS, Command
 
 
 #: The top-level help's epilog: what Ctrl-C and SIGTERM do.
-SIGNALS_HELP = ("Ctrl-C or SIGTERM during train and sft: finish the current step, checkpoint it, print the --resume "
-                "command, exit 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once (exit 130, as any other "
-                "Ctrl-C: during set-up, Ray's start-up, other verbs). After a SIGTERM the "
+SIGNALS_HELP = ("Ctrl-C or SIGTERM during train, sft and rft: finish the current step (rft: round), checkpoint it, "
+                "print the --resume command, exit 130 (Ctrl-C) or 143 (SIGTERM); a second one stops at once (exit 130, "
+                "as any other Ctrl-C: during set-up, Ray's start-up, other verbs). After a SIGTERM the "
                 "process ends within REWARDLAB_SIGTERM_GRACE_S seconds (default 20), abandoning a step not finished "
                 "by then. Other verbs stop at once and resume from their logs. No process a verb starts outlives it.")
 

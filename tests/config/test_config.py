@@ -142,6 +142,7 @@ def test_config_error_is_a_value_error():
 def test_dump_config_round_trips(tmp_path, verb):
     cls = VERB_CONFIGS[verb]
     required = [f"{name}=x.jsonl" for name, f in cls.model_fields.items() if f.is_required()]  # rm/prm: data
+    required += {"po": ["pairs=x.jsonl"]}.get(verb, [])  # offline po (the default) needs its pairs file
     seed = ["seed=5"] if "seed" in cls.model_fields else []  # merge: nothing random
     cfg = load_config(cls, None, [*seed, *required])
     path = tmp_path / "c.yaml"

@@ -91,7 +91,8 @@ def test_every_verb_shares_the_out_and_seed_keys():
     assert {verb: f.default for verb, f in outs.items()} == {
         "sft": "runs/sft", "train": "runs/train", "evaluate": "runs/eval", "quickstart": "runs/quickstart",
         "search": "runs/search", "rm train": "runs/rm", "rm eval": "runs/rm_eval", "rm pairs": "runs/pairs",
-        "prm label": "runs/labels", "prm train": "runs/prm", "merge": "runs/merged",
+        "prm label": "runs/labels", "prm train": "runs/prm", "merge": "runs/merged", "rft": "runs/rft",
+        "po": "runs/po",
     }
     assert len({f.description for f in outs.values()}) == 1
     assert "seed" not in VERB_CONFIGS["merge"].model_fields  # a merge draws nothing at random

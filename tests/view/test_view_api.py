@@ -170,6 +170,7 @@ def test_final_metrics_come_from_the_last_complete_line_read_from_the_tail(tmp_p
 
 
 @pytest.mark.parametrize("sections,verb", [({"rl": {}, "task": {}}, "train"), ({"sft": {}}, "sft"),
+                                           ({"rft": {}, "task": {}, "rewards": None}, "rft"),
                                            ({"search": {}, "scorer": "x"}, "search"), ({"eval": {}, "scorer": "x"},
                                                                                        "rm eval"),
                                            ({"eval": {}, "split": "test"}, "evaluate"), ({"preset": "tools"},

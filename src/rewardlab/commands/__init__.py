@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from rewardlab.config.schema import (EvaluateConfig, MergeConfig, PoConfig, PrmLabelConfig, PrmTrainConfig,
-                                     QuickstartConfig, RmEvalConfig, RmPairsConfig, RmTrainConfig, SearchConfig,
-                                     SFTConfig, TrainConfig)
+                                     QuickstartConfig, RftConfig, RmEvalConfig, RmPairsConfig, RmTrainConfig,
+                                     SearchConfig, SFTConfig, TrainConfig)
 
 
 class Flag(NamedTuple):
@@ -71,6 +71,9 @@ _MODEL = Flag("model", "model.path", '"tiny" or a local HF model directory')
 _TASK = Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval", "jsonl:PATH" or "env:NAME" '
              "(an environment's episodes: calculator, guess_number, python, or your own class as env:MODULE:CLASS or "
              "env:PATH.py:CLASS)")
+#: --task of the verbs that sample single completions (an environment task is refused there).
+_SINGLE_TASK = Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval" or "jsonl:PATH" (single '
+                    "completions: an environment task, env:NAME, runs in train, sft and evaluate)")
 _BACKBONE = Flag("model", "model.path", 'backbone or scorer: "minilm", "tiny" or a model directory')
 _DATA = Flag("data", "data", "JSONL data file")
 _CHECKPOINT = "continue from the run directory's last valid checkpoint"
@@ -90,11 +93,17 @@ COMMANDS: dict[str, Command] = {
     "train": Command(TrainConfig, "rewardlab.commands.train:run",
                      "RL training (GRPO family) against the task's verifier or configured rewards", _CHECKPOINT,
                      (_MODEL, _TASK)),
+    "rft": Command(RftConfig, "rewardlab.commands.rft:run",
+                   "rejection-sampling fine-tuning (STaR/RAFT): sample N per prompt, keep what the reward passes, SFT "
+                   "on it, for R rounds", _CHECKPOINT,
+                   (_MODEL, _SINGLE_TASK,
+                    Flag("n", "rft.n", "completions sampled per prompt each round"))),
     "po": Command(
         PoConfig, "rewardlab.commands.po:run",
         "preference optimization (DPO, IPO, SimPO, KTO, ORPO, RPO, mixes): offline from a pairs file, or --online / "
         "semi-online (po.sync_every) with a reward ranking sampled completions", _CHECKPOINT,
-        (_MODEL, _TASK, Flag("pairs", "pairs", "preference pairs JSONL (rm pairs' output, or TRL's preference format)"),
+        (_MODEL, _SINGLE_TASK,
+         Flag("pairs", "pairs", "preference pairs JSONL (rm pairs' output, or TRL's preference format)"),
          Flag("loss", "po.loss_type", "dpo, ipo, simpo, kto, orpo, rpo, bco_pair, sft (or a list in po.loss_type)"),
          Flag("online", "po.online", "sample the pairs during training, labelled by the reward", switch=True))),
     "evaluate": Command(
@@ -111,9 +120,7 @@ COMMANDS: dict[str, Command] = {
         SearchConfig, "rewardlab.commands.search:run",
         "reward-guided search (best-of-N, majority votes, beam search, DVTS): accuracy against N",
         "continue the run in --out after its last finished unit (greedy, sample pool, method x N)",
-        (_MODEL,
-         Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval" or "jsonl:PATH" (single '
-              "completions: an environment task, env:NAME, runs in train, sft and evaluate)"),
+        (_MODEL, _SINGLE_TASK,
          Flag("scorer", "scorer", "reward that ranks candidates, e.g. arithmetic_steps"),
          Flag("n", "search.n", "budgets N, comma-separated, e.g. 1,2,4,8", listed=True)), prints_summary=False),
     "rm train": Command(RmTrainConfig, "rewardlab.commands.rm:train",

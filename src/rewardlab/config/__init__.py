@@ -20,18 +20,18 @@ from rewardlab.config.reference import config_keys, describe, help_text, referen
 from rewardlab.config.schema import (EVAL_SPLIT_DESCRIPTION, BackboneConfig, EvalParams, EvaluateConfig,
                                      FilteringParams, LabelParams, MergeConfig, MergeModel, ModelConfig, PairsParams,
                                      PoConfig, POParams, PrmLabelConfig, PrmTrainConfig, PRMTrainParams,
-                                     QuickstartConfig, RayParams, RLCanaryParams, RLConfig, RLEvalParams,
-                                     RLLoggingParams, RLMonitorParams, RmEvalConfig, RMEvalParams, RmPairsConfig,
-                                     RmTrainConfig, RMTrainParams, SamplingParams, ScorerModel, SearchConfig,
-                                     SearchParams, SFTConfig, SFTParams, TaskConfig, TinyArch, TrainConfig)
+                                     QuickstartConfig, RayParams, RftConfig, RFTParams, RLCanaryParams, RLConfig,
+                                     RLEvalParams, RLLoggingParams, RLMonitorParams, RmEvalConfig, RMEvalParams,
+                                     RmPairsConfig, RmTrainConfig, RMTrainParams, SamplingParams, ScorerModel,
+                                     SearchConfig, SearchParams, SFTConfig, SFTParams, TaskConfig, TinyArch, TrainConfig)
 
 __all__ = [
     "EVAL_SPLIT_DESCRIPTION", "BackboneConfig", "ConfigDeprecationWarning", "ConfigError", "EvalParams",
     "EvaluateConfig", "FilteringParams", "LabelParams", "MergeConfig", "MergeModel", "ModelConfig", "PairsParams",
     "PoConfig", "POParams", "PrmLabelConfig", "PrmTrainConfig", "PRMTrainParams", "QuickstartConfig", "RayParams",
-    "RLCanaryParams", "RLConfig", "RLEvalParams", "RLLoggingParams", "RLMonitorParams", "RmEvalConfig", "RMEvalParams",
-    "RmPairsConfig", "RmTrainConfig", "RMTrainParams", "SamplingParams", "ScorerModel", "SearchConfig", "SearchParams",
-    "SFTConfig", "SFTParams", "TaskConfig", "TinyArch", "TrainConfig", "apply_override", "config_keys", "describe",
-    "dump_config", "help_text", "load_config", "move_renamed", "read_config_file", "reference_markdown", "renamed_keys",
-    "undescribed", "validate", "with_section_defaults",
+    "RftConfig", "RFTParams", "RLCanaryParams", "RLConfig", "RLEvalParams", "RLLoggingParams", "RLMonitorParams",
+    "RmEvalConfig", "RMEvalParams", "RmPairsConfig", "RmTrainConfig", "RMTrainParams", "SamplingParams", "ScorerModel",
+    "SearchConfig", "SearchParams", "SFTConfig", "SFTParams", "TaskConfig", "TinyArch", "TrainConfig", "apply_override",
+    "config_keys", "describe", "dump_config", "help_text", "load_config", "move_renamed", "read_config_file",
+    "reference_markdown", "renamed_keys", "undescribed", "validate", "with_section_defaults",
 ]

@@ -587,7 +587,7 @@ class _Checkpoints(_Base):
     and the optimizer, schedule, data-order and RNG state, so `--resume` continues exactly where it left off."""
 
     save_every: int = Field(25, gt=0, description="checkpoint every N steps (and at the end): RL steps (train), "
-                            "optimizer steps (sft, rm train, prm train)")
+                            "optimizer steps (sft, rm train, prm train), rounds (rft)")
     keep_checkpoints: int = Field(2, gt=0, description="most recent checkpoints kept")
 
 
@@ -1212,4 +1212,82 @@ class PoConfig(_Reporting, _Checkpoints, _Verb):
             raise ValueError(f"{key}: does not apply to {mode} po (po.online={str(p.online).lower()}); drop it")
         if self.eval_pairs is not None and not p.eval_every:
             raise ValueError("eval_pairs: scored every po.eval_every steps, and po.eval_every is 0; set it")
+        return self
+
+
+# Rejection-sampling fine-tuning (`rewardlab rft`). Sources: STaR (Zelikman et al. 2022, arXiv:2203.14465), RAFT (Dong
+# et al. 2023, arXiv:2304.06767), RAFT++ (Xiong et al. 2025, arXiv:2504.11343).
+class RFTParams(_Base):
+    """Rejection-sampling fine-tuning: each round samples `n` completions of `prompts_per_round` training prompts from
+    the current policy, keeps those the reward passes (`keep`, `threshold`) and takes `steps_per_round` supervised
+    steps on their sampled token ids (STaR, Zelikman et al. 2022; RAFT, Dong et al. 2023)."""
+
+    rounds: int = Field(10, ge=0, description="rounds R of sample -> keep -> train; checkpoints (save_every) count "
+                        "rounds; may grow on --resume")
+    prompts_per_round: int = Field(64, gt=0, description="training prompts sampled per round (drawn without "
+                                   "replacement within an epoch of the training rows, seeded)")
+    n: int = Field(8, gt=0, description="completions sampled per prompt (--n; TRL's num_generations)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature; must be 1 with importance clip (the "
+                               "behaviour log-probs are then those of the policy itself)")
+    top_p: float = Field(1.0, gt=0, le=1, description=TOP_P)
+    max_new_tokens: int = Field(8, gt=0, description="completion token limit (also the held-out evaluation's)")
+    keep: Literal["best", "threshold"] = Field(
+        "best", description="which samples are trained on: best (RAFT, Dong et al. 2023: per prompt the "
+        "highest-scoring sample, ties to the first sampled, kept only if its score >= threshold) or threshold (STaR, "
+        "Zelikman et al. 2022: every sample with score >= threshold)")
+    threshold: float = Field(1.0, description="the score a kept sample reaches at least; 1.0: correct under the "
+                             "task's verifier (scores in [0, 1])")
+    dedupe: bool = Field(True, description="samples of one prompt with the same completion token ids count once "
+                         "(the first sampled is kept)")
+    steps_per_round: int = Field(4, gt=0, description="optimizer steps per round on the kept samples (none when a "
+                                 "round keeps nothing: counted as rft/empty_rounds)")
+    batch_size: int = Field(64, gt=0, description="kept samples per optimizer step (all of them when fewer are "
+                            "kept), drawn epoch-wise from a seeded shuffle of the round's kept set")
+    micro_batch_size: int | None = Field(
+        None, gt=0, description="samples per forward/backward pass: each step accumulates the gradient of its batch "
+        "over micro-batches of this size, the loss still the mean over every trained token of the batch; null: the "
+        "whole batch at once; may change on --resume")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (Loshchilov & Hutter 2019); one optimizer across "
+                      "all rounds")
+    weight_decay: float = Field(0.0, ge=0, description=WEIGHT_DECAY)
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up, in optimizer steps")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="after warm-up: constant, or a cosine decay to 0.1 x lr at the last of rounds x "
+        "steps_per_round optimizer steps (Loshchilov & Hutter 2017)")
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm")
+    importance: Literal["none", "clip"] = Field(
+        "none", description="none: the loss is the mean negative log-likelihood per trained token (SFT on the kept "
+        "samples); clip: RAFT++ (Xiong et al. 2025), the PPO-clipped surrogate with advantage 1, "
+        "-min(r_t, clip(r_t, 1 - clip_eps, 1 + clip_eps)), r_t = exp(log p_theta(y_t) - log p_old(y_t)) with the "
+        "sampler's log-probs as p_old, averaged per trained token; needs temperature 1. With steps_per_round 1 the "
+        "ratio is 1 and clip trains as none")
+    clip_eps: float = Field(0.2, gt=0, description="epsilon of importance clip (PPO's clip range)")
+    eval_every: int = Field(0, ge=0, description="every N rounds and at the last, greedy accuracy on the first "
+                            "eval_n held-out (test split) questions, logged as eval/accuracy and plotted; 0: off")
+    eval_n: int = Field(200, gt=0, description="held-out questions per evaluation (the first N of the test split)")
+
+
+class RftConfig(_Reporting, _Checkpoints, _Verb):
+    """`rewardlab rft`: rejection-sampling fine-tuning (STaR / RAFT / RAFT++) against the task's verifier or the
+    configured rewards; single completions only (an environment task is refused)."""
+
+    trains: ClassVar[bool] = True
+
+    out: str = _out("runs/rft")
+    rft: RFTParams = Field(default_factory=RFTParams, description="rejection-sampling fine-tuning settings")
+    rewards: list[dict[str, Any] | str] | None = Field(
+        None, description="reward specs [{name, weight, ...options}] or bare names that score the samples (as in "
+        "train); a name MODULE:FUNCTION or PATH.py:FUNCTION imports your own reward; default: the task's own verifier"
+    )
+    on_error: Literal["zero", "skip", "raise"] = Field(
+        "zero", description="a sample whose reward fails (an exception, NaN or inf): zero scores it 0, skip also "
+        "never keeps it (nor counts it in rft/reward_mean), raise stops the run naming the reward and cause")
+
+    @model_validator(mode="after")
+    def _single_turn_only(self):
+        refuse_environment(self.task, "rft")
+        if self.rft.importance == "clip" and self.rft.temperature != 1.0:
+            raise ValueError(f"rft.importance, rft.temperature: importance clip divides by the sampler's log-probs, "
+                             f"which are those of the policy only at temperature 1, and rft.temperature is "
+                             f"{self.rft.temperature}; set rft.temperature=1 or rft.importance=none")
         return self

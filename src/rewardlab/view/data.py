@@ -203,8 +203,8 @@ def read_config(run: Run) -> dict[str, Any]:
 def verb_of(config: dict[str, Any]) -> str:
     """The verb that wrote a run, told by its config's sections ("?" when none fits)."""
     keys = set(config)
-    rules = [("preset", "quickstart"), ("rl", "train"), ("sft", "sft"), ("search", "search"), ("label", "prm label"),
-             ("pairs", "rm pairs")]
+    rules = [("preset", "quickstart"), ("rl", "train"), ("sft", "sft"), ("rft", "rft"), ("search", "search"),
+             ("label", "prm label"), ("pairs", "rm pairs")]
     for key, verb in rules:
         if key in keys:
             return verb
