@@ -99,7 +99,7 @@ def parse_preference_row(obj: dict[str, Any], where: str) -> PreferenceRow:
         if bad:
             what = {"empty_chosen": "field 'chosen' is empty", "empty_rejected": "field 'rejected' is empty",
                     "identical": "'chosen' and 'rejected' are the same response"}[reason]
-            error = ValueError(f"{where}: {what} (skip such rows with skip_invalid)")
+            error = ValueError(f"{where}: {what} (to skip such rows and count them: skip_invalid=true)")
             error.reason = reason  # type: ignore[attr-defined]
             raise error
     row = obj.get("row", {})
