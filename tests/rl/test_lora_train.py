@@ -209,7 +209,7 @@ def test_settings_that_cannot_apply_with_lora_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError) as info:
         load_config(EvaluateConfig, None, [LORA])
     assert str(info.value) == ("config error: model.lora: applies to the verbs that train the policy (sft, train, "
-                               "quickstart); this verb only runs it, so drop the setting (a LoRA checkpoint loads as "
+                               "po, rft, quickstart); this verb only runs it, so drop the setting (a LoRA checkpoint loads as "
                                "model.path)")
     assert not (tmp_path / "R").exists()
 

@@ -106,9 +106,9 @@ class ModelConfig(_Base):
         "as fit in 2^24 logits (64 MiB: 110 tokens of a 151,936-token vocabulary)")
     lora: LoraConfig | None = Field(
         None, description="train LoRA adapters instead of every weight (peft, pip install 'rewardlab[lora]'; sft, "
-        "train, quickstart): checkpoints hold the adapter (adapter_config.json, adapter_model.safetensors) and name "
-        "their base by path (the tiny model, not on disk, is saved into each checkpoint's base/), the KL reference "
-        "is the base with the adapter disabled (no second copy), engine ray publishes the adapter only. A LoRA "
+        "train, po, rft, quickstart): checkpoints hold the adapter (adapter_config.json, adapter_model.safetensors) "
+        "and name their base by path (the tiny model, not on disk, is saved into each checkpoint's base/), the KL "
+        "and DPO reference is the base with the adapter disabled (no second copy), engine ray publishes the adapter only. A LoRA "
         "checkpoint as model.path loads with its adapter merged (evaluate; rewardlab merge writes it out); with "
         "model.lora set a new adapter trains on that merged model. docs/real-models.md#lora. null: full fine-tuning")
 
@@ -653,7 +653,7 @@ class _Verb(_Run, _PolicyOnTask):
                      if getattr(self.model, k) != type(self.model).model_fields[k].default]
             if given:
                 raise ValueError(f"{', '.join(given)}: applies to the verbs that train the policy (sft, train, "
-                                 "quickstart); this verb only runs it, so drop the setting (a LoRA checkpoint loads "
+                                 "po, rft, quickstart); this verb only runs it, so drop the setting (a LoRA checkpoint loads "
                                  "as model.path)")
         return self
 
