@@ -1,4 +1,4 @@
-"""SIGKILL `po` (offline, and semi-online) at a seeded random moment, resume it, and get the uninterrupted run back:
+"""SIGKILL `po` (offline, and semi-online) and `rft` at a seeded random moment, resume it, and get the uninterrupted run back:
 the same metrics line for line, the same samples and pairs (online), the same final weights."""
 
 import hashlib
@@ -51,3 +51,26 @@ def test_semi_online_po_killed_and_resumed_samples_and_logs_what_the_uninterrupt
     a, b = _kill_and_resume(tmp_path, common, 14, seed=sync)
     for log in ("samples.jsonl", "pairs.jsonl"):
         assert read_jsonl(b / log) == read_jsonl(a / log)
+
+
+def test_rft_killed_and_resumed_samples_and_logs_what_the_uninterrupted_run_does(tmp_path):
+    from rewardlab.commands.rft import run as run_rft
+    from rewardlab.config import RftConfig
+
+    reward = tmp_path / "digits.py"
+    reward.write_text("def digits(completion):\n    return float(sum(c.isdigit() for c in completion))\n")
+    rounds = 12
+    common = [f"rft.rounds={rounds}", "rft.prompts_per_round=4", "rft.n=4", "rft.max_new_tokens=3", "rft.threshold=0",
+              "rft.steps_per_round=2", "rft.batch_size=3", "rft.lr=0.02", f"rewards=[{reward}:digits]",
+              f"save_every={SAVE_EVERY}", "keep_checkpoints=2", "threads=1", *TASK, *TINY_OVERRIDES]
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_rft(load_config(RftConfig, overrides=[f"out={a}", *common]), show_progress=False)
+    k, _ = kill_midway("RftConfig", [f"out={b}", *common], "rewardlab.commands.rft.run", b, rng=random.Random(5),
+                       after=(SAVE_EVERY + 1, rounds - 3))
+    assert not (b / "summary.json").exists() and k <= lines(b / "metrics.jsonl") < rounds
+    resumed = run_rft(load_config(RftConfig, overrides=[f"out={b}", *common]), mode="resume", show_progress=False)
+    assert SAVE_EVERY <= resumed["resumed_from"] < rounds
+    check_resumed_like_uninterrupted(a, b, rounds)
+    assert read_jsonl(b / "samples.jsonl") == read_jsonl(a / "samples.jsonl")
+    assert _sha(b / "checkpoints" / f"step-{rounds}" / "model.safetensors") == _sha(
+        a / "checkpoints" / f"step-{rounds}" / "model.safetensors")
