@@ -25,9 +25,9 @@ completions, B = steps x 64 prompts x 8 = 102,400 at the default 200 steps, at T
   kept, one SFT step per round.
 
 Learning rates (`--tune`): each method runs the whole budget at seed 0 for each rate of its grid (`LR_GRID`: three
-rates around its usual one, and a fourth below them where the lowest of the three won), and the rate with the best final held-out accuracy is kept
-(benchmarks/results/po_vs_rl_tuning.json); the reported seeds (1, 2, 3) are not the tuning seed, though the held-out
-questions are the same. Each stage is a plain `rewardlab` command (printed; its log beside its run directory), two at
+rates around its usual one, and a fourth below them where the lowest of the three won), and the rate with the best
+final held-out accuracy is kept (benchmarks/results/po_vs_rl_tuning.json); the reported seeds (1, 2, 3) are not the
+tuning seed, though the held-out questions are the same. Each stage is a plain `rewardlab` command (printed; its log beside its run directory), two at
 a time (--jobs 2), one thread each, so every run shares the 2-core machine with one other; a finished stage is
 skipped and a stopped one resumed.
 
@@ -241,7 +241,8 @@ def aggregate(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]
 
 def table(summary: Mapping[str, Any]) -> str:
     head = (f"| method | greedy accuracy | pass@8 | length (tokens) | entropy (nats/token) | KL to SFT (nats) | "
-            f"accuracy within {summary['wall_budget_s']:.0f} s | training time (s) |\n|---|---|---|---|---|---|---|---|\n")
+            f"accuracy within {summary['wall_budget_s']:.0f} s | training time (s) |\n"
+            "|---|---|---|---|---|---|---|---|\n")
     rows = []
     for m, f in summary["methods"].items():
         def pm(key: str, scale: float = 1.0, digits: int = 1) -> str:

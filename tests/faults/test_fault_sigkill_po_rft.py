@@ -1,5 +1,5 @@
-"""SIGKILL `po` (offline, and semi-online) and `rft` at a seeded random moment, resume it, and get the uninterrupted run back:
-the same metrics line for line, the same samples and pairs (online), the same final weights."""
+"""SIGKILL `po` (offline, and semi-online) and `rft` at a seeded random moment, resume it, and get the uninterrupted
+run back: the same metrics line for line, the same samples and pairs (online), the same final weights."""
 
 import hashlib
 import random

@@ -108,7 +108,8 @@ class ModelConfig(_Base):
         None, description="train LoRA adapters instead of every weight (peft, pip install 'rewardlab[lora]'; sft, "
         "train, po, rft, quickstart): checkpoints hold the adapter (adapter_config.json, adapter_model.safetensors) "
         "and name their base by path (the tiny model, not on disk, is saved into each checkpoint's base/), the KL "
-        "and DPO reference is the base with the adapter disabled (no second copy), engine ray publishes the adapter only. A LoRA "
+        "and DPO reference is the base with the adapter disabled (no second copy), engine ray publishes the adapter "
+        "only. A LoRA "
         "checkpoint as model.path loads with its adapter merged (evaluate; rewardlab merge writes it out); with "
         "model.lora set a new adapter trains on that merged model. docs/real-models.md#lora. null: full fine-tuning")
 
@@ -653,8 +654,8 @@ class _Verb(_Run, _PolicyOnTask):
                      if getattr(self.model, k) != type(self.model).model_fields[k].default]
             if given:
                 raise ValueError(f"{', '.join(given)}: applies to the verbs that train the policy (sft, train, "
-                                 "po, rft, quickstart); this verb only runs it, so drop the setting (a LoRA checkpoint loads "
-                                 "as model.path)")
+                                 "po, rft, quickstart); this verb only runs it, so drop the setting (a LoRA checkpoint "
+                                 "loads as model.path)")
         return self
 
 
@@ -1162,7 +1163,8 @@ class POParams(_Base):
     eval_every: int = Field(0, ge=0, description="every N optimizer steps and at the last: greedy accuracy on the "
                             "first eval_n held-out rows of `task` (eval/accuracy, as sft and train log it) and, with "
                             "eval_pairs, the loss's metrics on those pairs (eval/rewards/accuracies, ...); 0: off")
-    eval_n: int = Field(200, gt=0, description="held-out questions per greedy evaluation (the first N of the test split)")
+    eval_n: int = Field(200, gt=0, description="held-out questions per greedy evaluation (the first N of the test "
+                        "split)")
     eval_max_new_tokens: int = Field(8, gt=0, description="token limit of the held-out greedy completions")
 
 
@@ -1194,14 +1196,16 @@ class PoConfig(_Reporting, _Checkpoints, _Verb):
         # a partly given section is filled from its defaults before validation (its fields_set names every field),
         # so a key counts as set when it differs from its default
         p = self.po
-        given = {k for k, f in POParams.model_fields.items() if getattr(p, k) != f.get_default(call_default_factory=True)}
+        given = {k for k, f in POParams.model_fields.items()
+                 if getattr(p, k) != f.get_default(call_default_factory=True)}
         if p.online:
             if self.pairs is not None:
                 raise ValueError("pairs: po.online samples its pairs; drop pairs or set po.online=false")
             wrong = [k for k in ("epochs", "batch_size") if k in given]
         else:
             if self.pairs is None:
-                raise ValueError("pairs: offline po needs a pairs file (--pairs PATH), or set po.online=true (--online)")
+                raise ValueError("pairs: offline po needs a pairs file (--pairs PATH), or set po.online=true "
+                                 "(--online)")
             wrong = [k for k in ("steps", "prompts_per_step", "num_generations", "temperature", "top_p",
                                  "max_new_tokens", "sync_every", "ref_refresh") if k in given]
             if self.rewards is not None:

@@ -114,7 +114,8 @@ def _sample_and_pair(cfg: Any, m: OnlineModels, row_sampler: RowSampler, step: i
     p = cfg.po
     rows = [m.rows[i] for i in row_sampler.next_indices(p.prompts_per_step)]
     settings = SamplingSettings(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_p=p.top_p)
-    rollouts = sample_rollouts(m.sampler, rows, settings, episodes=None, n=p.num_generations, stream=(cfg.seed, step, 0))
+    rollouts = sample_rollouts(m.sampler, rows, settings, episodes=None, n=p.num_generations,
+                               stream=(cfg.seed, step, 0))
     outputs = m.reward(rollouts)
     scores = [None if (o.error is not None and cfg.on_error == "skip") else float(o.score) for o in outputs]
     index, ties, unscored = best_worst_pairs(scores, p.num_generations)
