@@ -71,6 +71,10 @@ def _check(cfg, verb: str) -> None:
         parse_rewards(cfg.scorer)
     if verb == "train":
         resolve_specs(cfg)
+    if verb == "po":
+        from rewardlab.po.train import loss_spec
+
+        loss_spec(cfg.po)  # the loss settings' dry run
 
 
 def _verb_of(body: str) -> str:
