@@ -306,3 +306,12 @@ def test_lora_runs_offline_and_semi_online_against_the_adapter_free_base(tmp_pat
                           out="semi"), show_progress=False)
     assert summary["pairs"] > 0 and loads == [{"r": 4, "alpha": 32.0, "dropout": 0.0, "target_modules": "all-linear"}]
     assert (tmp_path / "semi" / "checkpoints" / "step-2" / "sampler.pt").is_file()
+
+
+def test_a_bad_reward_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    import rewardlab.commands.common as common
+
+    monkeypatch.setattr(common, "load_policy", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    with pytest.raises(ValueError, match="no_such_reward"):
+        run_po(_cfg(tmp_path, *ONLINE, "rewards=[no_such_reward]"), show_progress=False)
+    assert not (tmp_path / "run").exists()

@@ -15,7 +15,7 @@ from rewardlab.po.online import OnlineModels, train_online
 from rewardlab.po.train import (REF_CACHE, LossSpec, OfflineData, cached_reference_logps, encode_pairs, loss_spec,
                                 pairs_digest, reference_logps, train_offline)
 from rewardlab.policy import Policy, load_policy
-from rewardlab.rewards import build_reward
+from rewardlab.rewards import build_reward, parse_rewards
 from rewardlab.rm.fit import open_fit_run
 from rewardlab.runs import RunDir, RunMode
 from rewardlab.tasks import Task
@@ -117,10 +117,11 @@ def _offline(cfg: PoConfig, spec: LossSpec, mode: RunMode, show_progress: bool) 
 
 def _online(cfg: PoConfig, spec: LossSpec, mode: RunMode, show_progress: bool) -> dict[str, Any]:
     p = cfg.po
+    specs = parse_rewards(cfg.rewards, on_error=cfg.on_error) if cfg.rewards is not None else None  # before loading
     task, policy = load_inputs(cfg)
     assert policy is not None
     check_prompts(task, policy, max_new_tokens=p.max_new_tokens, key="po.max_new_tokens")
-    reward = build_reward(cfg.rewards if cfg.rewards is not None else task.reward, on_error=cfg.on_error)
+    reward = build_reward(specs if specs is not None else task.reward, on_error=cfg.on_error)
     held = heldout_rows(task, p.eval_every, p.eval_n, field="po.eval_every")
     heldout = HeldOutEval(held, task.reward, every=p.eval_every, last_step=p.steps,
                           max_new_tokens=p.eval_max_new_tokens) if held else None
