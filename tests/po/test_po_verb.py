@@ -315,3 +315,12 @@ def test_a_bad_reward_is_refused_before_the_model_loads(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="no_such_reward"):
         run_po(_cfg(tmp_path, *ONLINE, "rewards=[no_such_reward]"), show_progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_reward_flag_is_the_rewards_list(tmp_path):
+    _, _, overrides = parse(["po", "--online", "--reward", "math"])
+    assert "rewards=[math]" in overrides
+    _, _, overrides = parse(["rft", "--reward", "{name: reward_model, path: rm}", "--n", "4"])
+    assert "rewards=[{name: reward_model, path: rm}]" in overrides and "rft.n=4" in overrides
+    cfg = _cfg(tmp_path, *ONLINE, *[o for o in parse(["po", "--reward", "format"])[2]])
+    assert cfg.rewards == ["format"]

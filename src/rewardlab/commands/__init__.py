@@ -71,6 +71,9 @@ _MODEL = Flag("model", "model.path", '"tiny" or a local HF model directory')
 _TASK = Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval", "jsonl:PATH" or "env:NAME" '
              "(an environment's episodes: calculator, guess_number, python, or your own class as env:MODULE:CLASS or "
              "env:PATH.py:CLASS)")
+#: --reward of the verbs that rank sampled completions by a reward (`--reward math` is `rewards=[math]`).
+_REWARD = Flag("reward", "rewards", "the reward that ranks the sampled completions, a name or a {name: ..., ...} spec, "
+               "e.g. math or \"{name: reward_model, path: RM_DIR}\" (default: the task's verifier)", listed=True)
 #: --task of the verbs that sample single completions (an environment task is refused there).
 _SINGLE_TASK = Flag("task", "task.spec", '"reasoning_gym:NAME", "worked:NAME", "humaneval" or "jsonl:PATH" (single '
                     "completions: an environment task, env:NAME, runs in train, sft and evaluate)")
@@ -96,7 +99,7 @@ COMMANDS: dict[str, Command] = {
     "rft": Command(RftConfig, "rewardlab.commands.rft:run",
                    "rejection-sampling fine-tuning (STaR/RAFT): sample N per prompt, keep what the reward passes, SFT "
                    "on it, for R rounds", _CHECKPOINT,
-                   (_MODEL, _SINGLE_TASK,
+                   (_MODEL, _SINGLE_TASK, _REWARD,
                     Flag("n", "rft.n", "completions sampled per prompt each round"))),
     "po": Command(
         PoConfig, "rewardlab.commands.po:run",
@@ -105,7 +108,8 @@ COMMANDS: dict[str, Command] = {
         (_MODEL, _SINGLE_TASK,
          Flag("pairs", "pairs", "preference pairs JSONL (rm pairs' output, or TRL's preference format)"),
          Flag("loss", "po.loss_type", "dpo, ipo, simpo, kto, orpo, rpo, bco_pair, sft (or a list in po.loss_type)"),
-         Flag("online", "po.online", "sample the pairs during training, labelled by the reward", switch=True))),
+         Flag("online", "po.online", "sample the pairs during training, labelled by the reward", switch=True),
+         _REWARD)),
     "evaluate": Command(
         EvaluateConfig, "rewardlab.commands.evaluate:run",
         "greedy exact-match accuracy and pass@k: a jsonl file whole, a generated task's held-out split "
