@@ -324,3 +324,15 @@ def test_the_reward_flag_is_the_rewards_list(tmp_path):
     assert "rewards=[{name: reward_model, path: rm}]" in overrides and "rft.n=4" in overrides
     cfg = _cfg(tmp_path, *ONLINE, *[o for o in parse(["po", "--reward", "format"])[2]])
     assert cfg.rewards == ["format"]
+
+
+def test_online_micro_batches_are_a_memory_switch(tmp_path):
+    reward = _digit_reward(tmp_path)
+    run_po(_cfg(tmp_path, *ONLINE, reward, "po.steps=3", out="whole"), show_progress=False)
+    run_po(_cfg(tmp_path, *ONLINE, reward, "po.steps=3", "po.micro_batch_size=2", out="micro"), show_progress=False)
+    a, b = _metrics(tmp_path / "whole"), _metrics(tmp_path / "micro")
+    assert sum(m["po/pairs"] for m in a) > 2  # steps with several pairs, so micro-batches of 2 split them
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6), k

@@ -202,3 +202,16 @@ def test_cli_help_lists_the_verb_and_its_flags(capsys):
     out = capsys.readouterr().out
     assert info.value.code == 0
     assert all(flag in out for flag in ("--n", "--model", "--task", "--resume", "--overwrite", "rft.keep"))
+
+
+@pytest.mark.parametrize("importance", ["none", "clip"])
+def test_micro_batches_are_a_memory_switch(tmp_path, importance):
+    common = ["rft.rounds=2", "rft.steps_per_round=2", f"rft.importance={importance}", "rft.lr=3e-2"]
+    run_rft(_config(tmp_path, "whole", *common), show_progress=False)
+    run_rft(_config(tmp_path, "micro", *common, "rft.micro_batch_size=1"), show_progress=False)
+    a, b = (without_keys(read_jsonl(tmp_path / d / "metrics.jsonl"), "time/") for d in ("whole", "micro"))
+    assert a[-1]["rft/kept"] > 1  # several kept samples, so micro-batches of 1 split the steps
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6), k
